@@ -1,0 +1,59 @@
+"""Shared output of the benchmarks (format in CONTRACT.md, 'Benchmarks').
+
+A benchmark measures its own figure and, in the same run, a bare baseline
+for the same work, then calls :func:`report`, which prints one JSON object
+as the last line of its output.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def report(
+    name: str,
+    *,
+    value: float,
+    unit: str,
+    baseline: float,
+    goal: float,
+    n: int,
+    higher_is_better: bool = False,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Print the result line. ``goal`` bounds ``ratio``: at most ``goal``, or at
+    least ``goal`` when ``higher_is_better``."""
+    ratio = value / baseline if baseline else float("inf")
+    met = ratio >= goal if higher_is_better else ratio <= goal
+    line = {
+        "name": name,
+        "value": round(value, 6),
+        "unit": unit,
+        "baseline": round(baseline, 6),
+        "ratio": round(ratio, 4),
+        "goal": goal,
+        "goal_direction": ">=" if higher_is_better else "<=",
+        "met": met,
+        "n": n,
+        **extra,
+    }
+    print(json.dumps(line), flush=True)
+    return line
+
+
+def best_of(repeats: int, fn: Callable[[], Any]) -> float:
+    """Seconds of the fastest of ``repeats`` calls of ``fn`` (noise only adds time)."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def quick_flag() -> bool:
+    return "--quick" in sys.argv[1:]

@@ -1,0 +1,77 @@
+"""The durable loop: states and transitions, the run journal, the recorder.
+
+The journal (a :class:`RunStore`) is the source of truth for live runs;
+every transition is one :class:`Commit`, applied atomically by
+compare-and-set on the run's ``state_version``. The :class:`Recorder`
+publishes committed rows as the Parquet trace tables.
+"""
+
+from ._clock import now, now_us
+from ._errors import (
+    BadInput,
+    CommitRejected,
+    EngineError,
+    JournalError,
+    LoopLedgerError,
+    MigrationError,
+    SchemaVersionError,
+    StaleStateVersion,
+    TerminalAlreadySet,
+    TransitionNotAllowed,
+    UnknownRun,
+)
+from ._home import Home
+from ._recorder import ExportResult, Recorder
+from ._records import (
+    SCHEMA_VERSION,
+    Artifact,
+    Commit,
+    CommitResult,
+    EventRecord,
+    NewEvent,
+    NewRun,
+    RunRecord,
+)
+from ._sqlite import SQLiteRunStore
+from ._states import ALLOWED, INITIAL, TERMINAL, WAITING, State, is_allowed
+from ._store import OperationConflict, RunStore, SQLRunStore
+from ._tables import TABLES, arrow_schema
+
+__all__ = [
+    "ALLOWED",
+    "INITIAL",
+    "SCHEMA_VERSION",
+    "TABLES",
+    "TERMINAL",
+    "WAITING",
+    "Artifact",
+    "BadInput",
+    "Commit",
+    "CommitRejected",
+    "CommitResult",
+    "EngineError",
+    "EventRecord",
+    "ExportResult",
+    "Home",
+    "JournalError",
+    "LoopLedgerError",
+    "MigrationError",
+    "NewEvent",
+    "NewRun",
+    "OperationConflict",
+    "Recorder",
+    "RunRecord",
+    "RunStore",
+    "SQLRunStore",
+    "SQLiteRunStore",
+    "SchemaVersionError",
+    "StaleStateVersion",
+    "State",
+    "TerminalAlreadySet",
+    "TransitionNotAllowed",
+    "UnknownRun",
+    "arrow_schema",
+    "is_allowed",
+    "now",
+    "now_us",
+]

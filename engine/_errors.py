@@ -1,0 +1,124 @@
+"""Typed errors of the engine, with one root.
+
+    LoopLedgerError
+    ├── BadInput                      a user's file or argument is wrong (exit 2)
+    └── EngineError
+        ├── JournalError              the journal cannot be used (exit 3)
+        │   ├── MigrationError
+        │   └── SchemaVersionError    a record newer than this code understands
+        ├── UnknownRun
+        └── CommitRejected            a commit was refused; nothing was written
+            ├── TransitionNotAllowed  the table does not allow from -> to
+            ├── StaleStateVersion     compare-and-set lost: someone else moved first
+            └── TerminalAlreadySet    the run already ended (the attempt is kept
+                                      as a ``late_event``)
+
+Constructors take structured arguments and keep them as attributes, so
+callers branch on data, not on message text. ``code`` is a stable string
+that may be persisted.
+"""
+
+from __future__ import annotations
+
+
+class LoopLedgerError(Exception):
+    """Root of every error loopledger raises on purpose."""
+
+    code = "error"
+
+
+class BadInput(LoopLedgerError):
+    """A user's input is wrong: ``where`` names the file (and field or line)."""
+
+    code = "bad_input"
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+class EngineError(LoopLedgerError):
+    code = "engine_error"
+
+
+class JournalError(EngineError):
+    """The journal cannot be opened, migrated or written."""
+
+    code = "journal_error"
+
+
+class MigrationError(JournalError):
+    code = "migration_error"
+
+    def __init__(self, version: int, name: str, reason: str) -> None:
+        super().__init__(f"migration {version:04d}_{name} failed: {reason}")
+        self.version = version
+        self.name = name
+        self.reason = reason
+
+
+class SchemaVersionError(JournalError):
+    """A stored record has a schema version this code cannot read."""
+
+    code = "schema_version"
+
+    def __init__(self, table: str, found: int, supported: int) -> None:
+        super().__init__(
+            f"{table}: record has schema_version {found}, this loopledger reads up to {supported}"
+        )
+        self.table = table
+        self.found = found
+        self.supported = supported
+
+
+class UnknownRun(EngineError):
+    code = "unknown_run"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r} in the journal")
+        self.run_id = run_id
+
+
+class CommitRejected(EngineError):
+    """A commit was refused before anything was written."""
+
+    code = "commit_rejected"
+
+    def __init__(self, run_id: str, message: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class TransitionNotAllowed(CommitRejected):
+    code = "transition_not_allowed"
+
+    def __init__(self, run_id: str, source: str, target: str) -> None:
+        super().__init__(run_id, f"run {run_id}: transition {source} -> {target} is not allowed")
+        self.source = source
+        self.target = target
+
+
+class StaleStateVersion(CommitRejected):
+    code = "stale_state_version"
+
+    def __init__(self, run_id: str, expected: int, actual: int) -> None:
+        super().__init__(
+            run_id, f"run {run_id}: expected state_version {expected}, journal has {actual}"
+        )
+        self.expected = expected
+        self.actual = actual
+
+
+class TerminalAlreadySet(CommitRejected):
+    """The run is terminal. The refused commit's events were kept as ``late_event``."""
+
+    code = "terminal_already_set"
+
+    def __init__(self, run_id: str, terminal: str, attempted: str | None) -> None:
+        super().__init__(
+            run_id,
+            f"run {run_id} already ended in {terminal}; attempted move to {attempted} kept as late_event",
+        )
+        self.terminal = terminal
+        self.attempted = attempted

@@ -1,0 +1,48 @@
+"""The data directory (``--home``): where the journal and the traces live."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._errors import BadInput
+
+DEFAULT_HOME = "loopledger-data"
+
+
+@dataclass(frozen=True)
+class Home:
+    root: Path
+    store_url: str | None = None  # None: the SQLite journal inside root
+
+    @classmethod
+    def resolve(cls, home: str | os.PathLike[str] | None = None, store_url: str | None = None) -> Home:
+        """``--home``, else ``$LOOPLEDGER_HOME``, else ``./loopledger-data``."""
+        chosen = home or os.environ.get("LOOPLEDGER_HOME") or DEFAULT_HOME
+        root = Path(chosen).expanduser()
+        if root.exists() and not root.is_dir():
+            raise BadInput(str(root), "--home must be a directory")
+        return cls(root, store_url)
+
+    @property
+    def journal_path(self) -> Path:
+        return self.root / "journal.sqlite"
+
+    @property
+    def traces(self) -> Path:
+        return self.root / "traces"
+
+    @property
+    def replays(self) -> Path:
+        return self.root / "replays"
+
+    def open_store(self):  # -> RunStore; typed loosely to keep imports light
+        """Open (creating and migrating as needed) the journal."""
+        if self.store_url and not self.store_url.startswith("sqlite:"):
+            raise BadInput("--store", f"unsupported store URL {self.store_url!r}; expected sqlite:PATH")
+        from ._sqlite import SQLiteRunStore
+
+        path = self.store_url.removeprefix("sqlite:") if self.store_url else self.journal_path
+        self.root.mkdir(parents=True, exist_ok=True)
+        return SQLiteRunStore(path)

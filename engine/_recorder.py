@@ -1,0 +1,269 @@
+"""The recorder: committed journal rows → the Parquet trace tables.
+
+An export is idempotent. It first records an *intent* in the journal with
+the exact per-run seq ranges it covers (and the label id range); its files
+are named after the intent's id (``seg-00000042.parquet``), written to a
+temporary name, flushed, and renamed into place; only then are the intent
+marked done and the per-run high-water marks advanced. An export that dies
+half-way is redone from its recorded ranges by the next one, rewriting the
+same file names with the same rows, so no row is ever published twice.
+
+Append tables grow by such segments; the snapshot tables ``runs`` and
+``operations`` (mutable records) are rewritten whole and replaced
+atomically. Every table folder holds at least one file, so a reader always
+finds the schema, even before the first run.
+
+``compact()`` merges a table's segments into one file, streaming, and
+deletes the originals; an interrupted compaction is finished (or undone)
+by the next export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._clock import now_us
+from ._store import SQLRunStore
+from ._tables import TABLES, TraceTable, arrow_schema
+
+BATCH_ROWS = 20_000
+EMPTY_FILE = "empty.parquet"
+COMPRESSION = "zstd"
+
+
+@dataclass
+class ExportResult:
+    export_id: int | None
+    rows: dict[str, int] = field(default_factory=dict)  # rows written per table
+    runs: int = 0  # runs with new events
+
+    @property
+    def appended(self) -> int:
+        return sum(n for t, n in self.rows.items() if TABLES[t].kind == "append")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _durable_replace(tmp: Path, final: Path) -> None:
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+
+
+def _batches(cursor: Any, table: TraceTable) -> Iterable[Any]:
+    """Arrow record batches from a cursor, ``BATCH_ROWS`` at a time."""
+    import pyarrow as pa
+
+    schema = arrow_schema(table.name)
+    while True:
+        rows = cursor.fetchmany(BATCH_ROWS)
+        if not rows:
+            return
+        columns = list(zip(*rows))
+        arrays = []
+        for index, col in enumerate(table.columns):
+            if col.kind == "ts":
+                arrays.append(pa.array(columns[index], pa.int64()).cast(schema.field(index).type))
+            else:
+                arrays.append(pa.array(columns[index], schema.field(index).type))
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def write_parquet(path: Path, table: TraceTable, batches: Iterable[Any], *, keep_empty: bool) -> int:
+    """Write batches to ``path`` through a temporary file; return the row count.
+    With no rows and not ``keep_empty``, nothing is published."""
+    import pyarrow.parquet as pq
+
+    tmp = path.with_name(path.name + ".tmp")
+    rows = 0
+    with pq.ParquetWriter(tmp, arrow_schema(table.name), compression=COMPRESSION) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+            rows += batch.num_rows
+    if rows == 0 and not keep_empty:
+        tmp.unlink()
+        return 0
+    _durable_replace(tmp, path)
+    return rows
+
+
+class Recorder:
+    """Exports one journal into ``traces_dir`` (``<home>/traces``)."""
+
+    def __init__(self, store: SQLRunStore, traces_dir: str | Path) -> None:
+        self.store = store
+        self.traces = Path(traces_dir)
+
+    def table_dir(self, name: str) -> Path:
+        return self.traces / name
+
+    # -- export ------------------------------------------------------------
+
+    def export(self) -> ExportResult:
+        for name in TABLES:
+            self.table_dir(name).mkdir(parents=True, exist_ok=True)
+        self._finish_compactions()
+        with self.store._lock:
+            pending = self.store._conn.execute(
+                "SELECT export_id, ranges_json, labels_after, labels_upto FROM exports"
+                " WHERE status = 'pending' ORDER BY export_id"
+            ).fetchall()
+        result = ExportResult(None)
+        for export_id, ranges_json, labels_after, labels_upto in pending:
+            result = self._publish(export_id, json.loads(ranges_json), labels_after, labels_upto)
+        fresh = self._export_new()
+        self._ensure_schema_files()
+        return fresh or result
+
+    def _export_new(self) -> ExportResult | None:
+        reader = self.store.read_connection()
+        try:
+            # One read transaction: the ranges and every row read below come
+            # from the same snapshot of the journal.
+            reader.execute("BEGIN")
+            ranges = reader.execute(
+                "SELECT r.run_id, COALESCE(m.events_hwm, 0), r.last_seq FROM runs r"
+                " LEFT JOIN export_marks m ON m.run_id = r.run_id"
+                " WHERE r.last_seq > COALESCE(m.events_hwm, 0) ORDER BY r.run_id"
+            ).fetchall()
+            labels_after = reader.execute(
+                "SELECT COALESCE(MAX(labels_upto), 0) FROM exports WHERE status = 'done'"
+            ).fetchone()[0]
+            labels_upto = reader.execute("SELECT COALESCE(MAX(label_id), 0) FROM labels").fetchone()[0]
+            if not ranges and labels_upto <= labels_after:
+                reader.execute("ROLLBACK")
+                return None
+            ranges = [list(r) for r in ranges]
+            with self.store._write() as conn:
+                cursor = conn.execute(
+                    "INSERT INTO exports (created_at, status, ranges_json, labels_after, labels_upto)"
+                    " VALUES (?, 'pending', ?, ?, ?)",
+                    (now_us(), json.dumps(ranges), labels_after, labels_upto),
+                )
+                export_id = int(cursor.lastrowid)
+            return self._publish(export_id, ranges, labels_after, labels_upto, reader=reader)
+        finally:
+            reader.close()
+
+    def _publish(
+        self,
+        export_id: int,
+        ranges: Sequence[Sequence[Any]],
+        labels_after: int,
+        labels_upto: int,
+        reader: Any = None,
+    ) -> ExportResult:
+        own_reader = reader is None
+        if own_reader:
+            reader = self.store.read_connection()
+            reader.execute("BEGIN")
+        result = ExportResult(export_id, runs=len(ranges))
+        try:
+            reader.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS _export_ranges"
+                " (run_id TEXT PRIMARY KEY, lo INTEGER NOT NULL, hi INTEGER NOT NULL)"
+            )
+            reader.execute("DELETE FROM _export_ranges")
+            reader.executemany("INSERT INTO _export_ranges VALUES (?, ?, ?)", ranges)
+            for name, table in TABLES.items():
+                params: tuple[Any, ...] = (labels_after, labels_upto) if name == "labels" else ()
+                cursor = reader.execute(table.select_sql(), params)
+                if table.kind == "append":
+                    path = self.table_dir(name) / f"seg-{export_id:08d}.parquet"
+                    result.rows[name] = write_parquet(path, table, _batches(cursor, table), keep_empty=False)
+                else:
+                    path = self.table_dir(name) / f"{name}.parquet"
+                    result.rows[name] = write_parquet(path, table, _batches(cursor, table), keep_empty=True)
+        finally:
+            reader.execute("ROLLBACK")
+            if own_reader:
+                reader.close()
+        with self.store._write() as conn:
+            conn.executemany(
+                "INSERT INTO export_marks (run_id, events_hwm) VALUES (?, ?)"
+                " ON CONFLICT (run_id) DO UPDATE SET events_hwm = excluded.events_hwm"
+                " WHERE excluded.events_hwm > export_marks.events_hwm",
+                [(run_id, hi) for run_id, _lo, hi in ranges],
+            )
+            conn.execute("UPDATE exports SET status = 'done' WHERE export_id = ?", (export_id,))
+        return result
+
+    def _ensure_schema_files(self) -> None:
+        """A table with no file yet gets an empty one, so its schema is always readable."""
+        for name, table in TABLES.items():
+            folder = self.table_dir(name)
+            if not any(folder.glob("*.parquet")):
+                write_parquet(folder / EMPTY_FILE, table, (), keep_empty=True)
+
+    # -- compaction --------------------------------------------------------
+
+    def segments(self, name: str) -> list[Path]:
+        return sorted(
+            p for p in self.table_dir(name).glob("*.parquet")
+            if p.name.startswith(("seg-", "compact-"))
+        )
+
+    def compact(self) -> dict[str, int]:
+        """Merge each append table's segments into one file; return files merged per table."""
+        import pyarrow.parquet as pq
+
+        self._finish_compactions()
+        merged: dict[str, int] = {}
+        for name, table in TABLES.items():
+            files = self.segments(name)
+            if table.kind != "append" or len(files) < 2:
+                continue
+            with self.store._write() as conn:
+                cursor = conn.execute(
+                    "INSERT INTO compactions (table_name, status, files_json, created_at)"
+                    " VALUES (?, 'pending', ?, ?)",
+                    (name, json.dumps([f.name for f in files]), now_us()),
+                )
+                compaction_id = int(cursor.lastrowid)
+
+            def stream(paths: list[Path] = files) -> Iterable[Any]:
+                for path in paths:
+                    yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS)
+
+            target = self.table_dir(name) / f"compact-{compaction_id:08d}.parquet"
+            write_parquet(target, table, stream(), keep_empty=True)
+            self._retire(compaction_id, name, [f.name for f in files])
+            merged[name] = len(files)
+        return merged
+
+    def _retire(self, compaction_id: int, name: str, files: list[str]) -> None:
+        with self.store._write() as conn:
+            conn.execute("UPDATE compactions SET status = 'published' WHERE compaction_id = ?", (compaction_id,))
+        for file_name in files:
+            (self.table_dir(name) / file_name).unlink(missing_ok=True)
+        _fsync_dir(self.table_dir(name))
+        with self.store._write() as conn:
+            conn.execute("UPDATE compactions SET status = 'done' WHERE compaction_id = ?", (compaction_id,))
+
+    def _finish_compactions(self) -> None:
+        """A compaction whose merged file exists is finished (the originals
+        are deleted); one whose merged file never appeared is abandoned."""
+        with self.store._lock:
+            open_ones = self.store._conn.execute(
+                "SELECT compaction_id, table_name, files_json FROM compactions WHERE status != 'done'"
+            ).fetchall()
+        for compaction_id, name, files_json in open_ones:
+            target = self.table_dir(name) / f"compact-{compaction_id:08d}.parquet"
+            if target.exists():
+                self._retire(compaction_id, name, json.loads(files_json))
+            else:
+                target.with_name(target.name + ".tmp").unlink(missing_ok=True)
+                with self.store._write() as conn:
+                    conn.execute("DELETE FROM compactions WHERE compaction_id = ?", (compaction_id,))

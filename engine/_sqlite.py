@@ -1,0 +1,79 @@
+"""The SQLite run store: the embedded default.
+
+WAL journal with ``synchronous=FULL`` (a commit is on disk before ``commit()``
+returns), ``BEGIN IMMEDIATE`` for every write (the write lock is taken up
+front, so two writers never both read an old ``state_version``), and a busy
+timeout so that concurrent processes wait instead of failing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from ._clock import now_us
+from ._errors import JournalError
+from ._migrate import MigrationTarget, migrate
+from ._store import SQLRunStore
+
+BUSY_TIMEOUT_S = 30.0
+
+
+def connect(path: str | Path, timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
+    """A connection with the journal's pragmas; autocommit, transactions explicit."""
+    try:
+        conn = sqlite3.connect(str(path), timeout=timeout, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+        conn.execute("PRAGMA foreign_keys=ON")
+    except sqlite3.Error as exc:
+        raise JournalError(f"{path}: cannot open the journal: {exc}") from exc
+    return conn
+
+
+class _SQLiteMigrations(MigrationTarget):
+    dialect = "sqlite"
+
+    def begin_exclusive(self, conn: Any) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+
+    def is_complete(self, sql: str) -> bool:
+        return sqlite3.complete_statement(sql)
+
+
+SQLITE_MIGRATIONS = _SQLiteMigrations()
+
+
+class SQLiteRunStore(SQLRunStore):
+    dialect = "sqlite"
+
+    def __init__(self, path: str | Path, *, migrate_to: int | None = None) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = self._connect()
+        try:
+            self.schema_version = migrate(self._conn, SQLITE_MIGRATIONS, now_us(), upto=migrate_to)
+        except Exception:
+            self._conn.close()
+            raise
+
+    def _connect(self) -> sqlite3.Connection:
+        return connect(self.path)
+
+    def _begin_write(self, conn: Any) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+
+    def _lock_run_sql(self) -> str:
+        # BEGIN IMMEDIATE already holds the database's write lock.
+        return "SELECT state, state_version, last_seq, step, attempt FROM runs WHERE run_id = ?"
+
+    def _is_unique_violation(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
+
+    def read_connection(self) -> sqlite3.Connection:
+        """A separate connection for long reads (the recorder), so a reader
+        never holds the writer's connection."""
+        return connect(self.path)

@@ -1,0 +1,487 @@
+"""The run store: the journal's one contract and its shared SQL logic.
+
+``RunStore`` is the protocol the engine, the recorder and the commands use.
+``SQLRunStore`` holds everything the SQL dialects share; a dialect (SQLite
+now, PostgreSQL behind the same protocol) overrides only small hooks:
+connecting, beginning a write transaction, locking a run row, the parameter
+placeholder and telling a unique-key violation from other errors.
+
+The heart is :meth:`SQLRunStore.commit`. In one transaction it
+
+1. reads the run row (locked for writing),
+2. keeps the commit as ``late_event`` rows if the run is already terminal,
+3. else checks ``expected_version == state_version`` (compare-and-set) and
+   the move against ``ALLOWED``,
+4. appends events with seq ``last_seq + 1 ...``, stores new artifacts (once
+   per content id), facts and operations,
+5. advances the run: state, ``state_version + 1``, ``last_seq``, counters.
+
+A commit that is refused writes nothing (except the late-event case, which
+is the point of it). ``public()`` owns the transaction; ``_x_txn(conn)`` does
+the work inside it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol, runtime_checkable
+
+from loopledger.canonical import canonical_json
+
+from . import _faults
+from ._clock import now_us
+from ._errors import (
+    CommitRejected,
+    SchemaVersionError,
+    StaleStateVersion,
+    TerminalAlreadySet,
+    TransitionNotAllowed,
+    UnknownRun,
+)
+from ._records import (
+    FACT_COLUMNS,
+    OPERATION_COLUMNS,
+    OPERATION_MUTABLE,
+    RUN_COUNTERS,
+    RUN_SETTABLE,
+    SCHEMA_VERSION,
+    Artifact,
+    Commit,
+    CommitResult,
+    EventRecord,
+    NewRun,
+    RunRecord,
+)
+from ._states import INITIAL, State, is_allowed
+
+RUN_FIELDS = tuple(RunRecord.__dataclass_fields__)
+EVENT_FIELDS = tuple(EventRecord.__dataclass_fields__)
+
+
+class OperationConflict(CommitRejected):
+    """An operation with this idempotency key (or id) is already recorded with
+    different content: the caller's history is not the journal's."""
+
+    code = "operation_conflict"
+
+    def __init__(self, run_id: str, key: str, reason: str) -> None:
+        super().__init__(run_id, f"run {run_id}: operation {key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+@runtime_checkable
+class RunStore(Protocol):
+    """The journal. Synchronous by design: one contract, not a sync and an
+    async twin of every method."""
+
+    def create_run(self, new: NewRun) -> RunRecord: ...
+
+    def commit(self, commit: Commit) -> CommitResult: ...
+
+    def get_run(self, run_id: str) -> RunRecord: ...
+
+    def list_runs(self, states: Iterable[State] | None = None) -> list[RunRecord]: ...
+
+    def events(self, run_id: str, after_seq: int = 0) -> list[EventRecord]: ...
+
+    def get_artifact(self, artifact_id: str) -> Any: ...
+
+    def facts(self, table: str, run_id: str) -> list[dict[str, Any]]: ...
+
+    def operations(self, run_id: str) -> list[dict[str, Any]]: ...
+
+    def add_label(self, label: Mapping[str, Any]) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def upgrade_row(table: str, row: dict[str, Any]) -> dict[str, Any]:
+    """The one place where rows written by older versions are brought up to
+    date. Version 1 is the first, so there is nothing to upgrade yet; a newer
+    row than this code understands is refused."""
+    found = int(row["schema_version"])
+    if found > SCHEMA_VERSION:
+        raise SchemaVersionError(table, found, SCHEMA_VERSION)
+    return row
+
+
+class SQLRunStore:
+    """Shared logic of the SQL run stores. Subclasses set ``dialect`` and
+    implement the hooks below."""
+
+    dialect = "sql"
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._conn: Any = None
+
+    # -- dialect hooks -------------------------------------------------
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _begin_write(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    def _lock_run_sql(self) -> str:
+        """SELECT of a run row that also takes the row's write lock."""
+        raise NotImplementedError
+
+    def _is_unique_violation(self, exc: BaseException) -> bool:
+        raise NotImplementedError
+
+    def _sql(self, statement: str) -> str:
+        """Rewrite ``?`` placeholders for the dialect (identity for SQLite)."""
+        return statement
+
+    # -- transactions ----------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[Any]:
+        with self._lock:
+            conn = self._conn
+            self._begin_write(conn)
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        _faults.after_commit()
+
+    def _q(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> Any:
+        return conn.execute(self._sql(statement), params)
+
+    # -- runs ------------------------------------------------------------
+
+    def create_run(self, new: NewRun) -> RunRecord:
+        now = now_us()
+        spec_json = canonical_json(dict(new.spec))
+        with self._write() as conn:
+            self._q(
+                conn,
+                "INSERT INTO runs (run_id, thread_id, task_id, tenant, prompt_version, model_route,"
+                " state, state_version, last_seq, step, attempt, started_at, updated_at, spec_json,"
+                " schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, 1, 1, 0, 0, ?, ?, ?, ?)",
+                (
+                    new.run_id,
+                    new.thread_id or new.run_id,
+                    new.task_id,
+                    new.tenant,
+                    new.prompt_version,
+                    new.model_route,
+                    INITIAL.value,
+                    now,
+                    now,
+                    spec_json,
+                    SCHEMA_VERSION,
+                ),
+            )
+            self._insert_event(conn, new.run_id, 1, now, "run_created", None, INITIAL.value, 0, 0, 1, {})
+            self._store_artifacts(conn, new.run_id, 1, now, new.artifacts)
+        return self.get_run(new.run_id)
+
+    def get_run(self, run_id: str) -> RunRecord:
+        with self._lock:
+            row = self._q(
+                self._conn, f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        if row is None:
+            raise UnknownRun(run_id)
+        return _run_record(row)
+
+    def list_runs(self, states: Iterable[State] | None = None) -> list[RunRecord]:
+        query = f"SELECT {', '.join(RUN_FIELDS)} FROM runs"
+        params: list[Any] = []
+        if states is not None:
+            wanted = [State(s).value for s in states]
+            if not wanted:
+                return []
+            query += f" WHERE state IN ({', '.join('?' for _ in wanted)})"
+            params = wanted
+        with self._lock:
+            rows = self._q(self._conn, query + " ORDER BY started_at, run_id", params).fetchall()
+        return [_run_record(row) for row in rows]
+
+    def events(self, run_id: str, after_seq: int = 0) -> list[EventRecord]:
+        with self._lock:
+            rows = self._q(
+                self._conn,
+                f"SELECT {', '.join(EVENT_FIELDS)} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+                (run_id, after_seq),
+            ).fetchall()
+        return [EventRecord(**upgrade_row("events", dict(zip(EVENT_FIELDS, row)))) for row in rows]
+
+    def get_artifact(self, artifact_id: str) -> Any:
+        from loopledger.canonical import loads
+
+        with self._lock:
+            row = self._q(
+                self._conn,
+                "SELECT body, schema_version FROM artifacts WHERE artifact_id = ?",
+                (artifact_id,),
+            ).fetchone()
+        if row is None:
+            raise KeyError(artifact_id)
+        upgrade_row("artifacts", {"schema_version": row[1]})
+        return loads(row[0])
+
+    def facts(self, table: str, run_id: str) -> list[dict[str, Any]]:
+        if table not in FACT_COLUMNS:
+            raise ValueError(f"unknown fact table {table!r}; known: {', '.join(FACT_COLUMNS)}")
+        columns = ("run_id",) + FACT_COLUMNS[table] + ("seq", "schema_version")
+        with self._lock:
+            rows = self._q(
+                self._conn,
+                f"SELECT {', '.join(columns)} FROM {table} WHERE run_id = ? ORDER BY seq",
+                (run_id,),
+            ).fetchall()
+        return [upgrade_row(table, dict(zip(columns, row))) for row in rows]
+
+    def operations(self, run_id: str) -> list[dict[str, Any]]:
+        columns = ("run_id",) + OPERATION_COLUMNS + ("created_seq", "updated_seq", "schema_version")
+        with self._lock:
+            rows = self._q(
+                self._conn,
+                f"SELECT {', '.join(columns)} FROM operations WHERE run_id = ? ORDER BY created_seq, operation_id",
+                (run_id,),
+            ).fetchall()
+        return [upgrade_row("operations", dict(zip(columns, row))) for row in rows]
+
+    def add_label(self, label: Mapping[str, Any]) -> int:
+        with self._write() as conn:
+            cursor = self._q(
+                conn,
+                "INSERT INTO labels (run_id, step, attempt, candidate_id, validator, expected_verdict,"
+                " source, note, created_at, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    label["run_id"],
+                    int(label["step"]),
+                    int(label["attempt"]),
+                    label["candidate_id"],
+                    label.get("validator") or "",
+                    label["expected_verdict"],
+                    label["source"],
+                    label.get("note") or "",
+                    now_us(),
+                    SCHEMA_VERSION,
+                ),
+            )
+            return int(cursor.lastrowid)
+
+    # -- the commit ------------------------------------------------------
+
+    def commit(self, commit: Commit) -> CommitResult:
+        _check_commit_shape(commit)
+        late: TerminalAlreadySet | None = None
+        with self._write() as conn:
+            result, late = self._commit_txn(conn, commit)
+        if late is not None:
+            raise late
+        return result
+
+    def _commit_txn(self, conn: Any, c: Commit) -> tuple[CommitResult, TerminalAlreadySet | None]:
+        row = self._q(
+            conn, self._lock_run_sql(), (c.run_id,)
+        ).fetchone()
+        if row is None:
+            raise UnknownRun(c.run_id)
+        state, version, last_seq, step, attempt = State(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4])
+        now = now_us()
+        if state.is_terminal:
+            return self._late_txn(conn, c, state, version, last_seq, step, attempt, now)
+        if c.expected_version != version:
+            raise StaleStateVersion(c.run_id, c.expected_version, version)
+        if c.to_state is not None and not is_allowed(state, c.to_state):
+            raise TransitionNotAllowed(c.run_id, state.value, c.to_state.value)
+
+        new_version = version + 1
+        new_step = step if c.step is None else c.step
+        new_attempt = attempt if c.attempt is None else c.attempt
+        seq = last_seq
+        if c.to_state is not None:
+            seq += 1
+            self._insert_event(
+                conn, c.run_id, seq, now, "transition", state.value, c.to_state.value,
+                new_step, new_attempt, new_version, c.payload,
+            )
+        for event in c.events:
+            seq += 1
+            self._insert_event(
+                conn, c.run_id, seq, now, event.kind, state.value if c.to_state is None else c.to_state.value,
+                None, new_step, new_attempt, new_version, event.payload,
+            )
+        self._store_artifacts(conn, c.run_id, seq, now, c.artifacts)
+        self._insert_facts(conn, c.run_id, seq, c.facts)
+        self._write_operations(conn, c.run_id, seq, c.new_operations, c.operation_updates)
+
+        target = c.to_state or state
+        assignments = ["state = ?", "state_version = ?", "last_seq = ?", "step = ?", "attempt = ?", "updated_at = ?"]
+        params: list[Any] = [target.value, new_version, seq, new_step, new_attempt, now]
+        for name, delta in c.counters.items():
+            assignments.append(f"{name} = {name} + ?")
+            params.append(delta)
+        for name, value in c.set_fields.items():
+            assignments.append(f"{name} = ?")
+            params.append(value)
+        if target.is_terminal:
+            assignments.append("ended_at = ?")
+            params.append(now)
+        params += [c.run_id, version]
+        updated = self._q(
+            conn,
+            f"UPDATE runs SET {', '.join(assignments)} WHERE run_id = ? AND state_version = ?",
+            params,
+        )
+        if updated.rowcount != 1:  # cannot happen under the row lock; refuse loudly if it does
+            raise StaleStateVersion(c.run_id, c.expected_version, -1)
+        return CommitResult(c.run_id, target, new_version, last_seq + 1, seq), None
+
+    def _late_txn(
+        self, conn: Any, c: Commit, state: State, version: int, last_seq: int, step: int, attempt: int, now: int
+    ) -> tuple[CommitResult, TerminalAlreadySet | None]:
+        """Keep what arrived after the end, without touching the outcome."""
+        seq = last_seq
+        originals = ([("transition", c.payload)] if c.to_state is not None else []) + [
+            (e.kind, e.payload) for e in c.events
+        ]
+        for kind, payload in originals:
+            seq += 1
+            late_payload = {"kind": kind, "payload": dict(payload)}
+            if kind == "transition":
+                late_payload["to_state"] = c.to_state.value if c.to_state else None
+            self._insert_event(
+                conn, c.run_id, seq, now, "late_event", state.value, None, step, attempt, version, late_payload
+            )
+        self._store_artifacts(conn, c.run_id, seq, now, c.artifacts)
+        self._q(conn, "UPDATE runs SET last_seq = ?, updated_at = ? WHERE run_id = ?", (seq, now, c.run_id))
+        result = CommitResult(c.run_id, state, version, last_seq + 1, seq, late=True)
+        refused = (
+            TerminalAlreadySet(c.run_id, state.value, c.to_state.value if c.to_state else None)
+            if c.to_state is not None
+            else None
+        )
+        return result, refused
+
+    def _insert_event(
+        self, conn: Any, run_id: str, seq: int, ts: int, kind: str, from_state: str | None,
+        to_state: str | None, step: int, attempt: int, state_version: int, payload: Mapping[str, Any],
+    ) -> None:
+        self._q(
+            conn,
+            "INSERT INTO events (run_id, seq, ts, kind, from_state, to_state, step, attempt,"
+            " state_version, payload_json, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, seq, ts, kind, from_state, to_state, step, attempt, state_version,
+             canonical_json(dict(payload)), SCHEMA_VERSION),
+        )
+
+    def _store_artifacts(
+        self, conn: Any, run_id: str, seq: int, now: int, artifacts: Sequence[Artifact]
+    ) -> None:
+        # Content addressing makes storing idempotent: the same bytes have the
+        # same id, so a conflict means the row is already exactly this.
+        for artifact in artifacts:
+            self._q(
+                conn,
+                "INSERT INTO artifacts (artifact_id, kind, created_at, size_bytes, body, first_run_id,"
+                " first_seq, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (artifact_id) DO NOTHING",
+                (artifact.artifact_id, artifact.kind, now, artifact.size_bytes, artifact.canonical,
+                 run_id, seq, SCHEMA_VERSION),
+            )
+
+    def _insert_facts(
+        self, conn: Any, run_id: str, seq: int, facts: Mapping[str, Sequence[Mapping[str, Any]]]
+    ) -> None:
+        for table, rows in facts.items():
+            columns = FACT_COLUMNS[table]
+            sql = (
+                f"INSERT INTO {table} (run_id, {', '.join(columns)}, seq, schema_version)"
+                f" VALUES ({', '.join('?' for _ in range(len(columns) + 3))})"
+            )
+            for row in rows:
+                self._q(conn, sql, (run_id, *(_column_value(row, c) for c in columns), seq, SCHEMA_VERSION))
+
+    def _write_operations(
+        self, conn: Any, run_id: str, seq: int,
+        new: Sequence[Mapping[str, Any]], updates: Sequence[Mapping[str, Any]],
+    ) -> None:
+        insert = (
+            f"INSERT INTO operations (run_id, {', '.join(OPERATION_COLUMNS)}, created_seq, updated_seq,"
+            f" schema_version) VALUES ({', '.join('?' for _ in range(len(OPERATION_COLUMNS) + 4))})"
+            " ON CONFLICT DO NOTHING"
+        )
+        for op in new:
+            values = tuple(_column_value(op, c) for c in OPERATION_COLUMNS)
+            cursor = self._q(conn, insert, (run_id, *values, seq, seq, SCHEMA_VERSION))
+            if cursor.rowcount == 1:
+                continue
+            # Idempotency keys are primary keys: recording the same operation
+            # again is a no-op, recording a different one under its key is not.
+            existing = self._q(
+                conn,
+                "SELECT operation_id, run_id, tool, tool_version, canonical_args_json FROM operations"
+                " WHERE idempotency_key = ? OR operation_id = ?",
+                (op["idempotency_key"], op["operation_id"]),
+            ).fetchall()
+            mine = (op["operation_id"], run_id, op["tool"], op.get("tool_version"), op["canonical_args_json"])
+            if any(tuple(row) != mine for row in existing):
+                raise OperationConflict(run_id, op["idempotency_key"], "recorded with different content")
+        for update in updates:
+            fields = {k: v for k, v in update.items() if k != "operation_id"}
+            assignments = ", ".join(f"{name} = ?" for name in fields)
+            cursor = self._q(
+                conn,
+                f"UPDATE operations SET {assignments}, updated_seq = ? WHERE operation_id = ? AND run_id = ?",
+                (*fields.values(), seq, update["operation_id"], run_id),
+            )
+            if cursor.rowcount != 1:
+                raise OperationConflict(run_id, update["operation_id"], "no such operation in this run")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def _column_value(row: Mapping[str, Any], column: str) -> Any:
+    value = row.get(column)
+    if column.endswith("_json") and value is not None and not isinstance(value, str):
+        return canonical_json(value)
+    return value
+
+
+def _run_record(row: Sequence[Any]) -> RunRecord:
+    values = upgrade_row("runs", dict(zip(RUN_FIELDS, row)))
+    values["state"] = State(values["state"])
+    return RunRecord(**values)
+
+
+def _check_commit_shape(c: Commit) -> None:
+    """Refuse a malformed commit before opening a transaction: a programming
+    error in the engine must not reach the journal."""
+    if c.to_state is None and not c.events:
+        raise ValueError(f"run {c.run_id}: a commit needs a transition or at least one event")
+    for table, rows in c.facts.items():
+        if table not in FACT_COLUMNS:
+            raise ValueError(f"unknown fact table {table!r}")
+        for row in rows:
+            unknown = set(row) - set(FACT_COLUMNS[table])
+            if unknown:
+                raise ValueError(f"{table}: unknown columns {sorted(unknown)}")
+    for op in c.new_operations:
+        unknown = set(op) - set(OPERATION_COLUMNS)
+        missing = {"operation_id", "idempotency_key", "tool", "canonical_args_json", "policy_decision", "status", "step"} - set(op)
+        if unknown or missing:
+            raise ValueError(f"operation: unknown {sorted(unknown)}, missing {sorted(missing)}")
+    for update in c.operation_updates:
+        if "operation_id" not in update or not set(update) - {"operation_id"} <= OPERATION_MUTABLE:
+            raise ValueError(f"operation update may change only {sorted(OPERATION_MUTABLE)}")
+    if not set(c.counters) <= RUN_COUNTERS:
+        raise ValueError(f"unknown run counters {sorted(set(c.counters) - RUN_COUNTERS)}")
+    if not set(c.set_fields) <= RUN_SETTABLE:
+        raise ValueError(f"run fields that a commit may not set: {sorted(set(c.set_fields) - RUN_SETTABLE)}")
