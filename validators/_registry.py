@@ -1,0 +1,181 @@
+"""The validator model: ``Validator`` protocol, ``@validator`` registry, specs.
+
+A validator is registered as a *factory*: a function taking keyword-only
+params (all with defaults) and returning a pure check
+``DecisionInput -> Sequence[Issue]``. The registry binds params to get a
+:class:`BoundValidator`, whose :meth:`~BoundValidator.spec` (name, version,
+effective params) rebuilds exactly the same validator at replay. A change of
+behaviour is a new version, registered beside the old one, never an edit.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ._errors import ParamError, RegistryError
+from ._model import Decision, DecisionInput, Verdict
+
+__all__ = [
+    "Issue",
+    "Check",
+    "Validator",
+    "ValidatorSpec",
+    "ValidatorFactory",
+    "BoundValidator",
+    "validator",
+    "registered",
+    "get_factory",
+    "build_validator",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """One thing a check found wrong. A check returns none (accept) or many;
+    the bound validator folds them into one Decision."""
+
+    verdict: Verdict
+    code: str
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+Check = Callable[[DecisionInput], Sequence[Issue]]
+
+
+@runtime_checkable
+class Validator(Protocol):
+    """What a suite member is: named, versioned, parametrised, pure."""
+
+    name: str
+    version: str
+    params: Mapping[str, Any]
+
+    def __call__(self, inp: DecisionInput) -> Decision: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ValidatorSpec:
+    """The recorded identity of a validator; :func:`build_validator` of it
+    gives the same behaviour back."""
+
+    name: str
+    version: str
+    params: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "params": dict(self.params)}
+
+
+class BoundValidator:
+    """A factory with its params bound: a callable ``DecisionInput -> Decision``."""
+
+    __slots__ = ("name", "version", "params", "_check", "_ok")
+
+    def __init__(self, name: str, version: str, params: Mapping[str, Any], check: Check) -> None:
+        self.name = name
+        self.version = version
+        self.params = dict(params)
+        self._check = check
+        self._ok = Decision(verdict=Verdict.ACCEPT, code="ok", validator=name, validator_version=version)
+
+    def spec(self) -> ValidatorSpec:
+        return ValidatorSpec(self.name, self.version, dict(self.params))
+
+    def __call__(self, inp: DecisionInput) -> Decision:
+        issues = self._check(inp)
+        if not issues:
+            return self._ok
+        # The worst issue names the decision; the engine acts on its code.
+        # Ties keep the check's order, which puts the actionable one first.
+        worst = issues[0]
+        for issue in issues[1:]:
+            if issue.verdict.severity > worst.verdict.severity:
+                worst = issue
+        evidence = dict(worst.evidence)
+        if len(issues) > 1:
+            evidence["other_issues"] = [
+                {"verdict": i.verdict.value, "code": i.code, "message": i.message, "evidence": i.evidence}
+                for i in issues
+                if i is not worst
+            ]
+        # model_construct: the fields are built here from typed parts, so
+        # re-validating them on the hot path would only cost time.
+        return Decision.model_construct(
+            verdict=worst.verdict,
+            code=worst.code,
+            message=worst.message,
+            evidence=evidence,
+            validator=self.name,
+            validator_version=self.version,
+        )
+
+    def __repr__(self) -> str:
+        return f"BoundValidator({self.name}@{self.version}, {self.params})"
+
+
+class ValidatorFactory:
+    """A registered factory. Call it with params to get a BoundValidator."""
+
+    def __init__(self, name: str, version: str, fn: Callable[..., Check]) -> None:
+        self.name = name
+        self.version = version
+        self.fn = fn
+        self.doc = inspect.getdoc(fn) or ""
+        self.defaults: dict[str, Any] = {}
+        for p in inspect.signature(fn).parameters.values():
+            if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.default is inspect.Parameter.empty:
+                raise RegistryError(name, f"parameter {p.name!r} must be keyword-only with a default")
+            self.defaults[p.name] = p.default
+
+    def __call__(self, **params: Any) -> BoundValidator:
+        unknown = sorted(set(params) - set(self.defaults))
+        if unknown:
+            known = ", ".join(sorted(self.defaults)) or "none"
+            raise ParamError(unknown[0], f"one of the known params ({known})", params[unknown[0]])
+        effective = {**self.defaults, **params}
+        return BoundValidator(self.name, self.version, effective, self.fn(**effective))
+
+
+_REGISTRY: dict[str, dict[str, ValidatorFactory]] = {}
+
+
+def validator(*, name: str, version: str) -> Callable[[Callable[..., Check]], ValidatorFactory]:
+    """Register a check factory under ``name`` and ``version``."""
+
+    def register(fn: Callable[..., Check]) -> ValidatorFactory:
+        versions = _REGISTRY.setdefault(name, {})
+        if version in versions and versions[version].fn is not fn:
+            raise RegistryError(name, f"version {version!r} is already registered")
+        factory = ValidatorFactory(name, version, fn)
+        versions[version] = factory
+        return factory
+
+    return register
+
+
+def registered() -> dict[str, tuple[str, ...]]:
+    """Every registered name and its versions, oldest first."""
+    return {name: tuple(versions) for name, versions in sorted(_REGISTRY.items())}
+
+
+def get_factory(name: str, version: str | None = None) -> ValidatorFactory:
+    """The factory for ``name`` at ``version`` (default: the latest registered)."""
+    versions = _REGISTRY.get(name)
+    if not versions:
+        raise RegistryError(name, f"unknown validator; known: {', '.join(sorted(_REGISTRY))}")
+    if version is None:
+        return list(versions.values())[-1]
+    if version not in versions:
+        raise RegistryError(name, f"unknown version {version!r}; known: {', '.join(versions)}")
+    return versions[version]
+
+
+def build_validator(spec: ValidatorSpec | Mapping[str, Any]) -> BoundValidator:
+    """Rebuild a validator from its recorded spec."""
+    if not isinstance(spec, ValidatorSpec):
+        spec = ValidatorSpec(spec["name"], spec.get("version"), spec.get("params") or {})
+    return get_factory(spec.name, spec.version)(**dict(spec.params))

@@ -1,0 +1,255 @@
+"""Suites: a named set of validators with params, versioned by content.
+
+``suite_version`` is derived from the members' names, versions and
+effective params (defaults filled in), so the same suite written with keys
+in another order, or members in another order, has the same version, and
+any change of params or of a member's version gives a new one. The suite's
+``name`` is a label and does not enter the version: two files that judge
+alike are the same suite.
+
+Loaders: ``load_suite("default")`` (a bundled suite), ``load_suite(PATH)``
+(a YAML file in the CONTRACT format) and ``load_suite("pkg.mod:attr")`` (a
+:class:`Suite`, a callable returning one, or a suite mapping). Every problem
+is one :class:`SuiteError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loopledger.canonical import content_id
+
+from ._detectors import DETECTORS
+from ._errors import ParamError, RegistryError, SuiteError
+from ._model import Decision, DecisionInput, Verdict
+from ._registry import BoundValidator, ValidatorSpec, get_factory, registered
+
+__all__ = ["Suite", "SuiteResult", "load_suite", "parse_suite", "bundled_suites"]
+
+
+@dataclass(frozen=True, slots=True)
+class SuiteResult:
+    """The decisions of one suite on one candidate."""
+
+    suite_version: str
+    #: One decision per member, in member order.
+    decisions: tuple[Decision, ...]
+
+    @property
+    def verdict(self) -> Verdict:
+        """The most severe verdict (accept when every member accepts)."""
+        worst = Verdict.ACCEPT
+        for d in self.decisions:
+            if d.verdict.severity > worst.severity:
+                worst = d.verdict
+        return worst
+
+    @property
+    def blocking(self) -> tuple[Decision, ...]:
+        """Non-accept decisions, most severe first (member order within a verdict)."""
+        return tuple(
+            sorted((d for d in self.decisions if d.verdict is not Verdict.ACCEPT), key=lambda d: -d.verdict.severity)
+        )
+
+
+class Suite:
+    """An ordered set of bound validators with a content-derived version."""
+
+    __slots__ = ("name", "members", "version")
+
+    def __init__(self, name: str, members: Iterable[BoundValidator]) -> None:
+        self.name = name
+        self.members: tuple[BoundValidator, ...] = tuple(members)
+        seen: set[str] = set()
+        for m in self.members:
+            if m.name in seen:
+                raise SuiteError(f"suite {name!r}", f"validator {m.name!r} appears twice")
+            seen.add(m.name)
+        self.version = suite_version(m.spec() for m in self.members)
+
+    @property
+    def suite_version(self) -> str:
+        return self.version
+
+    def specs(self) -> list[ValidatorSpec]:
+        return [m.spec() for m in self.members]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The suite as a mapping :func:`parse_suite` reads back (pinned versions)."""
+        return {"name": self.name, "validators": [m.spec().to_dict() for m in self.members]}
+
+    def loop_detectors(self) -> list[tuple[str, dict[str, Any]]]:
+        """(name, params) of the members that are loop detectors, for the
+        batch form (``detect_batch``) over a step table."""
+        out = []
+        for m in self.members:
+            if m.name in DETECTORS:
+                params = dict(m.params)
+                out.append((m.name, params))
+        return out
+
+    def evaluate(self, inp: DecisionInput) -> SuiteResult:
+        """Run every member on the input. A member that raises is a bug in
+        that member; it is recorded as its own ``reject``/``validator_error``
+        decision so one broken check cannot hide the others' verdicts."""
+        decisions = []
+        for m in self.members:
+            try:
+                decisions.append(m(inp))
+            except Exception as exc:  # noqa: BLE001 - recorded, see docstring
+                decisions.append(
+                    Decision(
+                        verdict=Verdict.REJECT,
+                        code="validator_error",
+                        message=f"{m.name} raised {type(exc).__name__}: {exc}",
+                        evidence={"exception": type(exc).__name__},
+                        validator=m.name,
+                        validator_version=m.version,
+                    )
+                )
+        return SuiteResult(self.version, tuple(decisions))
+
+    def __repr__(self) -> str:
+        return f"Suite({self.name!r}, version={self.version}, members={[m.name for m in self.members]})"
+
+
+def suite_version(specs: Iterable[ValidatorSpec]) -> str:
+    """``s-`` and 16 hex digits of the content id of the sorted member specs."""
+    body = sorted((s.to_dict() for s in specs), key=lambda d: (d["name"], d["version"]))
+    return "s-" + content_id(body)[:16]
+
+
+# --- loading ---------------------------------------------------------------
+
+
+def bundled_suites() -> list[str]:
+    folder = resources.files("loopledger.datasets").joinpath("suites")
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_suite(ref: str | Path | Suite) -> Suite:
+    """A suite by bundled name, YAML path, or ``module:attr``."""
+    if isinstance(ref, Suite):
+        return ref
+    text = str(ref)
+    if isinstance(ref, Path) or text.endswith((".yaml", ".yml")) or "/" in text:
+        return _load_file(Path(text), text)
+    if ":" in text:
+        return _load_object(text)
+    if text in bundled_suites():
+        entry = resources.files("loopledger.datasets").joinpath("suites", f"{text}.yaml")
+        return _parse_text(entry.read_text(encoding="utf-8"), f"{text}.yaml")
+    raise SuiteError(
+        "--suite",
+        f"unknown suite {text!r}; expected a bundled suite ({', '.join(bundled_suites())}), "
+        "a .yaml file or module:attr",
+    )
+
+
+def _load_file(path: Path, where: str) -> Suite:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SuiteError(where, f"cannot read the file ({exc.strerror or exc})") from exc
+    return _parse_text(text, where)
+
+
+def _parse_text(text: str, where: str) -> Suite:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        raise SuiteError(where, f"{line}not valid YAML ({getattr(exc, 'problem', None) or exc})") from exc
+    return parse_suite(data, where)
+
+
+def _load_object(ref: str) -> Suite:
+    module_name, _, attr = ref.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SuiteError(ref, f"cannot import module {module_name!r} ({exc})") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise SuiteError(ref, f"module {module_name!r} has no attribute {attr!r}") from None
+    if callable(obj) and not isinstance(obj, Suite):
+        obj = obj()
+    if isinstance(obj, Suite):
+        return obj
+    if isinstance(obj, Mapping):
+        return parse_suite(obj, ref)
+    raise SuiteError(ref, f"expected a Suite, a callable returning one, or a suite mapping; got {type(obj).__name__}")
+
+
+def parse_suite(data: Any, where: str = "suite") -> Suite:
+    """Build a suite from its mapping form (CONTRACT 'Suite files')."""
+    if not isinstance(data, Mapping):
+        raise SuiteError(where, f"expected a mapping with 'name' and 'validators', got {type(data).__name__}")
+    unknown = sorted(set(data) - {"name", "validators", "description"})
+    if unknown:
+        raise SuiteError(f"{where}: {unknown[0]}", "unknown field; expected name, validators, description")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise SuiteError(f"{where}: name", "expected a non-empty string")
+    entries = data.get("validators")
+    if not isinstance(entries, Sequence) or isinstance(entries, str) or not entries:
+        raise SuiteError(f"{where}: validators", "expected a non-empty list of validator names or {name: params}")
+    members = []
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        field = f"{where}: validators[{i}]"
+        member = _member(entry, field)
+        if member.name in seen:
+            raise SuiteError(field, f"validator {member.name!r} already listed at validators[{seen[member.name]}]")
+        seen[member.name] = i
+        members.append(member)
+    return Suite(name, members)
+
+
+def _member(entry: Any, field: str) -> BoundValidator:
+    version: Any = None
+    if isinstance(entry, str):
+        vname, params = entry, {}
+    elif isinstance(entry, Mapping) and "name" in entry:
+        # The pinned form a recorded suite writes: {name, version, params}.
+        extra = sorted(set(entry) - {"name", "version", "params"})
+        if extra:
+            raise SuiteError(f"{field}.{extra[0]}", "unknown field; expected name, version, params")
+        vname, version, params = entry["name"], entry.get("version"), entry.get("params") or {}
+    elif isinstance(entry, Mapping) and len(entry) == 1:
+        ((vname, params),) = entry.items()
+        params = {} if params is None else params
+    else:
+        raise SuiteError(field, "expected a validator name or a one-key mapping {name: {params}}")
+    if not isinstance(vname, str):
+        raise SuiteError(field, f"expected a validator name, got {vname!r}")
+    if "@" in vname and version is None:
+        vname, version = vname.split("@", 1)
+    if version is not None:
+        version = str(version)
+    if not isinstance(params, Mapping):
+        raise SuiteError(f"{field}.{vname}", f"expected a mapping of params, got {type(params).__name__}")
+    known = registered()
+    if vname not in known:
+        close = difflib.get_close_matches(vname, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise SuiteError(field, f"unknown validator {vname!r}{hint}; known: {', '.join(known)}")
+    try:
+        factory = get_factory(vname, version)
+    except RegistryError as exc:
+        raise SuiteError(f"{field}.version", exc.reason) from None
+    try:
+        return factory(**dict(params))
+    except ParamError as exc:
+        raise SuiteError(f"{field}.{vname}.{exc.param}", f"expected {exc.expected}, got {exc.value!r}") from None
