@@ -1,0 +1,178 @@
+"""``output_rules``: no secrets or personal data in what the model outputs.
+
+Rules are named regular expressions (plus a checksum where one exists, so a
+16-digit order number is not a card number). The evidence of a match holds
+the rule name, the item and field, and character offsets: never the matched
+text, because the evidence is stored and shown, and a secret copied into the
+decision log is a second leak.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import ParamError
+from ._model import Candidate, ClaimItem, DecisionInput, PlanItem, TextItem, ToolCallItem, Verdict
+from ._params import choice_param, int_param, str_list_param
+from ._registry import Issue, validator
+
+__all__ = ["RULES", "Rule", "Match", "scan_candidate"]
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def _card(text: str) -> bool:
+    digits = re.sub(r"[ -]", "", text)
+    return 13 <= len(digits) <= 19 and _luhn(digits)
+
+
+def _iban(text: str) -> bool:
+    moved = text[4:] + text[:4]
+    return int("".join(str(int(c, 36)) for c in moved)) % 97 == 1
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    pattern: re.Pattern[str]
+    confirm: Callable[[str], bool] | None = None
+
+
+RULES: Mapping[str, Rule] = {
+    r.name: r
+    for r in (
+        Rule(
+            "secret_key",
+            re.compile(
+                r"\b(?:sk|rk)-(?:live-|test-|proj-|ant-)?[A-Za-z0-9_\-]{16,}"
+                r"|\bAKIA[0-9A-Z]{16}\b"
+                r"|\bgh[pousr]_[A-Za-z0-9]{36,}\b"
+                r"|\bxox[abprs]-[A-Za-z0-9\-]{10,}"
+                r"|\bAIza[0-9A-Za-z_\-]{35}"
+                r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+            ),
+        ),
+        Rule(
+            "credential",
+            re.compile(r"(?i)\b(?:api[_-]?key|secret|passw(?:or)?d|access[_-]?token)\b\s*[:=]\s*[\"']?[^\s\"']{8,}"),
+        ),
+        Rule("email", re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}\b")),
+        Rule("credit_card", re.compile(r"\b\d(?:[ -]?\d){12,18}\b"), _card),
+        Rule("iban", re.compile(r"\b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b"), _iban),
+    )
+}
+
+SCOPES = ("text", "claim", "plan", "tool_arguments")
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    rule: str
+    item: int  # index of the item in the candidate
+    field: str  # text, or a JSON path inside the item
+    start: int
+    end: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule": self.rule, "item": self.item, "field": self.field, "start": self.start, "end": self.end}
+
+
+def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key in sorted(value):
+            yield from _strings(value[key], f"{path}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{path}[{i}]")
+
+
+def _fields(candidate: Candidate, scopes: tuple[str, ...]) -> Iterator[tuple[int, str, str]]:
+    for index, item in enumerate(candidate.items):
+        if isinstance(item, TextItem) and "text" in scopes:
+            yield index, "text", item.text
+        elif isinstance(item, ClaimItem) and "claim" in scopes:
+            yield index, "text", item.text
+        elif isinstance(item, PlanItem) and "plan" in scopes:
+            for path, s in _strings(list(item.steps), "$.steps"):
+                yield index, path, s
+        elif isinstance(item, ToolCallItem) and "tool_arguments" in scopes:
+            if item.arguments is not None:
+                for path, s in _strings(item.arguments, "$.arguments"):
+                    yield index, path, s
+            elif item.raw_arguments:
+                yield index, "raw_arguments", item.raw_arguments
+
+
+def scan_candidate(candidate: Candidate, rules: tuple[Rule, ...], scopes: tuple[str, ...]) -> list[Match]:
+    """Every rule match in the candidate's scanned fields, in item order."""
+    found: list[Match] = []
+    for index, field, text in _fields(candidate, scopes):
+        for rule in rules:
+            for m in rule.pattern.finditer(text):
+                if rule.confirm is None or rule.confirm(m.group(0)):
+                    found.append(Match(rule.name, index, field, m.start(), m.end()))
+    return found
+
+
+def build_rules(patterns: Any, custom: Any) -> tuple[Rule, ...]:
+    names = str_list_param("patterns", patterns, RULES)
+    rules = [RULES[n] for n in names]
+    if not isinstance(custom, dict):
+        raise ParamError("custom", "a mapping of rule name to regular expression", custom)
+    for name in sorted(custom):
+        if not isinstance(custom[name], str):
+            raise ParamError(f"custom.{name}", "a regular expression string", custom[name])
+        try:
+            rules.append(Rule(name, re.compile(custom[name])))
+        except re.error as exc:
+            raise ParamError(f"custom.{name}", f"a valid regular expression ({exc})", custom[name]) from exc
+    return tuple(rules)
+
+
+def sensitive_issue(matches: list[Match], verdict: Verdict, max_matches: int) -> Issue:
+    first = matches[0]
+    rules = sorted({m.rule for m in matches})
+    return Issue(
+        verdict,
+        "sensitive_output",
+        f"output matches {', '.join(rules)} (item {first.item}, {first.field} at {first.start}..{first.end})",
+        {"rules": rules, "count": len(matches), "matches": [m.to_json() for m in matches[:max_matches]]},
+    )
+
+
+@validator(name="output_rules", version="1")
+def output_rules(
+    *,
+    patterns: tuple[str, ...] = ("secret_key", "credential"),
+    custom: Mapping[str, str] | None = None,
+    scopes: tuple[str, ...] = ("text", "claim", "plan"),
+    verdict: str = "reject",
+    max_matches: int = 20,
+):
+    """Codes: sensitive_output (reject, or the configured verdict).
+    Params: patterns (built-in rules: secret_key, credential, email,
+    credit_card, iban), custom (name -> regex), scopes (text, claim, plan,
+    tool_arguments), verdict (reject or repair), max_matches."""
+    rules = build_rules(list(patterns), dict(custom or {}))
+    scopes = str_list_param("scopes", list(scopes), SCOPES)
+    verdict_ = Verdict(choice_param("verdict", verdict, ("reject", "repair")))
+    max_matches = int_param("max_matches", max_matches, 1)
+
+    def check(inp: DecisionInput) -> list[Issue]:
+        matches = scan_candidate(inp.candidate, rules, scopes)
+        return [sensitive_issue(matches, verdict_, max_matches)] if matches else []
+
+    return check
