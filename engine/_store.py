@@ -397,25 +397,28 @@ class SQLRunStore:
         self, conn: Any, run_id: str, seq: int, facts: Mapping[str, Sequence[Mapping[str, Any]]]
     ) -> None:
         for table, rows in facts.items():
-            columns = FACT_COLUMNS[table]
-            sql = (
-                f"INSERT INTO {table} (run_id, {', '.join(columns)}, seq, schema_version)"
-                f" VALUES ({', '.join('?' for _ in range(len(columns) + 3))})"
-            )
             for row in rows:
+                # Only the columns the row supplies, so omitted ones take the
+                # table's defaults instead of an explicit NULL.
+                columns = [c for c in FACT_COLUMNS[table] if c in row]
+                sql = (
+                    f"INSERT INTO {table} (run_id, {', '.join(columns)}, seq, schema_version)"
+                    f" VALUES ({', '.join('?' for _ in range(len(columns) + 3))})"
+                )
                 self._q(conn, sql, (run_id, *(_column_value(row, c) for c in columns), seq, SCHEMA_VERSION))
 
     def _write_operations(
         self, conn: Any, run_id: str, seq: int,
         new: Sequence[Mapping[str, Any]], updates: Sequence[Mapping[str, Any]],
     ) -> None:
-        insert = (
-            f"INSERT INTO operations (run_id, {', '.join(OPERATION_COLUMNS)}, created_seq, updated_seq,"
-            f" schema_version) VALUES ({', '.join('?' for _ in range(len(OPERATION_COLUMNS) + 4))})"
-            " ON CONFLICT DO NOTHING"
-        )
         for op in new:
-            values = tuple(_column_value(op, c) for c in OPERATION_COLUMNS)
+            columns = [c for c in OPERATION_COLUMNS if c in op]  # omitted: the table's default
+            insert = (
+                f"INSERT INTO operations (run_id, {', '.join(columns)}, created_seq, updated_seq,"
+                f" schema_version) VALUES ({', '.join('?' for _ in range(len(columns) + 4))})"
+                " ON CONFLICT DO NOTHING"
+            )
+            values = tuple(_column_value(op, c) for c in columns)
             cursor = self._q(conn, insert, (run_id, *values, seq, seq, SCHEMA_VERSION))
             if cursor.rowcount == 1:
                 continue
@@ -427,7 +430,10 @@ class SQLRunStore:
                 " WHERE idempotency_key = ? OR operation_id = ?",
                 (op["idempotency_key"], op["operation_id"]),
             ).fetchall()
-            mine = (op["operation_id"], run_id, op["tool"], op.get("tool_version"), op["canonical_args_json"])
+            mine = (
+                op["operation_id"], run_id, op["tool"], op.get("tool_version"),
+                _column_value(op, "canonical_args_json"),
+            )
             if any(tuple(row) != mine for row in existing):
                 raise OperationConflict(run_id, op["idempotency_key"], "recorded with different content")
         for update in updates:
