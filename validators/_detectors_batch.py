@@ -11,6 +11,7 @@ give byte-identical ``evidence_json``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,6 +26,11 @@ from ._steps import STEP_COLUMNS, step_schema
 __all__ = ["detect_batch", "empty_diagnoses"]
 
 _RUN = "run_id"
+
+# Rows with empty error lists are filtered out before exploding, so the
+# empty-list behaviour does not matter; passing it explicitly (where this
+# polars accepts it) keeps the future-default warning quiet.
+_EXPLODE_KW = {"empty_as_null": True} if "empty_as_null" in inspect.signature(pl.LazyFrame.explode).parameters else {}
 
 
 def empty_diagnoses() -> pl.DataFrame:
@@ -84,7 +90,7 @@ def _repeated_error(frame: pl.DataFrame, threshold: int) -> list[tuple[str, int,
         frame.lazy()
         .select(_RUN, "step", pl.col("errors").alias("_code"))
         .filter(pl.col("_code").list.len() > 0)
-        .explode("_code")
+        .explode("_code", **_EXPLODE_KW)
         .with_columns(
             (pl.int_range(pl.len()).over([_RUN, "_code"]) + 1).alias("_n"),
             pl.col("step").first().over([_RUN, "_code"]).alias("_first"),

@@ -1,0 +1,69 @@
+"""output_rules: secrets and personal data; evidence has offsets and rule names, never the text."""
+
+from __future__ import annotations
+
+import pytest
+from validators_helpers import call, claim, make_input, text
+
+from loopledger.validators import ParamError, Verdict, get_factory
+
+SECRET = "sk-live-4f9aQ2xZr8LmN3pT7vW1"
+rules = get_factory("output_rules")
+
+
+def test_clean_output_is_accepted():
+    assert rules()(make_input([text("Refund of 25.00 issued for ORD-1042.")])).verdict is Verdict.ACCEPT
+
+
+def test_secret_in_output_is_rejected_with_offsets_not_the_secret():
+    msg = f"Use the key {SECRET} to retry."
+    d = rules()(make_input([text("ok"), text(msg)]))
+    assert (d.verdict, d.code) == (Verdict.REJECT, "sensitive_output")
+    (m,) = d.evidence["matches"]
+    assert m == {"rule": "secret_key", "item": 1, "field": "text", "start": 12, "end": 12 + len(SECRET)}
+    assert msg[m["start"]:m["end"]] == SECRET
+    assert SECRET not in d.to_json() and SECRET[8:] not in d.to_json()
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["AKIAIOSFODNN7EXAMPLE", "ghp_" + "a" * 36, "-----BEGIN RSA PRIVATE KEY-----", "password = hunter2hunter2"],
+)
+def test_other_secret_shapes(value):
+    d = rules()(make_input([text(f"x {value} y")]))
+    assert d.code == "sensitive_output"
+
+
+def test_personal_data_only_when_configured():
+    inp = make_input([text("Write to jane.doe@example.com, card 4111 1111 1111 1111.")])
+    assert rules()(inp).code == "ok"
+    d = rules(patterns=["email", "credit_card"])(inp)
+    assert d.evidence["rules"] == ["credit_card", "email"] and d.evidence["count"] == 2
+
+
+def test_card_numbers_need_a_valid_checksum():
+    d = rules(patterns=["credit_card"])(make_input([text("order 4111 1111 1111 1112")]))
+    assert d.code == "ok"
+
+
+def test_claims_plans_and_optionally_tool_arguments_are_scanned():
+    assert rules()(make_input([claim(f"key {SECRET}")])).code == "sensitive_output"
+    assert rules()(make_input([{"type": "plan", "steps": [{"do": f"print {SECRET}"}]}])).evidence["matches"][0]["field"] == "$.steps[0].do"
+    inp = make_input([call("workspace.write_file", {"path": "a", "content": SECRET})])
+    assert rules()(inp).code == "ok"
+    d = rules(scopes=["tool_arguments"])(inp)
+    assert d.evidence["matches"][0]["field"] == "$.arguments.content"
+
+
+def test_custom_rules_and_verdict():
+    d = rules(patterns=[], custom={"ticket": r"TKT-\d{6}"}, verdict="repair")(make_input([text("see TKT-123456")]))
+    assert (d.verdict, d.evidence["rules"]) == (Verdict.REPAIR, ["ticket"])
+
+
+def test_bad_params_are_refused_at_build_time():
+    with pytest.raises(ParamError, match="patterns"):
+        rules(patterns=["secret"])
+    with pytest.raises(ParamError, match="custom.bad"):
+        rules(custom={"bad": "("})
+    with pytest.raises(ParamError, match="verdict"):
+        rules(verdict="ask")

@@ -1,0 +1,143 @@
+"""Suites: loaders, errors naming file and field, version stability."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+from validators_helpers import call, make_input
+
+from loopledger.validators import (
+    Suite,
+    SuiteError,
+    ValidatorSpec,
+    Verdict,
+    build_validator,
+    bundled_suites,
+    get_factory,
+    load_suite,
+    parse_suite,
+    registered,
+)
+
+BUILTINS = ["structure", "tool_exists", "tool_version", "tool_args_schema", "permission", "references",
+            "output_rules", "completion_gate", "loop.repeated_call", "loop.repeated_error", "loop.no_progress",
+            "loop.oscillation"]
+
+
+def test_every_builtin_is_registered_and_in_the_bundled_suites():
+    assert set(BUILTINS) <= set(registered())
+    assert {"default", "strict"} <= set(bundled_suites())
+    for name in ("default", "strict"):
+        assert [m.name for m in load_suite(name).members] == BUILTINS
+
+
+def test_strict_differs_from_default_only_in_params():
+    default, strict = load_suite("default"), load_suite("strict")
+    assert default.version != strict.version
+    assert {m.name: m.version for m in default.members} == {m.name: m.version for m in strict.members}
+    assert dict(strict.members[8].params) == {"threshold": 2}
+
+
+def test_version_ignores_key_and_member_order_and_follows_params():
+    a = parse_suite({"name": "a", "validators": [{"loop.oscillation": {"period": 2, "cycles": 2}}, "structure"]})
+    b = parse_suite({"validators": ["structure", {"loop.oscillation": {"cycles": 2, "period": 2}}], "name": "b"})
+    c = parse_suite({"name": "a", "validators": ["structure", {"loop.oscillation": {"period": 2, "cycles": 3}}]})
+    assert a.version == b.version != c.version
+    # defaults written out or left implicit: the same behaviour, the same version
+    d = parse_suite({"name": "d", "validators": ["structure", {"loop.oscillation": {"period": 2, "cycles": 2, "channels": ["calls", "states"]}}]})
+    assert d.version == a.version
+
+
+def test_recorded_spec_rebuilds_the_same_validator_and_suite():
+    suite = load_suite("strict")
+    again = parse_suite(suite.to_dict(), "recorded")
+    assert again.version == suite.version
+    for m in suite.members:
+        rebuilt = build_validator(m.spec().to_dict())
+        assert rebuilt.spec() == m.spec()
+    assert build_validator(ValidatorSpec("tool_exists", "1", {})).name == "tool_exists"
+
+
+def test_load_from_file_and_module(tmp_path, monkeypatch):
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\nvalidators:\n  - structure\n  - output_rules: {patterns: [email]}\n")
+    suite = load_suite(str(path))
+    assert [m.name for m in suite.members] == ["structure", "output_rules"]
+    mod = tmp_path / "my_suites.py"
+    mod.write_text(textwrap.dedent("""
+        from loopledger.validators import parse_suite
+        SUITE = parse_suite({"name": "obj", "validators": ["structure"]})
+        def make():
+            return SUITE
+        MAPPING = {"name": "map", "validators": ["tool_exists"]}
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert load_suite("my_suites:SUITE").name == "obj"
+        assert load_suite("my_suites:make").name == "obj"
+        assert load_suite("my_suites:MAPPING").members[0].name == "tool_exists"
+    finally:
+        sys.modules.pop("my_suites", None)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("name: strict\nvalidators:\n  - structure\n  - tool_exists\n  - tool_version\n  - tool_exist\n",
+         r"^strict\.yaml: validators\[3\]: unknown validator 'tool_exist' \(did you mean 'tool_exists'\?\); known: "),
+        ("name: s\nvalidators:\n  - loop.repeated_call: {threshold: 1}\n",
+         r"^strict\.yaml: validators\[0\]\.loop\.repeated_call\.threshold: expected an integer >= 2, got 1$"),
+        ("name: s\nvalidators:\n  - output_rules: {pattern: [email]}\n",
+         r"^strict\.yaml: validators\[0\]\.output_rules\.pattern: expected one of the known params"),
+        ("name: s\nvalidators:\n  - structure\n  - structure\n", r"validators\[1\]: validator 'structure' already listed"),
+        ("name: s\nvalidators: structure\n", r"^strict\.yaml: validators: expected a non-empty list"),
+        ("validators: [structure]\n", r"^strict\.yaml: name: expected a non-empty string"),
+        ("name: s\nvalidators: [{name: structure, version: '9'}]\n", r"validators\[0\]\.version: unknown version '9'"),
+        ("name: s\nvalidators: [structure\n", r"^strict\.yaml: line \d+: not valid YAML"),
+    ],
+)
+def test_bad_suites_name_file_and_field(tmp_path, monkeypatch, body, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "strict.yaml").write_text(body)
+    with pytest.raises(SuiteError, match=message):
+        load_suite("strict.yaml")
+
+
+def test_unknown_references():
+    with pytest.raises(SuiteError, match="unknown suite 'nope'"):
+        load_suite("nope")
+    with pytest.raises(SuiteError, match="cannot read"):
+        load_suite("missing/file.yaml")
+    with pytest.raises(SuiteError, match="cannot import module"):
+        load_suite("no_such_module_x:SUITE")
+
+
+def test_evaluate_gives_one_decision_per_member_and_the_worst_verdict():
+    suite = load_suite("default")
+    inp = make_input([call("deploy.service@v1", {"service": "api", "version": "1"})],
+                     contract={"forbidden_paths": ["payments/**"]})
+    result = suite.evaluate(inp)
+    assert [d.validator for d in result.decisions] == BUILTINS
+    assert all(d.validator_version == "1" for d in result.decisions)
+    assert result.suite_version == suite.version
+    assert result.verdict is Verdict.REJECT
+    assert [d.code for d in result.blocking] == ["stale_tool_version"]
+    result = suite.evaluate(make_input([call("deploy.service", {"service": "api", "version": "1"})]))
+    assert (result.verdict, [d.code for d in result.blocking]) == (Verdict.ASK, ["approval_required"])
+    result = suite.evaluate(make_input([call("orders.get_order", {"order_id": "ORD-1042"})]))
+    assert (result.verdict, result.blocking) == (Verdict.ACCEPT, ())
+
+
+def test_a_member_that_raises_is_recorded_not_propagated():
+    def boom():
+        def check(inp):
+            raise RuntimeError("bug")
+        return check
+
+    from loopledger.validators._registry import ValidatorFactory
+
+    suite = Suite("x", [ValidatorFactory("boom", "1", boom)(), get_factory("structure")()])
+    result = suite.evaluate(make_input([call("orders.get_order", {"order_id": "ORD-1042"})]))
+    assert [(d.validator, d.code) for d in result.decisions] == [("boom", "validator_error"), ("structure", "ok")]
