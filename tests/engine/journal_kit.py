@@ -92,3 +92,108 @@ class Runs:
         run = self.store.get_run(run_id)
         assert run.state == target
         return run
+
+
+# -- child processes ------------------------------------------------------------
+# Entry points for multiprocessing (spawn): they live here, in a plain module,
+# so a child can import them by name.
+
+
+def race_worker(
+    path: str, run_id: str, worker: int, lockstep_rounds: int, free_attempts: int, barrier: Any, out: str
+) -> None:
+    """Commit MODEL_RUNNING -> MODEL_RUNNING to one run, read-then-commit with
+    the version read, and write every outcome to ``out`` (JSON).
+
+    Lock-step rounds: every worker reads, waits for the others, then commits,
+    so exactly one commit per round can win. Then a free-running phase."""
+    import json
+
+    from loopledger.engine import NewEvent, StaleStateVersion
+
+    store = SQLiteRunStore(path)
+    outcomes: list[dict[str, Any]] = []
+
+    def attempt(phase: str, index: int, version: int) -> None:
+        commit = Commit(
+            run_id=run_id,
+            expected_version=version,
+            to_state=State.MODEL_RUNNING,
+            payload={"worker": worker, "phase": phase, "i": index},
+            events=(NewEvent("tick", {"worker": worker, "i": index}),),
+        )
+        try:
+            result = store.commit(commit)
+        except StaleStateVersion as exc:
+            outcomes.append({"phase": phase, "i": index, "won": False, "expected": exc.expected, "actual": exc.actual})
+        else:
+            outcomes.append({
+                "phase": phase, "i": index, "won": True, "state_version": result.state_version,
+                "first_seq": result.first_seq, "last_seq": result.last_seq,
+            })
+
+    try:
+        for index in range(lockstep_rounds):
+            barrier.wait()
+            version = store.get_run(run_id).state_version
+            barrier.wait()
+            attempt("lockstep", index, version)
+        barrier.wait()
+        for index in range(free_attempts):
+            attempt("free", index, store.get_run(run_id).state_version)
+    finally:
+        store.close()
+    with open(out, "w") as handle:
+        json.dump(outcomes, handle)
+
+
+def migrate_worker(path: str, barrier: Any) -> None:
+    """Open (and so migrate) a journal once every worker is ready."""
+    barrier.wait()
+    store = SQLiteRunStore(path)
+    store.close()
+
+
+#: Events each commit of ``crash_loop`` writes: its transition and two ticks.
+CRASH_EVENTS_PER_COMMIT = 3
+
+
+def crash_commit(run_id: str, version: int) -> Commit:
+    """The commit ``crash_loop`` makes on a run at ``version``: it produces
+    version ``number = version + 1`` and writes three events, a ~1 KB
+    artifact and one row in each of two fact tables, all naming ``number``."""
+    from loopledger.engine import Artifact, NewEvent
+
+    number = version + 1
+    return Commit(
+        run_id=run_id,
+        expected_version=version,
+        to_state=State.MODEL_RUNNING,
+        step=number,
+        attempt=1,
+        payload={"commit": number},
+        events=(NewEvent("tick", {"commit": number, "n": 1}), NewEvent("tick", {"commit": number, "n": 2})),
+        artifacts=(Artifact("tool_result", {"commit": number, "pad": "x" * 1000}),),
+        facts={
+            "loop_diagnoses": (
+                {"step": number, "detector": "crash", "detector_version": "1", "pattern": "tick",
+                 "evidence_json": {"commit": number}},
+            ),
+            "candidates": (
+                {"step": number, "attempt": 1, "candidate_id": f"c{number}", "context_artifact_id": "ctx",
+                 "finish_reason": "stop", "items_json": [], "prompt_version": "v1", "model_route": "scripted"},
+            ),
+        },
+    )
+
+
+def crash_loop(path: str, run_id: str, limit: int = 5000) -> None:
+    """Commit ``crash_commit`` in a loop until killed (or ``limit`` commits)."""
+    import sys
+
+    store = SQLiteRunStore(path)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    for _ in range(limit):
+        store.commit(crash_commit(run_id, store.get_run(run_id).state_version))
+    store.close()
