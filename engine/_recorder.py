@@ -32,6 +32,10 @@ from ._store import SQLRunStore
 from ._tables import TABLES, TraceTable, arrow_schema
 
 BATCH_ROWS = 20_000
+
+#: Tables exported by a global sequence range rather than by per-run ranges:
+#: name -> (journal table, sequence column).
+GLOBAL_SEQUENCES = {"artifacts": ("artifacts", "artifact_seq"), "labels": ("labels", "label_id")}
 EMPTY_FILE = "empty.parquet"
 COMPRESSION = "zstd"
 
@@ -117,12 +121,12 @@ class Recorder:
         self._finish_compactions()
         with self.store._lock:
             pending = self.store._conn.execute(
-                "SELECT export_id, ranges_json, labels_after, labels_upto FROM exports"
+                "SELECT export_id, ranges_json, bounds_json FROM exports"
                 " WHERE status = 'pending' ORDER BY export_id"
             ).fetchall()
         result = ExportResult(None)
-        for export_id, ranges_json, labels_after, labels_upto in pending:
-            result = self._publish(export_id, json.loads(ranges_json), labels_after, labels_upto)
+        for export_id, ranges_json, bounds_json in pending:
+            result = self._publish(export_id, json.loads(ranges_json), json.loads(bounds_json))
         fresh = self._export_new()
         self._ensure_schema_files()
         return fresh or result
@@ -138,22 +142,26 @@ class Recorder:
                 " LEFT JOIN export_marks m ON m.run_id = r.run_id"
                 " WHERE r.last_seq > COALESCE(m.events_hwm, 0) ORDER BY r.run_id"
             ).fetchall()
-            labels_after = reader.execute(
-                "SELECT COALESCE(MAX(labels_upto), 0) FROM exports WHERE status = 'done'"
-            ).fetchone()[0]
-            labels_upto = reader.execute("SELECT COALESCE(MAX(label_id), 0) FROM labels").fetchone()[0]
-            if not ranges and labels_upto <= labels_after:
+            last = reader.execute(
+                "SELECT bounds_json FROM exports WHERE status = 'done' ORDER BY export_id DESC LIMIT 1"
+            ).fetchone()
+            previous = json.loads(last[0]) if last else {}
+            bounds = {}
+            for name, (table, key) in GLOBAL_SEQUENCES.items():
+                upto = reader.execute(f"SELECT COALESCE(MAX({key}), 0) FROM {table}").fetchone()[0]
+                bounds[name] = [previous.get(name, [0, 0])[1], upto]
+            if not ranges and all(after >= upto for after, upto in bounds.values()):
                 reader.execute("ROLLBACK")
                 return None
             ranges = [list(r) for r in ranges]
             with self.store._write() as conn:
                 cursor = conn.execute(
-                    "INSERT INTO exports (created_at, status, ranges_json, labels_after, labels_upto)"
-                    " VALUES (?, 'pending', ?, ?, ?)",
-                    (now_us(), json.dumps(ranges), labels_after, labels_upto),
+                    "INSERT INTO exports (created_at, status, ranges_json, bounds_json)"
+                    " VALUES (?, 'pending', ?, ?)",
+                    (now_us(), json.dumps(ranges), json.dumps(bounds, sort_keys=True)),
                 )
                 export_id = int(cursor.lastrowid)
-            return self._publish(export_id, ranges, labels_after, labels_upto, reader=reader)
+            return self._publish(export_id, ranges, bounds, reader=reader)
         finally:
             reader.close()
 
@@ -161,8 +169,7 @@ class Recorder:
         self,
         export_id: int,
         ranges: Sequence[Sequence[Any]],
-        labels_after: int,
-        labels_upto: int,
+        bounds: dict[str, list[int]],
         reader: Any = None,
     ) -> ExportResult:
         own_reader = reader is None
@@ -178,7 +185,7 @@ class Recorder:
             reader.execute("DELETE FROM _export_ranges")
             reader.executemany("INSERT INTO _export_ranges VALUES (?, ?, ?)", ranges)
             for name, table in TABLES.items():
-                params: tuple[Any, ...] = (labels_after, labels_upto) if name == "labels" else ()
+                params: tuple[Any, ...] = tuple(bounds[name]) if table.bounded else ()
                 cursor = reader.execute(table.select_sql(), params)
                 if table.kind == "append":
                     path = self.table_dir(name) / f"seg-{export_id:08d}.parquet"

@@ -8,12 +8,13 @@ journal can be read by any version of loopledger and by other tools.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from loopledger.canonical import canonical_json, content_id, loads
+from loopledger.canonical import canonical_json, loads
 
 from ._states import State
 
@@ -98,12 +99,17 @@ class Artifact:
         return canonical_json(self.body)
 
     @cached_property
+    def _bytes(self) -> bytes:
+        return self.canonical.encode("utf-8")
+
+    @cached_property
     def artifact_id(self) -> str:
-        return content_id(self.body)
+        # The same as content_id(body), from the bytes already made.
+        return hashlib.sha256(self._bytes).hexdigest()
 
     @property
     def size_bytes(self) -> int:
-        return len(self.canonical.encode("utf-8"))
+        return len(self._bytes)
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,15 @@ from ._records import (
     NewRun,
     RunRecord,
 )
-from ._states import INITIAL, State, is_allowed
+from ._states import ALLOWED, INITIAL, TERMINAL, State
+
+_STATEMENTS = {
+    "insert_event": "INSERT INTO events (run_id, seq, ts, kind, from_state, to_state, step, attempt,"
+    " state_version, payload_json, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "insert_artifact": "INSERT INTO artifacts (artifact_id, kind, created_at, size_bytes, body,"
+    " first_run_id, first_seq, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (artifact_id) DO NOTHING",
+}
 
 RUN_FIELDS = tuple(RunRecord.__dataclass_fields__)
 EVENT_FIELDS = tuple(EventRecord.__dataclass_fields__)
@@ -117,6 +125,9 @@ class SQLRunStore:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._conn: Any = None
+        self._update_cache: dict[tuple[Any, ...], str] = {}
+        self._stmt = {name: self._sql(sql) for name, sql in _STATEMENTS.items()}
+        self._stmt["lock_run"] = self._sql(self._lock_run_sql())
 
     # -- dialect hooks -------------------------------------------------
 
@@ -276,69 +287,89 @@ class SQLRunStore:
 
     def commit(self, commit: Commit) -> CommitResult:
         _check_commit_shape(commit)
-        late: TerminalAlreadySet | None = None
-        with self._write() as conn:
-            result, late = self._commit_txn(conn, commit)
+        # The transaction is spelled out rather than taken from _write(): this
+        # is the hottest path of the engine.
+        with self._lock:
+            conn = self._conn
+            self._begin_write(conn)
+            try:
+                result, late = self._commit_txn(conn, commit)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        _faults.after_commit()
         if late is not None:
             raise late
         return result
 
     def _commit_txn(self, conn: Any, c: Commit) -> tuple[CommitResult, TerminalAlreadySet | None]:
-        row = self._q(
-            conn, self._lock_run_sql(), (c.run_id,)
-        ).fetchone()
+        row = conn.execute(self._stmt["lock_run"], (c.run_id,)).fetchone()
         if row is None:
             raise UnknownRun(c.run_id)
-        state, version, last_seq, step, attempt = State(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4])
+        state = State(row[0])
+        version, last_seq, step, attempt = row[1], row[2], row[3], row[4]
         now = now_us()
-        if state.is_terminal:
+        if state in TERMINAL:
             return self._late_txn(conn, c, state, version, last_seq, step, attempt, now)
         if c.expected_version != version:
             raise StaleStateVersion(c.run_id, c.expected_version, version)
-        if c.to_state is not None and not is_allowed(state, c.to_state):
-            raise TransitionNotAllowed(c.run_id, state.value, c.to_state.value)
+        target = c.to_state
+        if target is not None and target not in ALLOWED[state]:
+            raise TransitionNotAllowed(c.run_id, state.value, target.value)
 
         new_version = version + 1
         new_step = step if c.step is None else c.step
         new_attempt = attempt if c.attempt is None else c.attempt
         seq = last_seq
-        if c.to_state is not None:
+        insert_event = self._stmt["insert_event"]
+        if target is not None:
             seq += 1
-            self._insert_event(
-                conn, c.run_id, seq, now, "transition", state.value, c.to_state.value,
-                new_step, new_attempt, new_version, c.payload,
+            conn.execute(
+                insert_event,
+                (c.run_id, seq, now, "transition", state.value, target.value, new_step, new_attempt,
+                 new_version, canonical_json(c.payload), SCHEMA_VERSION),
             )
+        else:
+            target = state
         for event in c.events:
             seq += 1
-            self._insert_event(
-                conn, c.run_id, seq, now, event.kind, state.value if c.to_state is None else c.to_state.value,
-                None, new_step, new_attempt, new_version, event.payload,
+            conn.execute(
+                insert_event,
+                (c.run_id, seq, now, event.kind, target.value, None, new_step, new_attempt,
+                 new_version, canonical_json(event.payload), SCHEMA_VERSION),
             )
-        self._store_artifacts(conn, c.run_id, seq, now, c.artifacts)
-        self._insert_facts(conn, c.run_id, seq, c.facts)
-        self._write_operations(conn, c.run_id, seq, c.new_operations, c.operation_updates)
+        if c.artifacts:
+            self._store_artifacts(conn, c.run_id, seq, now, c.artifacts)
+        if c.facts:
+            self._insert_facts(conn, c.run_id, seq, c.facts)
+        if c.new_operations or c.operation_updates:
+            self._write_operations(conn, c.run_id, seq, c.new_operations, c.operation_updates)
 
-        target = c.to_state or state
-        assignments = ["state = ?", "state_version = ?", "last_seq = ?", "step = ?", "attempt = ?", "updated_at = ?"]
+        terminal = target in TERMINAL
         params: list[Any] = [target.value, new_version, seq, new_step, new_attempt, now]
-        for name, delta in c.counters.items():
-            assignments.append(f"{name} = {name} + ?")
-            params.append(delta)
-        for name, value in c.set_fields.items():
-            assignments.append(f"{name} = ?")
-            params.append(value)
-        if target.is_terminal:
-            assignments.append("ended_at = ?")
+        params += c.counters.values()
+        params += c.set_fields.values()
+        if terminal:
             params.append(now)
-        params += [c.run_id, version]
-        updated = self._q(
-            conn,
-            f"UPDATE runs SET {', '.join(assignments)} WHERE run_id = ? AND state_version = ?",
-            params,
-        )
-        if updated.rowcount != 1:  # cannot happen under the row lock; refuse loudly if it does
+        params += (c.run_id, version)
+        updated = conn.execute(self._update_run_sql(tuple(c.counters), tuple(c.set_fields), terminal), params)
+        if updated.rowcount != 1:  # cannot happen under the write lock; refuse loudly if it does
             raise StaleStateVersion(c.run_id, c.expected_version, -1)
         return CommitResult(c.run_id, target, new_version, last_seq + 1, seq), None
+
+    def _update_run_sql(self, counters: tuple[str, ...], fields: tuple[str, ...], terminal: bool) -> str:
+        key = (counters, fields, terminal)
+        sql = self._update_cache.get(key)
+        if sql is None:
+            assignments = ["state = ?", "state_version = ?", "last_seq = ?", "step = ?", "attempt = ?", "updated_at = ?"]
+            assignments += [f"{name} = {name} + ?" for name in counters]
+            assignments += [f"{name} = ?" for name in fields]
+            if terminal:
+                assignments.append("ended_at = ?")
+            sql = self._sql(f"UPDATE runs SET {', '.join(assignments)} WHERE run_id = ? AND state_version = ?")
+            self._update_cache[key] = sql
+        return sql
 
     def _late_txn(
         self, conn: Any, c: Commit, state: State, version: int, last_seq: int, step: int, attempt: int, now: int
@@ -370,12 +401,10 @@ class SQLRunStore:
         self, conn: Any, run_id: str, seq: int, ts: int, kind: str, from_state: str | None,
         to_state: str | None, step: int, attempt: int, state_version: int, payload: Mapping[str, Any],
     ) -> None:
-        self._q(
-            conn,
-            "INSERT INTO events (run_id, seq, ts, kind, from_state, to_state, step, attempt,"
-            " state_version, payload_json, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        conn.execute(
+            self._stmt["insert_event"],
             (run_id, seq, ts, kind, from_state, to_state, step, attempt, state_version,
-             canonical_json(dict(payload)), SCHEMA_VERSION),
+             canonical_json(payload), SCHEMA_VERSION),
         )
 
     def _store_artifacts(
@@ -384,11 +413,8 @@ class SQLRunStore:
         # Content addressing makes storing idempotent: the same bytes have the
         # same id, so a conflict means the row is already exactly this.
         for artifact in artifacts:
-            self._q(
-                conn,
-                "INSERT INTO artifacts (artifact_id, kind, created_at, size_bytes, body, first_run_id,"
-                " first_seq, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (artifact_id) DO NOTHING",
+            conn.execute(
+                self._stmt["insert_artifact"],
                 (artifact.artifact_id, artifact.kind, now, artifact.size_bytes, artifact.canonical,
                  run_id, seq, SCHEMA_VERSION),
             )
@@ -472,6 +498,8 @@ def _check_commit_shape(c: Commit) -> None:
     error in the engine must not reach the journal."""
     if c.to_state is None and not c.events:
         raise ValueError(f"run {c.run_id}: a commit needs a transition or at least one event")
+    if not (c.facts or c.new_operations or c.operation_updates or c.counters or c.set_fields):
+        return
     for table, rows in c.facts.items():
         if table not in FACT_COLUMNS:
             raise ValueError(f"unknown fact table {table!r}")

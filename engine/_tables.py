@@ -8,8 +8,9 @@ the command line starts fast.
 Two kinds of table:
 
 * **append** tables grow by segments: rows are selected by the export's
-  per-run seq ranges (``_export_ranges``: run_id, lo, hi) and never change
-  once written;
+  per-run seq ranges (``_export_ranges``: run_id, lo, hi), or for the global
+  tables ``artifacts`` and ``labels`` by a sequence-number range (the two
+  ``?``), and never change once written;
 * **snapshot** tables (``runs``, ``operations``) hold mutable records and
   are rewritten whole, atomically, by each export.
 """
@@ -39,6 +40,11 @@ class TraceTable:
     columns: tuple[Column, ...]
     source: str  # FROM/WHERE clause over the journal, aliasing the table as t
     order: str
+
+    @property
+    def bounded(self) -> bool:
+        """Selected by a global sequence range rather than by per-run ranges."""
+        return "?" in self.source
 
     def select_sql(self) -> str:
         cols = ", ".join(c.expr for c in self.columns)
@@ -119,9 +125,8 @@ TABLES: dict[str, TraceTable] = {
                 _c("body"),
                 _c("schema_version", "int"),
             ),
-            "_export_ranges x JOIN artifacts t ON t.first_run_id = x.run_id"
-            " AND t.first_seq > x.lo AND t.first_seq <= x.hi",
-            "t.first_run_id, t.first_seq, t.artifact_id",
+            "artifacts t WHERE t.artifact_seq > ? AND t.artifact_seq <= ?",
+            "t.artifact_seq",
         ),
         TraceTable(
             "candidates",

@@ -39,58 +39,115 @@ class CanonicalJSONError(ValueError):
         self.reason = reason
 
 
-def _number(value: float, path: str) -> str:
-    if math.isnan(value) or math.isinf(value):
-        raise CanonicalJSONError(path, f"{value!r} is not a JSON number")
+class _Refused(Exception):
+    """Raised deep inside the writer; the public error, with its path, is
+    made once at the top so the hot path carries no path strings."""
+
+    def __init__(self, culprit: Any, reason: str) -> None:
+        self.culprit = culprit
+        self.reason = reason
+
+
+def _number(value: float) -> str:
+    if value != value or value in (math.inf, -math.inf):
+        raise _Refused(value, f"{value!r} is not a JSON number")
     if value.is_integer():
         # The exact integer, whatever the magnitude, so that a float and an
         # int that compare equal also serialise equally.
-        return str(int(value))
-    return repr(value)
+        return int.__repr__(int(value))
+    return float.__repr__(value)
 
 
-def _write(value: Any, out: list[str], path: str) -> None:
-    # Order matters: bool is a subclass of int.
-    if value is None:
+def _write(value: Any, out: list[str]) -> None:
+    # Exact-type checks first: they are the common case and much cheaper than
+    # an isinstance chain. Subclasses (str enums, int flags) take the slow path.
+    kind = type(value)
+    if kind is str:
+        out.append(_encode_string(value))
+    elif kind is dict:
+        _write_object(value, out)
+    elif kind is int:
+        out.append(int.__repr__(value))
+    elif kind is list or kind is tuple:
+        _write_array(value, out)
+    elif kind is float:
+        out.append(_number(value))
+    elif value is None:
         out.append("null")
     elif value is True:
         out.append("true")
     elif value is False:
         out.append("false")
     elif isinstance(value, str):
-        out.append(_encode_string(value))
+        out.append(_encode_string(str(value)))
     elif isinstance(value, int):
-        out.append(str(int(value)))
+        out.append(int.__repr__(int(value)))
     elif isinstance(value, float):
-        out.append(_number(value, path))
+        out.append(_number(float(value)))
     elif isinstance(value, dict):
-        out.append("{")
-        first = True
-        for key in sorted(value):
-            if not isinstance(key, str):
-                raise CanonicalJSONError(path, f"object key {key!r} is not a string")
-            if not first:
-                out.append(",")
-            first = False
-            out.append(_encode_string(key))
-            out.append(":")
-            _write(value[key], out, f"{path}.{key}")
-        out.append("}")
+        _write_object(value, out)
     elif isinstance(value, (list, tuple)):
-        out.append("[")
-        for index, item in enumerate(value):
-            if index:
-                out.append(",")
-            _write(item, out, f"{path}[{index}]")
-        out.append("]")
+        _write_array(value, out)
     else:
-        raise CanonicalJSONError(path, f"{type(value).__name__} is not a JSON value")
+        raise _Refused(value, f"{type(value).__name__} is not a JSON value")
+
+
+def _write_object(value: dict[Any, Any], out: list[str]) -> None:
+    for key in value:
+        if not isinstance(key, str):
+            raise _Refused(value, f"object key {key!r} is not a string")
+    out.append("{")
+    first = True
+    for key in sorted(value):
+        if first:
+            first = False
+        else:
+            out.append(",")
+        out.append(_encode_string(str(key)))
+        out.append(":")
+        _write(value[key], out)
+    out.append("}")
+
+
+def _write_array(value: list[Any] | tuple[Any, ...], out: list[str]) -> None:
+    out.append("[")
+    first = True
+    for item in value:
+        if first:
+            first = False
+        else:
+            out.append(",")
+        _write(item, out)
+    out.append("]")
+
+
+def _path_to(root: Any, culprit: Any, path: str = "$") -> str | None:
+    """Where ``culprit`` sits inside ``root`` (by identity), for the error message."""
+    if root is culprit:
+        return path
+    if isinstance(root, dict):
+        for key, item in root.items():
+            found = _path_to(item, culprit, f"{path}.{key}")
+            if found:
+                return found
+    elif isinstance(root, (list, tuple)):
+        for index, item in enumerate(root):
+            found = _path_to(item, culprit, f"{path}[{index}]")
+            if found:
+                return found
+    return None
 
 
 def canonical_json(value: Any) -> str:
     """Return the canonical JSON text of ``value``."""
     out: list[str] = []
-    _write(value, out, "$")
+    try:
+        _write(value, out)
+    except _Refused as refused:
+        path = _path_to(value, refused.culprit) or "$"
+        raise CanonicalJSONError(path, refused.reason) from None
+    except RecursionError:
+        raise CanonicalJSONError("$", "nested too deeply (or contains itself)") from None
     text = "".join(out)
     try:
         text.encode("utf-8")

@@ -46,7 +46,8 @@ CREATE TABLE events (
 ) WITHOUT ROWID;
 
 CREATE TABLE artifacts (
-    artifact_id     TEXT PRIMARY KEY,   -- sha256 of the canonical bytes of body
+    artifact_seq    INTEGER PRIMARY KEY, -- order of storing; the recorder exports by its ranges
+    artifact_id     TEXT NOT NULL UNIQUE, -- sha256 of the canonical bytes of body
     kind            TEXT NOT NULL,
     created_at      INTEGER NOT NULL,
     size_bytes      INTEGER NOT NULL,
@@ -54,6 +55,4 @@ CREATE TABLE artifacts (
     first_run_id    TEXT NOT NULL,      -- the run whose commit stored it first
     first_seq       INTEGER NOT NULL,   -- ... and that commit's last event seq
     schema_version  INTEGER NOT NULL
-) WITHOUT ROWID;
-
-CREATE INDEX artifacts_by_first ON artifacts (first_run_id, first_seq);
+);  -- a rowid table: bodies are large, and WITHOUT ROWID suits small rows only

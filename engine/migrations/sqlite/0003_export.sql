@@ -1,5 +1,6 @@
 -- Bookkeeping of the Parquet recorder. An export is first recorded as an
--- intent with the exact ranges it covers; its files are named after its id,
+-- intent with the exact ranges it covers (per-run event seqs; artifact and
+-- label sequence numbers); its files are named after its id,
 -- so redoing an interrupted export rewrites the same files instead of adding
 -- rows. Marks advance only when the export is done.
 
@@ -13,8 +14,7 @@ CREATE TABLE exports (
     created_at  INTEGER NOT NULL,
     status      TEXT NOT NULL CHECK (status IN ('pending', 'done')),
     ranges_json TEXT NOT NULL,      -- [[run_id, after_seq, upto_seq], ...]
-    labels_after INTEGER NOT NULL,
-    labels_upto  INTEGER NOT NULL
+    bounds_json TEXT NOT NULL       -- {"artifacts": [after, upto], "labels": [after, upto]}
 );
 
 -- A compaction merges a table's segment files into one. The merged file is
