@@ -208,10 +208,14 @@ class Recorder:
         return result
 
     def _ensure_schema_files(self) -> None:
-        """A table with no file yet gets an empty one, so its schema is always readable."""
+        """A table with no file yet gets an empty one, so its schema is always
+        readable; once it has a real file, the empty one goes (it holds no
+        rows, so removing it never changes what a reader sees)."""
         for name, table in TABLES.items():
             folder = self.table_dir(name)
-            if not any(folder.glob("*.parquet")):
+            if any(p.name != EMPTY_FILE for p in folder.glob("*.parquet")):
+                (folder / EMPTY_FILE).unlink(missing_ok=True)
+            elif not (folder / EMPTY_FILE).exists():
                 write_parquet(folder / EMPTY_FILE, table, (), keep_empty=True)
 
     # -- compaction --------------------------------------------------------
@@ -230,6 +234,18 @@ class Recorder:
         merged: dict[str, int] = {}
         for name, table in TABLES.items():
             files = self.segments(name)
+            # A pending export's segments are left alone: redoing that export
+            # rewrites them, which would duplicate rows already merged. (Its
+            # intent is recorded before its files are written, so listing the
+            # files first and the pending exports second misses none.)
+            with self.store._lock:
+                pending = {
+                    f"seg-{export_id:08d}.parquet"
+                    for (export_id,) in self.store._conn.execute(
+                        "SELECT export_id FROM exports WHERE status = 'pending'"
+                    )
+                }
+            files = [f for f in files if f.name not in pending]
             if table.kind != "append" or len(files) < 2:
                 continue
             with self.store._write() as conn:

@@ -1,0 +1,583 @@
+"""The recorder: journal -> Parquet trace tables.
+
+The Parquet row sets are compared with the journal table by table, on every
+column the Parquet table has. The expected rows are read from the journal
+with SQL written here (CONTRACT names mapped to journal columns by hand), not
+with the recorder's own table description.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from journal_kit import Runs
+from loopledger.canonical import canonical_json
+from loopledger.engine import (
+    Artifact,
+    Commit,
+    NewEvent,
+    Recorder,
+    SQLiteRunStore,
+    State,
+    TerminalAlreadySet,
+)
+
+S = State
+
+#: CONTRACT.md, "Parquet tables": every table and its required columns.
+CONTRACT_TABLES: dict[str, list[str]] = {
+    "runs": ["run_id", "thread_id", "task_id", "tenant", "prompt_version", "model_route", "status", "reason",
+             "started_at", "ended_at", "steps", "model_attempts", "tool_calls", "tokens_in", "tokens_out",
+             "cost_usd", "reward"],
+    "events": ["run_id", "seq", "ts", "kind", "from_state", "to_state", "step", "attempt", "payload_json"],
+    "artifacts": ["artifact_id", "run_id", "kind", "created_at", "size_bytes", "body"],
+    "candidates": ["run_id", "step", "attempt", "candidate_id", "context_artifact_id", "finish_reason",
+                   "items_json", "prompt_version", "model_route"],
+    "validations": ["run_id", "step", "attempt", "candidate_id", "validator", "validator_version",
+                    "suite_version", "verdict", "code", "message", "evidence_json"],
+    "operations": ["operation_id", "run_id", "step", "tool", "tool_version", "idempotency_key",
+                   "canonical_args_json", "policy_decision", "outcome", "dispatch_count"],
+    "loop_diagnoses": ["run_id", "step", "detector", "detector_version", "pattern", "evidence_json"],
+    "labels": ["run_id", "step", "attempt", "candidate_id", "validator", "expected_verdict", "source", "note"],
+}
+TIMESTAMPS = {"runs": ["started_at", "ended_at"], "events": ["ts"], "artifacts": ["created_at"]}
+
+#: Where a Parquet column comes from when the journal names it differently.
+RENAMED = {
+    ("runs", "status"): "state",
+    ("runs", "steps"): "step",
+    ("artifacts", "run_id"): "first_run_id",
+}
+
+
+# -- reading both sides ---------------------------------------------------------
+
+
+def parquet_files(traces: Path, table: str) -> list[Path]:
+    return sorted((traces / table).glob("*.parquet"))
+
+
+def read_parquet(traces: Path, table: str) -> tuple[list[str], Counter[tuple[Any, ...]]]:
+    files = parquet_files(traces, table)
+    assert files, f"no Parquet file for {table}"
+    schemas = {pq.read_schema(f) for f in files}
+    assert len(schemas) == 1, f"{table}: files disagree on the schema"
+    rows: Counter[tuple[Any, ...]] = Counter()
+    columns: list[str] = []
+    for path in files:
+        data = pq.read_table(path)
+        columns = data.column_names
+        arrays = [
+            col.cast(pa.int64()) if pa.types.is_timestamp(col.type) else col
+            for col in data.columns
+        ]
+        rows.update(zip(*(a.to_pylist() for a in arrays)))
+    return columns, rows
+
+
+def read_journal(journal: Path, table: str, columns: list[str]) -> Counter[tuple[Any, ...]]:
+    import sqlite3
+
+    exprs = [RENAMED.get((table, c), c) for c in columns]
+    conn = sqlite3.connect(journal)
+    try:
+        return Counter(tuple(r) for r in conn.execute(f"SELECT {', '.join(exprs)} FROM {table}"))
+    finally:
+        conn.close()
+
+
+def assert_traces_equal_journal(traces: Path, journal: Path) -> dict[str, int]:
+    counts = {}
+    for table in CONTRACT_TABLES:
+        columns, rows = read_parquet(traces, table)
+        expected = read_journal(journal, table, columns)
+        assert rows == expected, f"{table}: Parquet differs from the journal"
+        assert max(rows.values(), default=1) == 1, f"{table}: duplicate rows"
+        counts[table] = sum(rows.values())
+    assert not list(traces.rglob("*.tmp")), "a temporary file was left behind"
+    return counts
+
+
+# -- a journal with every kind of fact ------------------------------------------
+
+
+def candidate(step: int, attempt: int, run_id: str) -> dict[str, Any]:
+    return {
+        "step": step, "attempt": attempt, "candidate_id": f"{run_id}-c{step}.{attempt}",
+        "context_artifact_id": "ctx", "finish_reason": "tool_calls",
+        "items_json": [{"type": "tool_call", "call_id": "c1", "name": "orders.get_order", "version": None,
+                        "arguments": {"order_id": "ORD-1042"}}],
+        "prompt_version": "v1", "model_route": "scripted", "tokens_in": 100, "tokens_out": 20, "cost_usd": 0.001,
+    }
+
+
+def validation(step: int, attempt: int, run_id: str, validator: str, verdict: str) -> dict[str, Any]:
+    return {
+        "step": step, "attempt": attempt, "candidate_id": f"{run_id}-c{step}.{attempt}",
+        "validator": validator, "validator_version": "1", "suite_version": "s1", "verdict": verdict,
+        "code": "ok" if verdict == "accept" else "needs_work", "message": f"{validator} said {verdict}",
+        "evidence_json": {"why": [validator, verdict]},
+    }
+
+
+def populate(store: Any, prefix: str) -> None:
+    """Runs through every kind of fact: candidates, validations, operations
+    (created then updated), loop diagnoses, labels, late events, shared
+    artifacts, a run left waiting."""
+    runs = Runs(store)
+    shared = Artifact("context", {"policy": "shared by every run", "v": 1})
+
+    done = f"{prefix}-done"
+    runs.new(done, prompt_version="v1", spec={"goal": "refund"}, artifacts=(shared,))
+    runs.move(done, S.MODEL_RUNNING, step=1, attempt=1, counters={"model_attempts": 1, "tokens_in": 100},
+              artifacts=(Artifact("context", {"run": done, "step": 1}),),
+              facts={"candidates": (candidate(1, 1, done),)})
+    runs.move(done, S.VALIDATING, artifacts=(Artifact("candidate", {"run": done}),),
+              facts={"validations": (validation(1, 1, done, "structure", "accept"),
+                                     validation(1, 1, done, "permission", "accept"))})
+    op = {
+        "operation_id": f"{done}-op1", "step": 1, "call_id": "c1", "tool": "payments.refund", "tool_version": "v1",
+        "idempotency_key": f"{done}-key1", "canonical_args_json": {"order_id": "ORD-1042", "amount": 25.0},
+        "policy_decision": "allow", "status": "committed", "dispatch_count": 0,
+    }
+    runs.move(done, S.TOOL_RUNNING, new_operations=(op,), counters={"tool_calls": 1})
+    result = Artifact("tool_result", {"refund": "rf-1", "run": done})
+    runs.move(done, S.READY, artifacts=(result,), operation_updates=(
+        {"operation_id": f"{done}-op1", "status": "done", "outcome": "success", "dispatch_count": 1,
+         "result_artifact_id": result.artifact_id},
+    ))
+    runs.move(done, S.MODEL_RUNNING, step=2, attempt=1, facts={"candidates": (candidate(2, 1, done),)},
+              counters={"model_attempts": 1, "tokens_out": 40, "cost_usd": 0.002})
+    runs.move(done, S.MODEL_RUNNING, attempt=2, facts={"candidates": (candidate(2, 2, done),)},
+              events=(NewEvent("stream_broken", {"at": 17}),))
+    runs.move(done, S.VALIDATING, facts={"validations": (validation(2, 2, done, "completion_gate", "accept"),)})
+    runs.move(done, S.FINALIZING, artifacts=(Artifact("final", {"text": "Refund issued", "run": done}),))
+    runs.move(done, S.SUCCEEDED, set_fields={"reason": "completed"})
+    # Late arrivals after the end are kept.
+    store.commit(Commit(run_id=done, expected_version=1, events=(NewEvent("work_completed", {"work_id": "w1"}),)))
+    with pytest.raises(TerminalAlreadySet):
+        runs.move(done, S.FAILED)
+
+    looped = f"{prefix}-loop"
+    runs.new(looped, prompt_version="v2", model_route="openai:gpt-4.1", artifacts=(shared,))
+    runs.move(looped, S.MODEL_RUNNING, step=1, attempt=1, facts={"candidates": (candidate(1, 1, looped),)})
+    runs.move(looped, S.VALIDATING, facts={"validations": (validation(1, 1, looped, "tool_exists", "reject"),)})
+    runs.move(looped, S.READY, facts={"loop_diagnoses": (
+        {"step": 1, "detector": "loop.repeated_call", "detector_version": "1", "pattern": "repeated_call",
+         "evidence_json": {"calls": ["a", "a"]}},
+        {"step": 1, "detector": "loop.no_progress", "detector_version": "2", "pattern": "no_progress",
+         "evidence_json": {"window": 4}},
+    )})
+    runs.move(looped, S.FINALIZING)
+    runs.move(looped, S.POLICY_STOPPED, set_fields={"reason": "loop_detected"})
+
+    waiting = f"{prefix}-wait"
+    runs.new(waiting, thread_id=f"{prefix}-thread")
+    runs.drive_to(waiting, S.VALIDATING)
+    runs.move(waiting, S.WAITING_USER, set_fields={
+        "reason": "waiting_for_user", "waiting_json": canonical_json({"kind": "user", "expires_at": 1}),
+    })
+
+    store.add_label({"run_id": done, "step": 1, "attempt": 1, "candidate_id": f"{done}-c1.1",
+                     "validator": "structure", "expected_verdict": "accept", "source": "human", "note": "ok"})
+    store.add_label({"run_id": looped, "step": 1, "attempt": 1, "candidate_id": f"{looped}-c1.1",
+                     "expected_verdict": "reject", "source": "scenario"})
+
+
+def advance(store: Any, prefix: str) -> None:
+    """More activity on existing runs: the waiting run finishes, a terminal run
+    gets another late event, an operation changes, a label is added."""
+    runs = Runs(store)
+    waiting = f"{prefix}-wait"
+    runs.move(waiting, S.TOOL_RUNNING, set_fields={"waiting_json": None}, new_operations=({
+        "operation_id": f"{waiting}-op", "step": 1, "tool": "deploy.service", "tool_version": "v2",
+        "idempotency_key": f"{waiting}-k", "canonical_args_json": {"service": "api", "version": "2"},
+        "policy_decision": "approved", "status": "dispatched", "dispatch_count": 1,
+    },))
+    runs.move(waiting, S.WAITING_TOOL, operation_updates=(
+        {"operation_id": f"{waiting}-op", "outcome": "background_accepted", "work_id": "w9"},
+    ))
+    runs.move(waiting, S.FINALIZING)
+    runs.move(waiting, S.SUCCEEDED, set_fields={"reason": "completed"},
+              artifacts=(Artifact("context", {"policy": "shared by every run", "v": 1}),))
+    store.commit(Commit(run_id=f"{prefix}-done", expected_version=1, events=(NewEvent("late_again"),)))
+    store.add_label({"run_id": waiting, "step": 1, "attempt": 1, "candidate_id": "x",
+                     "expected_verdict": "ask", "source": "import"})
+
+
+@pytest.fixture
+def journal(store: Any, tmp_path: Path) -> Path:
+    return tmp_path / "journal.sqlite"
+
+
+@pytest.fixture
+def traces(tmp_path: Path) -> Path:
+    return tmp_path / "traces"
+
+
+def file_names(traces: Path) -> dict[str, list[str]]:
+    return {t: [p.name for p in parquet_files(traces, t)] for t in CONTRACT_TABLES}
+
+
+# -- tests ----------------------------------------------------------------------
+
+
+def test_every_contract_table_exists_with_its_columns_even_when_empty(store: Any, traces: Path, journal: Path) -> None:
+    Recorder(store, traces).export()
+    for table, required in CONTRACT_TABLES.items():
+        files = parquet_files(traces, table)
+        assert files, f"{table} has no file"
+        schema = pq.read_schema(files[0])
+        missing = [c for c in required if c not in schema.names]
+        assert not missing, f"{table} lacks {missing}"
+        for column in TIMESTAMPS.get(table, []):
+            assert schema.field(column).type == pa.timestamp("us", tz="UTC"), (table, column)
+        assert sum(pq.read_table(f).num_rows for f in files) == 0
+    assert_traces_equal_journal(traces, journal)
+
+
+def test_duckdb_reads_the_tables(store: Any, traces: Path) -> None:
+    import duckdb
+
+    populate(store, "a")
+    Recorder(store, traces).export()
+    con = duckdb.connect()
+    runs = con.execute(
+        f"SELECT run_id, status, reason FROM read_parquet('{traces}/runs/*.parquet') ORDER BY run_id"
+    ).fetchall()
+    assert runs == [("a-done", "SUCCEEDED", "completed"), ("a-loop", "POLICY_STOPPED", "loop_detected"),
+                    ("a-wait", "WAITING_USER", "waiting_for_user")]
+    gaps = con.execute(
+        f"SELECT run_id, count(*), max(seq) FROM read_parquet('{traces}/events/*.parquet') GROUP BY run_id"
+    ).fetchall()
+    assert all(count == top for _, count, top in gaps)
+
+
+def test_export_equals_the_journal_and_twice_adds_no_rows(store: Any, traces: Path, journal: Path) -> None:
+    populate(store, "a")
+    recorder = Recorder(store, traces)
+    first = recorder.export()
+    assert first.export_id is not None and first.appended > 0
+    counts = assert_traces_equal_journal(traces, journal)
+    assert counts["events"] == sum(r.last_seq for r in store.list_runs())
+    assert counts["artifacts"] > 0 and counts["labels"] == 2
+    names = file_names(traces)
+
+    second = recorder.export()
+    assert second.appended == 0
+    assert assert_traces_equal_journal(traces, journal) == counts
+    assert file_names(traces) == names
+
+
+def test_incremental_exports_equal_the_journal(store: Any, traces: Path, journal: Path) -> None:
+    recorder = Recorder(store, traces)
+    populate(store, "a")
+    recorder.export()
+    advance(store, "a")
+    populate(store, "b")
+    recorder.export()
+    counts = assert_traces_equal_journal(traces, journal)
+    advance(store, "b")
+    recorder.export()
+    later = assert_traces_equal_journal(traces, journal)
+    assert later["events"] > counts["events"] and later["labels"] == counts["labels"] + 1
+    # The snapshot of a mutable operation shows its latest state.
+    _, ops = read_parquet(traces, "operations")
+    assert len(ops) == 4
+
+
+def test_a_new_recorder_on_the_same_journal_adds_no_rows(store: Any, traces: Path, journal: Path) -> None:
+    populate(store, "a")
+    Recorder(store, traces).export()
+    counts = assert_traces_equal_journal(traces, journal)
+    reopened = SQLiteRunStore(journal)
+    try:
+        Recorder(reopened, traces).export()
+    finally:
+        reopened.close()
+    assert assert_traces_equal_journal(traces, journal) == counts
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_export_interrupted_after_writing_its_files_is_completed(
+    store: Any, traces: Path, journal: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    populate(store, "a")
+    Recorder(store, traces).export()
+    advance(store, "a")
+    populate(store, "b")
+
+    # The intent is recorded and every file written, then the process dies
+    # before the export is marked done.
+    original = Recorder._publish
+
+    def publish_then_die(self: Recorder, *args: Any, **kwargs: Any) -> Any:
+        def refuse() -> Any:
+            raise Interrupted
+
+        monkeypatch.setattr(self.store, "_write", refuse)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Recorder, "_publish", publish_then_die)
+    with pytest.raises(Interrupted):
+        Recorder(store, traces).export()
+    monkeypatch.undo()
+
+    Recorder(store, traces).export()
+    assert_traces_equal_journal(traces, journal)
+    assert Recorder(store, traces).export().appended == 0
+    assert_traces_equal_journal(traces, journal)
+
+
+def test_an_export_interrupted_while_writing_its_files_is_completed(
+    store: Any, traces: Path, journal: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loopledger.engine import _recorder
+
+    populate(store, "a")
+    Recorder(store, traces).export()
+    advance(store, "a")
+    populate(store, "b")
+
+    original = _recorder.write_parquet
+    calls = {"n": 0}
+
+    def write_some_then_die(path: Path, *args: Any, **kwargs: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            path.with_name(path.name + ".tmp").write_bytes(b"half a file")
+            raise Interrupted
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(_recorder, "write_parquet", write_some_then_die)
+    with pytest.raises(Interrupted):
+        Recorder(store, traces).export()
+    monkeypatch.undo()
+
+    Recorder(store, traces).export()
+    assert_traces_equal_journal(traces, journal)
+
+
+def loopledger(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = Path(sys.executable).with_name("loopledger")
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    full_env.update(env or {})
+    return subprocess.run([str(command), *args], capture_output=True, text=True, env=full_env, timeout=120)
+
+
+def make_home(tmp_path: Path, *prefixes: str) -> Path:
+    home = tmp_path / "home"
+    store = SQLiteRunStore(home / "journal.sqlite")
+    try:
+        for prefix in prefixes:
+            populate(store, prefix)
+    finally:
+        store.close()
+    return home
+
+
+def add_to_home(home: Path, action: Any, prefix: str) -> None:
+    store = SQLiteRunStore(home / "journal.sqlite")
+    try:
+        action(store, prefix)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("crash_after", [1, 2])
+def test_an_export_killed_by_sigkill_is_completed_by_the_next(tmp_path: Path, crash_after: int) -> None:
+    home = make_home(tmp_path, "a")
+    assert loopledger("export", "--home", str(home)).returncode == 0
+    add_to_home(home, advance, "a")
+    add_to_home(home, populate, "b")
+
+    killed = loopledger("export", "--home", str(home), env={"LOOPLEDGER_CRASH_AFTER_COMMITS": str(crash_after)})
+    assert killed.returncode == -signal.SIGKILL
+
+    again = loopledger("export", "--home", str(home))
+    assert again.returncode == 0, again.stderr
+    assert_traces_equal_journal(home / "traces", home / "journal.sqlite")
+
+
+def test_compact_keeps_the_rows_and_leaves_one_file_per_table(store: Any, traces: Path, journal: Path) -> None:
+    recorder = Recorder(store, traces)
+    recorder.export()  # empty: every table gets its schema file
+    populate(store, "a")
+    recorder.export()
+    advance(store, "a")
+    populate(store, "b")
+    recorder.export()
+    advance(store, "b")
+    recorder.export()
+    before = {t: read_parquet(traces, t)[1] for t in CONTRACT_TABLES}
+    assert len(parquet_files(traces, "events")) >= 3
+
+    merged = recorder.compact()
+    assert merged.get("events", 0) >= 3
+    after = {t: read_parquet(traces, t)[1] for t in CONTRACT_TABLES}
+    assert after == before
+    for table in CONTRACT_TABLES:
+        assert len(parquet_files(traces, table)) == 1, (table, file_names(traces)[table])
+    assert_traces_equal_journal(traces, journal)
+
+    # Compacting again has nothing to merge; exporting again adds nothing.
+    assert recorder.compact() == {}
+    assert recorder.export().appended == 0
+    assert_traces_equal_journal(traces, journal)
+
+    # And the cycle goes on.
+    populate(store, "c")
+    recorder.export()
+    recorder.compact()
+    assert_traces_equal_journal(traces, journal)
+    for table in CONTRACT_TABLES:
+        assert len(parquet_files(traces, table)) == 1, (table, file_names(traces)[table])
+
+
+def test_an_interrupted_compaction_is_finished_by_the_next_export(
+    store: Any, traces: Path, journal: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = Recorder(store, traces)
+    populate(store, "a")
+    recorder.export()
+    populate(store, "b")
+    recorder.export()
+    segments_before = {t: [p.name for p in recorder.segments(t)] for t in CONTRACT_TABLES}
+
+    # The merged file is published, then the process dies before the
+    # originals are removed.
+    def die(self: Recorder, *args: Any, **kwargs: Any) -> None:
+        raise Interrupted
+
+    monkeypatch.setattr(Recorder, "_retire", die)
+    with pytest.raises(Interrupted):
+        recorder.compact()
+    monkeypatch.undo()
+    events_files = [p.name for p in parquet_files(traces, "events")]
+    assert any(n.startswith("compact-") for n in events_files)
+    assert set(segments_before["events"]) <= set(events_files)
+
+    populate(store, "c")
+    Recorder(store, traces).export()
+    assert_traces_equal_journal(traces, journal)
+    assert not set(segments_before["events"]) & {p.name for p in parquet_files(traces, "events")}
+
+
+def test_a_compaction_interrupted_before_its_merged_file_is_abandoned(
+    store: Any, traces: Path, journal: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loopledger.engine import _recorder
+
+    recorder = Recorder(store, traces)
+    populate(store, "a")
+    recorder.export()
+    populate(store, "b")
+    recorder.export()
+
+    original = _recorder.write_parquet
+
+    def half_written(path: Path, *args: Any, **kwargs: Any) -> int:
+        if path.name.startswith("compact-"):
+            path.with_name(path.name + ".tmp").write_bytes(b"half a file")
+            raise Interrupted
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(_recorder, "write_parquet", half_written)
+    with pytest.raises(Interrupted):
+        recorder.compact()
+    monkeypatch.undo()
+
+    Recorder(store, traces).export()
+    assert_traces_equal_journal(traces, journal)
+    Recorder(store, traces).compact()
+    assert_traces_equal_journal(traces, journal)
+
+
+def export_in_process(home: Path) -> None:
+    store = SQLiteRunStore(home / "journal.sqlite")
+    try:
+        Recorder(store, home / "traces").export()
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_export_compact_killed_at_its_commits_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    home = make_home(tmp_path, "a")
+    for prefix in ("b", "c"):
+        export_in_process(home)
+        add_to_home(home, populate, prefix)
+    export_in_process(home)
+
+    # Kill `export --compact` right after its n-th journal commit: each
+    # table's compaction commits three times (intent, merged file published,
+    # originals removed), so 1-6 cover every boundary of the first two tables.
+    # Between publishing a merged file and removing the files it replaces the
+    # folder holds both; the next export finishes the compaction, so the
+    # check comes after it.
+    for crash_after in range(1, 7):
+        result = loopledger("export", "--compact", "--home", str(home),
+                            env={"LOOPLEDGER_CRASH_AFTER_COMMITS": str(crash_after)})
+        assert result.returncode == -signal.SIGKILL, (crash_after, result.stderr)
+        add_to_home(home, populate, f"k{crash_after}")
+        export_in_process(home)
+        assert_traces_equal_journal(home / "traces", home / "journal.sqlite")
+
+    final = loopledger("export", "--compact", "--home", str(home))
+    assert final.returncode == 0, final.stderr
+    assert_traces_equal_journal(home / "traces", home / "journal.sqlite")
+    for table in CONTRACT_TABLES:
+        assert len(parquet_files(home / "traces", table)) == 1, (table, file_names(home / "traces")[table])
+
+
+def test_cli_export_twice_adds_no_rows(tmp_path: Path) -> None:
+    home = make_home(tmp_path, "a", "b")
+    first = loopledger("export", "--home", str(home))
+    assert first.returncode == 0, first.stderr
+    counts = assert_traces_equal_journal(home / "traces", home / "journal.sqlite")
+    second = loopledger("export", "--home", str(home))
+    assert second.returncode == 0, second.stderr
+    assert assert_traces_equal_journal(home / "traces", home / "journal.sqlite") == counts
+    assert "up to date" in second.stdout or "Nothing" in second.stdout
+    compacted = loopledger("export", "--compact", "--home", str(home))
+    assert compacted.returncode == 0, compacted.stderr
+    assert assert_traces_equal_journal(home / "traces", home / "journal.sqlite") == counts
+
+
+def test_compact_after_an_interrupted_export_duplicates_nothing(
+    store: Any, traces: Path, journal: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    populate(store, "a")
+    Recorder(store, traces).export()
+    populate(store, "b")
+    original = Recorder._publish
+
+    def publish_then_die(self: Recorder, *args: Any, **kwargs: Any) -> Any:
+        def refuse() -> Any:
+            raise Interrupted
+
+        monkeypatch.setattr(self.store, "_write", refuse)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Recorder, "_publish", publish_then_die)
+    with pytest.raises(Interrupted):
+        Recorder(store, traces).export()
+    monkeypatch.undo()
+
+    # The interrupted export's segments are merged before it is redone.
+    Recorder(store, traces).compact()
+    Recorder(store, traces).export()
+    assert_traces_equal_journal(traces, journal)
