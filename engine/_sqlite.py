@@ -9,6 +9,7 @@ timeout so that concurrent processes wait instead of failing.
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,26 @@ from ._store import SQLRunStore
 BUSY_TIMEOUT_S = 30.0
 
 
+def _enable_wal(conn: sqlite3.Connection, timeout: float) -> None:
+    # Switching a new file to WAL can report "database is locked" at once,
+    # without waiting on the busy timeout, while another process opens the
+    # same file; so wait here, within the same timeout.
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
+
+
 def connect(path: str | Path, timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
     """A connection with the journal's pragmas; autocommit, transactions explicit."""
     try:
         conn = sqlite3.connect(str(path), timeout=timeout, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
+        _enable_wal(conn, timeout)
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
         conn.execute("PRAGMA foreign_keys=ON")
