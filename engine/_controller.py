@@ -1,0 +1,666 @@
+"""The controller: drives one run through its states, one commit at a time.
+
+Every handler reads the run's view, does the work of its state, and ends
+with exactly one commit that records what happened and moves the run on.
+Nothing is acted on before it is committed: the context is frozen before
+the model is called, the candidate before it is validated, the operation
+before it is dispatched, the outcome before the run ends.
+
+    READY          budgets; freeze the context artifact -> MODEL_RUNNING
+    MODEL_RUNNING  collect the stream into a candidate -> VALIDATING, or a
+                   new attempt on the same context, or FINALIZING
+    VALIDATING     the suite decides -> TOOL_RUNNING | READY (repair) |
+                   WAITING_USER | FINALIZING
+    TOOL_RUNNING   dispatch committed operations one by one -> READY |
+                   RECONCILING | WAITING_TOOL | FINALIZING
+    RECONCILING    look the idempotency key up -> record, re-send or ask
+    WAITING_TOOL   background work: wake when it completes
+    FINALIZING     completion invariants -> the one terminal state
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from loopledger.validators import (
+    Candidate,
+    Context,
+    DecisionInput,
+    Suite,
+    Verdict,
+    canonical_proposal,
+)
+
+from . import _faults
+from ._backends import DemoBackend, Fault, ToolOutcome, ToolRequest
+from ._clock import now_us
+from ._model import ModelAdapter, ModelRequest, ScriptExhausted, collect
+from ._records import Artifact, Commit, NewEvent, RunRecord
+from ._results import reduce_result
+from ._scenario import Scenario
+from ._states import State, TERMINAL
+from ._store import SQLRunStore
+from ._tools import DEMO_TOOLS, tool_registry_snapshot
+from ._view import OpView, RunView
+
+#: Attempts of one step (same context) before the model is given up on.
+MAX_ATTEMPTS_PER_STEP = 3
+#: Rejected candidates fed back to the model before the run fails.
+MAX_REPAIRS = 3
+#: Rate-limited dispatches of one operation before it fails.
+MAX_RATE_LIMIT_RETRIES = 3
+#: Codes of decisions that stop the run instead of going back to the model.
+STOP_CODES = {"protocol_error": "protocol_error", "loop_detected": "loop_detected", "no_progress": "no_progress"}
+
+PROMPTS = {
+    "v1": "You are a careful operations agent. Use the tools to do the task; cite evidence for every claim.",
+    "v2": "You are an operations agent. Plan first, call tools one at a time, and finish only with evidence.",
+}
+
+
+@dataclass
+class RunConfig:
+    """What a run needs besides its journal: fixed when the run is created,
+    rebuilt identically from the run's spec on resume."""
+
+    scenario: Scenario
+    suite: Suite
+    model: ModelAdapter
+    faults: tuple[Fault, ...]
+
+
+class Controller:
+    def __init__(
+        self,
+        store: SQLRunStore,
+        backend: DemoBackend,
+        config_for: Callable[[RunRecord], RunConfig],
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.config_for = config_for
+        self.sleep = sleep
+        self._handlers = {
+            State.READY: self._ready,
+            State.MODEL_RUNNING: self._model_running,
+            State.VALIDATING: self._validating,
+            State.TOOL_RUNNING: self._tool_running,
+            State.RECONCILING: self._reconciling,
+            State.WAITING_TOOL: self._waiting_tool,
+            State.FINALIZING: self._finalizing,
+        }
+
+    # -- loading and committing ------------------------------------------
+
+    def load(self, run_id: str) -> RunView:
+        """Rebuild the view of a run from its journal."""
+        record = self.store.get_run(run_id)
+        view = RunView.from_record(record)
+        for event in self.store.events(run_id):
+            if event.kind == "run_created":
+                continue
+            view.apply(event.kind, event.to_state, event.step, event.attempt, event.payload)
+        view.state, view.state_version = record.state, record.state_version
+        view.step, view.attempt = record.step, record.attempt
+        view.counters = {
+            "model_attempts": record.model_attempts,
+            "tool_calls": record.tool_calls,
+            "tokens_in": record.tokens_in,
+            "tokens_out": record.tokens_out,
+            "cost_usd": record.cost_usd,
+        }
+        return view
+
+    def _commit(self, view: RunView, commit: Commit) -> None:
+        result = self.store.commit(commit)
+        view.state_version = result.state_version
+        step = view.step if commit.step is None else commit.step
+        attempt = view.attempt if commit.attempt is None else commit.attempt
+        if commit.to_state is not None:
+            view.apply("transition", commit.to_state.value, step, attempt, dict(commit.payload))
+        for event in commit.events:
+            view.apply(event.kind, None, step, attempt, dict(event.payload))
+        view.step, view.attempt = step, attempt
+        for name, delta in commit.counters.items():
+            view.counters[name] += delta
+
+    def _move(self, view: RunView, to: State, **kwargs: Any) -> None:
+        self._commit(view, Commit(view.run_id, view.state_version, to, **kwargs))
+
+    # -- driving ------------------------------------------------------------
+
+    def drive(self, run_id: str) -> RunView:
+        """Advance the run until it is terminal or waits for something outside."""
+        view = self.load(run_id)
+        config = self.config_for(self.store.get_run(run_id))
+        while view.state not in TERMINAL and view.state is not State.WAITING_USER:
+            progressed = self._handlers[view.state](view, config)
+            if progressed is False:  # waiting for background work
+                break
+        return view
+
+    # -- READY ----------------------------------------------------------------
+
+    def _ready(self, view: RunView, config: RunConfig) -> None:
+        exhausted = self._exhausted_budget(view, config)
+        if exhausted:
+            self._finalize(view, "BUDGET_EXHAUSTED", exhausted)
+            return
+        context = Artifact("context", self._context_body(view, config))
+        self._move(
+            view,
+            State.MODEL_RUNNING,
+            step=view.step + 1,
+            attempt=1,
+            payload={"context_id": context.artifact_id},
+            artifacts=(context,),
+        )
+
+    def _exhausted_budget(self, view: RunView, config: RunConfig) -> str | None:
+        b = config.scenario.budgets
+        c = view.counters
+        if b.deadline_s is not None and now_us() - view.started_at >= b.deadline_s * 1_000_000:
+            return "deadline"
+        if b.max_steps is not None and view.step >= b.max_steps:
+            return "max_steps"
+        if b.max_tool_calls is not None and c["tool_calls"] >= b.max_tool_calls:
+            return "max_tool_calls"
+        if b.max_tokens is not None and c["tokens_in"] + c["tokens_out"] >= b.max_tokens:
+            return "max_tokens"
+        if b.max_cost is not None and c["cost_usd"] >= b.max_cost:
+            return "max_cost"
+        if b.max_attempts is not None and c["model_attempts"] >= b.max_attempts:
+            return "max_attempts"
+        return None
+
+    def _remaining(self, view: RunView, config: RunConfig) -> dict[str, Any]:
+        b = config.scenario.budgets
+        c = view.counters
+
+        def left(limit: float | None, used: float) -> float | None:
+            return None if limit is None else max(limit - used, 0)
+
+        deadline = None
+        if b.deadline_s is not None:
+            deadline = round(max(b.deadline_s - (now_us() - view.started_at) / 1e6, 0.0), 3)
+        return {
+            "steps": left(b.max_steps, view.step),
+            "tool_calls": left(b.max_tool_calls, c["tool_calls"]),
+            "tokens": left(b.max_tokens, c["tokens_in"] + c["tokens_out"]),
+            "cost_usd": left(b.max_cost, c["cost_usd"]),
+            "model_attempts": left(b.max_attempts, c["model_attempts"]),
+            "deadline_s": deadline,
+        }
+
+    def _context_body(self, view: RunView, config: RunConfig) -> dict[str, Any]:
+        """The frozen input of the step. Messages are the ones added since the
+        previous step's context, which the body links to: the chain holds the
+        whole conversation, and a step's cost does not grow with it."""
+        scenario = config.scenario
+        if view.context_id is None:
+            messages = [
+                {"role": "system", "content": PROMPTS.get(view.prompt_version, PROMPTS["v1"])},
+                {"role": "user", "content": scenario.contract.goal},
+            ]
+        else:
+            messages = view.pending_messages
+        contract = scenario.contract.model_dump(mode="json")
+        return {
+            "previous_context": view.context_id,
+            "messages": messages,
+            "memory": {},
+            "retrieval": [
+                {"kind": e.kind, "subject": e.subject} for e in view.evidence.values()
+            ],
+            "tools": tool_registry_snapshot(),
+            "policy": {"approval_required": [t.name for t in DEMO_TOOLS if t.requires_approval]},
+            "contract": contract,
+            "tenant": view.tenant,
+            "model_route": view.model_route,
+            "prompt_version": view.prompt_version,
+            "budget": self._remaining(view, config),
+        }
+
+    # -- MODEL_RUNNING ----------------------------------------------------------
+
+    def _model_running(self, view: RunView, config: RunConfig) -> None:
+        context = self.store.get_artifact(view.context_id)
+        request = ModelRequest(
+            run_id=view.run_id,
+            step=view.step,
+            attempt=view.attempt,
+            attempt_index=int(view.counters["model_attempts"]),
+            prompt_version=view.prompt_version,
+            context=context,
+        )
+        try:
+            collected = collect(config.model.stream(request))
+        except ScriptExhausted as exc:
+            self._finalize(view, "FAILED", "model_error", detail=str(exc))
+            return
+        body = {
+            "items": collected.items,
+            "finish_reason": collected.finish_reason,
+            "context_id": view.context_id,
+            "step": view.step,
+            "attempt": view.attempt,
+            "prompt_version": view.prompt_version,
+            "model_route": view.model_route,
+        }
+        candidate = Artifact("candidate", body)
+        usage = collected.usage
+        row = {
+            "step": view.step,
+            "attempt": view.attempt,
+            "candidate_id": candidate.artifact_id,
+            "context_artifact_id": view.context_id,
+            "finish_reason": collected.finish_reason,
+            "items_json": collected.items,
+            "prompt_version": view.prompt_version,
+            "model_route": view.model_route,
+            "tokens_in": usage.tokens_in,
+            "tokens_out": usage.tokens_out,
+            "cost_usd": usage.cost_usd,
+        }
+        common: dict[str, Any] = {
+            "artifacts": (candidate,),
+            "facts": {"candidates": (row,)},
+            "counters": {"model_attempts": 1, "tokens_in": usage.tokens_in, "tokens_out": usage.tokens_out,
+                         "cost_usd": usage.cost_usd},
+            "events": (NewEvent("candidate_recorded", {"candidate_id": candidate.artifact_id,
+                                                       "items": collected.items}),),
+        }
+        if collected.trusted:
+            self._move(view, State.VALIDATING, payload={"candidate_id": candidate.artifact_id}, **common)
+        elif collected.finish_reason == "content_filter":
+            self._move(view, State.FINALIZING, payload={"status": "POLICY_STOPPED", "reason": "policy",
+                                                         "detail": "the provider filtered the output"}, **common)
+        elif view.attempts_in_step < MAX_ATTEMPTS_PER_STEP:
+            # A broken, cut or failed stream: a new attempt on the same context.
+            # Its output is never merged with this one's.
+            self._move(
+                view,
+                State.MODEL_RUNNING,
+                attempt=view.attempt + 1,
+                payload={"retry_of": candidate.artifact_id, "finish_reason": collected.finish_reason},
+                **common,
+            )
+        else:
+            detail = f"{view.attempts_in_step} attempts ended '{collected.finish_reason}'"
+            self._move(view, State.FINALIZING, payload={"status": "FAILED", "reason": "model_error",
+                                                         "detail": detail}, **common)
+
+    # -- VALIDATING -------------------------------------------------------------
+
+    def decision_input(self, view: RunView, config: RunConfig) -> DecisionInput:
+        body = self.store.get_artifact(view.candidate_id)
+        context_body = self.store.get_artifact(view.context_id)
+        candidate = Candidate(items=body["items"], finish_reason=body["finish_reason"],
+                              candidate_id=view.candidate_id)
+        context = Context(
+            messages=context_body["messages"],
+            tools=context_body["tools"],
+            policy=context_body["policy"],
+            contract=context_body["contract"],
+            tenant=context_body["tenant"],
+            budget=context_body["budget"],
+        )
+        return DecisionInput(
+            run_id=view.run_id,
+            step=view.step,
+            attempt=view.attempt,
+            candidate=candidate,
+            context=context,
+            proposal=canonical_proposal(candidate, context),
+            facts=view.facts(),
+        )
+
+    def _validating(self, view: RunView, config: RunConfig) -> None:
+        inp = self.decision_input(view, config)
+        result = config.suite.evaluate(inp)
+        rows = tuple(
+            {
+                "step": view.step,
+                "attempt": view.attempt,
+                "candidate_id": view.candidate_id,
+                "validator": d.validator,
+                "validator_version": d.validator_version,
+                "suite_version": result.suite_version,
+                "verdict": d.verdict.value,
+                "code": d.code,
+                "message": d.message,
+                "evidence_json": d.evidence,
+            }
+            for d in result.decisions
+        )
+        blocking = result.blocking
+        summary = NewEvent("decisions", {
+            "suite_version": result.suite_version,
+            "verdict": result.verdict.value,
+            "blocking": [{"validator": d.validator, "code": d.code, "verdict": d.verdict.value} for d in blocking],
+        })
+        recorded: dict[str, Any] = {"facts": {"validations": rows}, "events": (summary,)}
+
+        stop = next((d for d in blocking if d.code in STOP_CODES), None)
+        if stop is not None:
+            self._stop_on_decision(view, stop, recorded)
+            return
+        if blocking and all(d.validator == "completion_gate" and d.code == "pending_work" for d in blocking):
+            # The model is done but work is still running: wait for it, then
+            # judge again in a new step. Never a success while a tool runs.
+            self._finalize(view, "SUCCEEDED", "completed", extra=recorded, payload_extra={"await_work": True})
+            return
+        verdict = result.verdict
+        if verdict in (Verdict.REPAIR, Verdict.REJECT):
+            self._repair(view, config, blocking, recorded)
+            return
+        if verdict is Verdict.ASK:
+            self._wait_user(view, config, "user", {"question": blocking[0].message}, recorded)
+            return
+        calls = inp.proposed_calls
+        if not calls:
+            final = Artifact("final", {"items": inp.candidate.model_dump(mode="json")["items"],
+                                       "candidate_id": view.candidate_id})
+            recorded["artifacts"] = (final,)
+            self._finalize(view, "SUCCEEDED", "completed", extra=recorded,
+                           payload_extra={"final_id": final.artifact_id})
+            return
+        budget = config.scenario.budgets.max_tool_calls
+        if budget is not None and view.counters["tool_calls"] + len(calls) > budget:
+            self._finalize(view, "BUDGET_EXHAUSTED", "max_tool_calls", extra=recorded)
+            return
+        ops = [self._operation(view, index, call) for index, call in enumerate(calls, start=1)]
+        new_operations = tuple(
+            {
+                "operation_id": op.operation_id,
+                "step": op.step,
+                "call_id": op.call_id,
+                "tool": op.tool,
+                "tool_version": op.version,
+                "idempotency_key": op.idempotency_key,
+                "canonical_args_json": op.arguments,
+                "policy_decision": "allow",
+                "status": "accepted",
+                "outcome": None,
+                "dispatch_count": 0,
+            }
+            for op in ops
+        )
+        payload_ops = [
+            {"operation_id": op.operation_id, "idempotency_key": op.idempotency_key, "call_id": op.call_id,
+             "tool": op.tool, "version": op.version, "arguments": op.arguments, "args_hash": op.args_hash,
+             "step": op.step}
+            for op in ops
+        ]
+        self._move(
+            view,
+            State.TOOL_RUNNING,
+            payload={"operations": payload_ops},
+            new_operations=new_operations,
+            counters={"tool_calls": len(ops)},
+            **recorded,
+        )
+
+    def _operation(self, view: RunView, index: int, call: Any) -> OpView:
+        operation_id = f"{view.run_id}.s{view.step}.op{index}"
+        # The key names the side effect, not the attempt to send it: a re-send
+        # after reconciliation reuses it, so the backend can tell them apart.
+        key = hashlib.sha256(f"{view.run_id}|{view.step}|{call.call_id}|{call.call_key}".encode()).hexdigest()[:32]
+        return OpView(
+            operation_id=operation_id,
+            idempotency_key=key,
+            call_id=call.call_id,
+            tool=call.tool,
+            version=call.version,
+            arguments=dict(call.arguments),
+            args_hash=call.args_hash,
+            step=view.step,
+        )
+
+    def _repair(self, view: RunView, config: RunConfig, blocking: Any, recorded: dict[str, Any]) -> None:
+        if view.repairs >= MAX_REPAIRS:
+            self._finalize(view, "FAILED", "validation_failed", extra=recorded,
+                           detail=f"{view.repairs} repairs did not produce an acceptable candidate")
+            return
+        feedback = [
+            {"validator": d.validator, "code": d.code, "verdict": d.verdict.value, "message": d.message}
+            for d in blocking
+        ]
+        self._close_step(view, State.READY, payload={"feedback": feedback, "repair": True}, extra=recorded)
+
+    def _stop_on_decision(self, view: RunView, decision: Any, recorded: dict[str, Any]) -> None:
+        reason = STOP_CODES[decision.code]
+        extra = dict(recorded)
+        if decision.validator.startswith("loop."):
+            evidence = dict(decision.evidence)
+            diagnosis = Artifact("diagnosis", {"detector": decision.validator, "code": decision.code,
+                                              "message": decision.message, "evidence": evidence,
+                                              "step": view.step})
+            extra["artifacts"] = (diagnosis,)
+            extra["facts"] = {
+                **recorded["facts"],
+                "loop_diagnoses": ({
+                    "step": view.step,
+                    "detector": decision.validator,
+                    "detector_version": decision.validator_version,
+                    "pattern": str(evidence.get("pattern", decision.code)),
+                    "evidence_json": evidence,
+                },),
+            }
+        self._finalize(view, "FAILED", reason, extra=extra, detail=decision.message)
+
+    # -- TOOL_RUNNING and RECONCILING ------------------------------------------
+
+    def _tool_running(self, view: RunView, config: RunConfig) -> None:
+        pending = view.unsettled_ops()
+        if not pending:
+            self._after_tools(view)
+            return
+        op = pending[0]
+        if op.in_flight:
+            # Sent before and no answer recorded (a crash, a timeout): never
+            # send again before the backend has been asked.
+            self._move(view, State.RECONCILING, payload={
+                "operation_id": op.operation_id, "why": "unknown_outcome" if op.unknown else "in_flight_at_restart"})
+            return
+        self._dispatch(view, config, op)
+
+    def _dispatch(self, view: RunView, config: RunConfig, op: OpView) -> None:
+        # Record the send before making it: a crash after this commit leaves
+        # the mark that the side effect may have happened.
+        self._commit(view, Commit(
+            view.run_id, view.state_version, None,
+            events=(NewEvent("operation_dispatched", {"operation_id": op.operation_id}),),
+            operation_updates=({"operation_id": op.operation_id, "status": "running",
+                                "dispatch_count": op.dispatches + 1},),
+        ))
+        request = ToolRequest(
+            operation_id=op.operation_id,
+            idempotency_key=op.idempotency_key,
+            run_id=view.run_id,
+            tenant=view.tenant,
+            tool=op.tool,
+            version=op.version,
+            arguments=op.arguments,
+            call_number=view.dispatches[op.tool],
+            faults=config.faults,
+        )
+        try:
+            outcome = self.backend.execute(request)
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the send may have happened
+            self._note(view, "dispatch_unknown", op, "BACKEND_ERROR", detail=f"{type(exc).__name__}: {exc}")
+            return
+        _faults.crash_point("after_dispatch")
+        if outcome.outcome == "unknown_outcome":
+            self._note(view, "dispatch_unknown", op, outcome.error_code or "TIMEOUT")
+            return
+        if outcome.error_code == "RATE_LIMIT" and not outcome.executed:
+            wait = outcome.retry_after_s or 0.05
+            if op.dispatches <= MAX_RATE_LIMIT_RETRIES and self._time_left(view, config) > wait:
+                # The runtime backs off within the deadline; the model is not asked.
+                self._note(view, "dispatch_refused", op, "RATE_LIMIT", retry_after_s=wait)
+                self.sleep(wait)
+                return
+        self._record_result(view, op, outcome)
+        if outcome.outcome not in ("success", "background_accepted"):
+            self._cancel_rest(view)
+
+    def _note(self, view: RunView, kind: str, op: OpView, code: str, **extra: Any) -> None:
+        """An event about a send that is not the request's result."""
+        payload = {"operation_id": op.operation_id, "error_code": code, **extra}
+        self._commit(view, Commit(view.run_id, view.state_version, None, events=(NewEvent(kind, payload),)))
+
+    def _time_left(self, view: RunView, config: RunConfig) -> float:
+        deadline = config.scenario.budgets.deadline_s
+        if deadline is None:
+            return float("inf")
+        return deadline - (now_us() - view.started_at) / 1e6
+
+    def _record_result(
+        self, view: RunView, op: OpView, outcome: ToolOutcome, to: State | None = None,
+        payload: dict[str, Any] | None = None,
+    ) -> None:
+        artifacts: list[Artifact] = []
+        result_id = None
+        summary = None
+        if outcome.result is not None:
+            full = Artifact("tool_result", {"operation_id": op.operation_id, "tool": op.tool,
+                                           "result": outcome.result})
+            artifacts.append(full)
+            result_id = full.artifact_id
+            summary = reduce_result(op.tool, outcome.result)
+            if isinstance(summary, dict) and "full_artifact" in summary:
+                summary = {**summary, "full_artifact": result_id}
+        event = {
+            "operation_id": op.operation_id,
+            "tool": op.tool,
+            "outcome": outcome.outcome,
+            "status": outcome.status,
+            "error_code": outcome.error_code,
+            "evidence": [dict(e) for e in outcome.evidence],
+            "work_id": outcome.work_id,
+            "result_artifact_id": result_id,
+            "summary": summary,
+        }
+        update = {"operation_id": op.operation_id, "status": outcome.status, "outcome": outcome.outcome,
+                  "result_artifact_id": result_id, "work_id": outcome.work_id}
+        self._commit(view, Commit(
+            view.run_id, view.state_version, to,
+            payload=payload or {},
+            events=(NewEvent("operation_result", event),),
+            artifacts=tuple(artifacts),
+            operation_updates=(update,),
+        ))
+
+    def _cancel_rest(self, view: RunView) -> None:
+        """Sequential policy: after a failed call, the calls after it in the
+        same candidate are not sent; each still gets its terminal result."""
+        for op in view.unsettled_ops():
+            if not op.in_flight:
+                self._record_result(view, op, ToolOutcome(
+                    outcome="cancelled", status="failed", result=None, evidence=(),
+                    error_code="PRECEDING_CALL_FAILED", retry_after_s=None, work_id=None, executed=False,
+                ))
+
+    def _after_tools(self, view: RunView) -> None:
+        # Background work accepted in this step does not hold the run: the
+        # model goes on, and a final answer while it runs will wait for it.
+        self._close_step(view, State.READY)
+
+    def _reconciling(self, view: RunView, config: RunConfig) -> None:
+        op = next(o for o in view.step_ops() if o.in_flight)
+        found = self.backend.lookup(op.idempotency_key)
+        if found is not None:
+            # It did run: its result is the request's one result. Back to
+            # TOOL_RUNNING, which sends what is left or closes the step.
+            self._record_result(view, op, found, to=State.TOOL_RUNNING,
+                                payload={"reconciled": op.operation_id, "executed": True})
+            return
+        if op.resends >= 1:
+            # Already re-sent once and still no answer: a person decides.
+            self._wait_user(view, config, "user", {
+                "question": f"Cannot confirm whether {op.tool} ({op.operation_id}) ran. Did it take effect?",
+                "operation_id": op.operation_id,
+            }, {})
+            return
+        # Confirmed not executed: one safe re-send under the same key.
+        self._move(view, State.TOOL_RUNNING, payload={"resend": op.operation_id, "executed": False})
+
+    # -- WAITING_TOOL -------------------------------------------------------------
+
+    def _waiting_tool(self, view: RunView, config: RunConfig) -> bool:
+        """The model is done and background work still runs: poll it. The run
+        holds no worker meanwhile (``drive`` returns and is called again)."""
+        for op in view.pending_background():
+            status = self.backend.poll_work(op.work_id)
+            if status.state == "running":
+                return False
+            outcome = status.outcome
+            summary = None
+            if outcome is not None and outcome.result is not None:
+                summary = reduce_result(op.tool, outcome.result)
+            event = {
+                "work_id": op.work_id,
+                "operation_id": op.operation_id,
+                "state": status.state,
+                "evidence": [dict(e) for e in (outcome.evidence if outcome else ())],
+                "error_code": outcome.error_code if outcome else None,
+                "summary": summary,
+            }
+            # Its own event, linked by work_id: not a second result of the request.
+            self._commit(view, Commit(view.run_id, view.state_version, None,
+                                      events=(NewEvent("work_completed", event),)))
+        # A new step: the model sees the results and the gate judges again.
+        self._move(view, State.READY, payload={"work_completed": True})
+        return True
+
+    # -- waits for a person ------------------------------------------------------------
+
+    def _wait_user(self, view: RunView, config: RunConfig, kind: str, question: dict[str, Any],
+                   recorded: dict[str, Any]) -> None:
+        artifact = Artifact("question", question)
+        expires = now_us() + int(config.scenario.contract.wait_ttl_s * 1_000_000)
+        waiting = {"kind": kind, "question_id": artifact.artifact_id, "expires_at_us": expires}
+        reason = "waiting_for_approval" if kind == "approval" else "waiting_for_user"
+        extra = dict(recorded)
+        extra["artifacts"] = tuple(recorded.get("artifacts", ())) + (artifact,)
+        self._move(view, State.WAITING_USER, payload={"waiting": waiting}, set_fields={"reason": reason}, **extra)
+
+    # -- FINALIZING ------------------------------------------------------------------
+
+    def _close_step(self, view: RunView, to: State, payload: dict[str, Any] | None = None,
+                    extra: dict[str, Any] | None = None) -> None:
+        extra = dict(extra or {})
+        record = view.step_record()
+        events = tuple(extra.pop("events", ())) + (NewEvent("step_closed", record.to_dict()),)
+        self._move(view, to, payload=payload or {}, events=events, **extra)
+
+    def _finalize(self, view: RunView, status: str, reason: str, *, extra: dict[str, Any] | None = None,
+                  detail: str | None = None, payload_extra: dict[str, Any] | None = None) -> None:
+        payload = {"status": status, "reason": reason, **(payload_extra or {})}
+        if detail:
+            payload["detail"] = detail
+        self._close_step(view, State.FINALIZING, payload=payload, extra=extra)
+
+    def _finalizing(self, view: RunView, config: RunConfig) -> None:
+        _faults.crash_point("before_terminal")
+        outcome = view.finalizing or {"status": "FAILED", "reason": "model_error"}
+        if outcome.get("await_work"):
+            if view.pending_background():
+                work = [op.work_id for op in view.pending_background()]
+                self._move(view, State.WAITING_TOOL, payload={"waiting": {"kind": "tool", "work_ids": work}},
+                           set_fields={"reason": "waiting_for_tool"})
+            else:
+                self._move(view, State.READY, payload={"work_completed": True})
+            return
+        status, reason = outcome["status"], outcome["reason"]
+        if status == "SUCCEEDED" and (view.pending_background() or any(not op.settled for op in view.ops.values())):
+            # Completion invariant: every side effect settled. The gate
+            # should have caught this; the terminal state never lies.
+            status, reason = "FAILED", "tool_failed"
+        self._move(view, State(status), payload={"reason": reason}, set_fields={"reason": reason})

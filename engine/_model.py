@@ -1,0 +1,226 @@
+"""Model adapters: typed stream events in, a candidate out.
+
+MODEL_RUNNING only *collects*. An adapter turns a provider's stream into the
+events below; :func:`collect` assembles them into candidate items. The
+finish reason is what the stream says, or ``incomplete`` when it ended
+without one, or ``error`` when it broke with an error: only ``stop`` and
+``tool_calls`` are trusted finishes that may move to VALIDATING. Tool-call
+arguments are assembled from their deltas and parsed only once the stream
+is complete, so a half-received call can never reach a tool.
+
+The scripted model (:class:`ScriptedModel`) is the embedded default: it
+plays a scenario's ``model:`` entries, faulty forms included.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Union
+
+from ._scenario import ModelEntry
+
+TRUSTED_FINISHES = frozenset({"stop", "tool_calls"})
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call; pieces of one call share ``index``."""
+
+    index: int
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class ItemEvent:
+    """A structured item delivered whole (a claim or a plan)."""
+
+    item: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Usage:
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str  # stop | tool_calls | length | content_filter
+
+
+@dataclass(frozen=True)
+class StreamError:
+    message: str
+    code: str = "model_error"
+    retryable: bool = True
+
+
+StreamEvent = Union[TextDelta, ToolCallDelta, ItemEvent, Usage, Finish, StreamError]
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What one model attempt is given: the frozen context and where it is."""
+
+    run_id: str
+    step: int
+    attempt: int
+    #: 0-based index of this attempt among all the run's model attempts.
+    attempt_index: int
+    prompt_version: str
+    context: dict[str, Any]
+
+
+class ModelAdapter(Protocol):
+    route: str
+
+    def stream(self, request: ModelRequest) -> Iterator[StreamEvent]: ...
+
+
+class ScriptExhausted(Exception):
+    """The scripted model has no entry left for this attempt."""
+
+
+@dataclass
+class Collected:
+    """A candidate assembled from one attempt's stream."""
+
+    items: list[dict[str, Any]]
+    finish_reason: str
+    usage: Usage = field(default_factory=Usage)
+    error: StreamError | None = None
+
+    @property
+    def trusted(self) -> bool:
+        return self.finish_reason in TRUSTED_FINISHES
+
+
+def collect(events: Iterator[StreamEvent]) -> Collected:
+    """Assemble items from a stream. Text deltas join into one text item;
+    tool calls are parsed only after the stream ended, in index order."""
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    structured: list[dict[str, Any]] = []
+    usage = Usage()
+    finish: str | None = None
+    error: StreamError | None = None
+    for event in events:
+        if isinstance(event, TextDelta):
+            text.append(event.text)
+        elif isinstance(event, ToolCallDelta):
+            call = calls.setdefault(event.index, {"call_id": None, "name": "", "arguments": []})
+            call["call_id"] = call["call_id"] or event.call_id
+            call["name"] += event.name or ""
+            call["arguments"].append(event.arguments)
+        elif isinstance(event, ItemEvent):
+            structured.append(dict(event.item))
+        elif isinstance(event, Usage):
+            usage = Usage(
+                usage.tokens_in + event.tokens_in,
+                usage.tokens_out + event.tokens_out,
+                usage.cost_usd + event.cost_usd,
+            )
+        elif isinstance(event, Finish):
+            finish = event.reason
+            break
+        elif isinstance(event, StreamError):
+            error = event
+            break
+    items: list[dict[str, Any]] = []
+    if text:
+        items.append({"type": "text", "text": "".join(text)})
+    for index in sorted(calls):
+        call = calls[index]
+        raw = "".join(call["arguments"])
+        item: dict[str, Any] = {
+            "type": "tool_call",
+            "call_id": call["call_id"] or f"call_{index}",
+            "name": call["name"],
+            "version": None,
+        }
+        parsed = _parse_object(raw)
+        if parsed is None:
+            item["raw_arguments"] = raw
+        else:
+            item["arguments"] = parsed
+        items.append(item)
+    items.extend(structured)
+    reason = "error" if error is not None else (finish or "incomplete")
+    return Collected(items, reason, usage, error)
+
+
+def _parse_object(raw: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class ScriptedModel:
+    """Plays a scenario's entries: the N-th model attempt of a run gets entry N.
+
+    Indexing by the run's attempt count (from the journal) rather than by an
+    in-memory cursor makes the script survive a crash: a resumed run asks
+    for the same entry again.
+    """
+
+    route = "scripted"
+
+    def __init__(self, entries: Sequence[ModelEntry]) -> None:
+        self.entries = list(entries)
+
+    def stream(self, request: ModelRequest) -> Iterator[StreamEvent]:
+        if request.attempt_index >= len(self.entries):
+            raise ScriptExhausted(
+                f"the script has {len(self.entries)} entries; attempt {request.attempt_index + 1} needs one more"
+            )
+        return _play(self.entries[request.attempt_index], request)
+
+
+def _play(entry: ModelEntry, request: ModelRequest) -> Iterator[StreamEvent]:
+    if entry.error:
+        yield StreamError(entry.error)
+        return
+    words = 0
+    for text in (entry.text, entry.final):
+        if text:
+            yield TextDelta(text)
+            words += len(text.split())
+    for index, call in enumerate(entry.tool_calls):
+        raw = entry.raw_arguments if entry.raw_arguments is not None else call.raw_arguments
+        if raw is None:
+            raw = json.dumps(call.arguments or {}, sort_keys=True)
+        call_id = call.id or f"call_{request.step}_{request.attempt}_{index + 1}"
+        if entry.stream == "truncated":
+            # The stream breaks in the middle of the arguments: no finish ever comes.
+            yield ToolCallDelta(index, call_id, call.name, raw[: max(1, len(raw) // 2)])
+            return
+        # Arguments arrive in pieces, as providers send them.
+        yield ToolCallDelta(index, call_id, call.name, "")
+        for start in range(0, len(raw), 16):
+            yield ToolCallDelta(index, None, None, raw[start : start + 16])
+        words += len(raw) // 4
+    if entry.stream == "truncated":
+        return
+    for claim in entry.claims:
+        yield ItemEvent({"type": "claim", "text": claim.text, "evidence": list(claim.evidence)})
+    if entry.plan is not None:
+        yield ItemEvent({"type": "plan", "steps": list(entry.plan)})
+    usage = entry.usage or {}
+    yield Usage(
+        int(usage.get("tokens_in", 100 + 10 * request.step)),
+        int(usage.get("tokens_out", max(words, 1))),
+        float(usage.get("cost_usd", 0.0)),
+    )
+    yield Finish(entry.finish_reason or ("tool_calls" if entry.tool_calls else "stop"))

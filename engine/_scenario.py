@@ -1,0 +1,220 @@
+"""Scenario files (CONTRACT.md, 'Scenario files'): a task for the engine with
+a scripted model, scripted user replies, injected faults and expectations.
+
+:func:`load_scenario` reads one YAML file and returns a :class:`Scenario`,
+or raises :class:`BadInput` naming the file, the field and what was
+expected. Nothing is recorded until every file of a ``run`` has loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ._errors import BadInput
+
+FAULT_KINDS = (
+    "timeout_before_commit",
+    "timeout_after_commit",
+    "rate_limit",
+    "permission_denied",
+    "state_conflict",
+    "crash_after_dispatch",
+    "fails",
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScriptedCall(_Strict):
+    """One tool call a scripted model entry makes."""
+
+    name: str
+    arguments: dict[str, Any] | None = None
+    raw_arguments: str | None = None  # sent as-is: may not parse
+    id: str | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ScriptedCall:
+        if self.arguments is not None and self.raw_arguments is not None:
+            raise ValueError("give arguments or raw_arguments, not both")
+        return self
+
+
+class ScriptedClaim(_Strict):
+    text: str
+    evidence: list[str] = Field(default_factory=list)
+
+
+class ModelEntry(_Strict):
+    """What the scripted model answers to one attempt."""
+
+    tool_calls: list[ScriptedCall] = Field(default_factory=list)
+    text: str | None = None
+    final: str | None = None
+    claims: list[ScriptedClaim] = Field(default_factory=list)
+    plan: list[Any] | None = None
+    # Faulty forms:
+    stream: Literal["truncated"] | None = None
+    finish_reason: Literal["stop", "tool_calls", "length", "content_filter", "error"] | None = None
+    raw_arguments: str | None = None  # shorthand: the raw arguments of the entry's only tool call
+    error: str | None = None  # the provider answers with an error event
+    repeat: int = Field(default=1, ge=1, le=10_000)
+    usage: dict[str, float] | None = None  # tokens_in, tokens_out, cost_usd
+
+    @model_validator(mode="after")
+    def _shape(self) -> ModelEntry:
+        if not (self.tool_calls or self.final is not None or self.text is not None or self.error or self.plan):
+            raise ValueError("an entry needs tool_calls, final, text, plan or error")
+        if self.raw_arguments is not None and len(self.tool_calls) != 1:
+            raise ValueError("raw_arguments at entry level needs exactly one tool call")
+        return self
+
+
+class Contract(_Strict):
+    goal: str
+    required_evidence: list[str] = Field(default_factory=list)
+    allowed_tools: list[str] | None = None
+    forbidden_paths: list[str] = Field(default_factory=list)
+    wait_ttl_s: float = Field(default=86_400, gt=0)
+    version: int = 1
+
+
+class Budgets(_Strict):
+    max_steps: int | None = Field(default=None, ge=1)
+    max_tool_calls: int | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_cost: float | None = Field(default=None, ge=0)
+    max_attempts: int | None = Field(default=None, ge=1)
+    deadline_s: float | None = Field(default=None, gt=0)
+
+
+class FaultSpec(_Strict):
+    tool: str
+    call: int = Field(default=1, ge=1)
+    kind: Literal[FAULT_KINDS]  # type: ignore[valid-type]
+
+
+class UserReply(_Strict):
+    approve: bool | None = None
+    answer: Any = None
+
+
+class ExpectedDecision(_Strict):
+    step: int = Field(ge=1)
+    attempt: int = Field(default=1, ge=1)
+    validator: str = ""
+    verdict: Literal["accept", "repair", "ask", "reject"]
+
+
+class Expect(_Strict):
+    status: str | None = None
+    reason: str | None = None
+    side_effects: dict[str, int] = Field(default_factory=dict)
+    decisions: list[ExpectedDecision] = Field(default_factory=list)
+
+
+class Scenario(_Strict):
+    id: str = Field(min_length=1)
+    description: str = ""
+    tenant: str = "acme"
+    contract: Contract
+    budgets: Budgets = Field(default_factory=Budgets)
+    faults: list[FaultSpec] = Field(default_factory=list)
+    model: list[ModelEntry] | dict[str, list[ModelEntry]] = Field(default_factory=list)
+    user: list[UserReply] = Field(default_factory=list)
+    expect: Expect = Field(default_factory=Expect)
+    suite: str = "default"
+    source: str = ""  # the file it came from (filled by the loader)
+
+    @field_validator("id")
+    @classmethod
+    def _id_chars(cls, value: str) -> str:
+        if any(c.isspace() for c in value):
+            raise ValueError("must not contain whitespace")
+        return value
+
+    def entries_for(self, prompt_version: str) -> list[ModelEntry]:
+        """The scripted model's entries for a prompt version: its own list, else
+        ``default``; ``repeat: N`` expanded."""
+        if isinstance(self.model, dict):
+            chosen = self.model.get(prompt_version, self.model.get("default", []))
+        else:
+            chosen = self.model
+        expanded: list[ModelEntry] = []
+        for entry in chosen:
+            expanded.extend([entry] * entry.repeat)
+        return expanded
+
+    def spec(self) -> dict[str, Any]:
+        """The scenario as plain JSON, frozen into the run's spec."""
+        return self.model_dump(mode="json", exclude={"source"})
+
+
+def _where(path: str, loc: Iterable[Any]) -> str:
+    field = ""
+    for part in loc:
+        field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
+    return f"{path}: {field}" if field else path
+
+
+def parse_scenario(data: Any, source: str) -> Scenario:
+    if not isinstance(data, dict):
+        raise BadInput(source, f"expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith(("list[", "dict[")))]
+        got = first.get("input")
+        shown = "" if isinstance(got, (dict, list)) or got is None else f", got {got!r}"
+        raise BadInput(_where(source, loc), f"{first['msg']}{shown}") from None
+    return scenario.model_copy(update={"source": source})
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text("utf-8")
+    except OSError as exc:
+        raise BadInput(str(path), f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise BadInput(str(path), "not UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}" if mark is not None else "YAML"
+        raise BadInput(f"{path}: {line}", f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    return parse_scenario(data, str(path))
+
+
+def scenario_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Every ``*.yaml`` under each folder, and each file given, in a stable order."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found.extend(sorted(p for p in path.rglob("*.yaml") if p.is_file()))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise BadInput(str(path), "no such file or folder")
+    return found
+
+
+def load_scenarios(paths: Iterable[str | Path]) -> list[Scenario]:
+    """Load every scenario, failing on the first bad one; ids must be unique."""
+    scenarios = [load_scenario(p) for p in scenario_files(paths)]
+    seen: dict[str, str] = {}
+    for s in scenarios:
+        if s.id in seen:
+            raise BadInput(f"{s.source}: id", f"{s.id!r} is also the id of {seen[s.id]}")
+        seen[s.id] = s.source
+    return scenarios

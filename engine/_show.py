@@ -1,0 +1,98 @@
+"""Terminal views of runs: ``loopledger show`` and the demo's comparison."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from ._clock import from_us
+from ._store import SQLRunStore
+
+
+def _short(value: Any, width: int = 90) -> str:
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render_run(store: SQLRunStore, run_id: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from loopledger.canonical import canonical_json
+
+    console = Console()
+    run = store.get_run(run_id)
+    console.print(f"[bold]{run.run_id}[/]  task {run.task_id}  tenant {run.tenant}  "
+                  f"prompt {run.prompt_version}  model {run.model_route}")
+    console.print(f"status [bold]{run.state.value}[/]  reason {run.reason}  steps {run.step}  "
+                  f"model attempts {run.model_attempts}  tool calls {run.tool_calls}  "
+                  f"tokens {run.tokens_in}+{run.tokens_out}  cost {run.cost_usd:.4f}")
+
+    timeline = Table(title="timeline")
+    for name in ("seq", "time", "step", "att", "event", "detail"):
+        timeline.add_column(name)
+    for e in store.events(run_id):
+        move = f"{e.from_state or '∅'} → {e.to_state}" if e.kind in ("transition", "run_created") else e.kind
+        detail = "" if e.payload_json == "{}" else _short(e.payload_json)
+        timeline.add_row(str(e.seq), from_us(e.ts).strftime("%H:%M:%S.%f")[:-3], str(e.step), str(e.attempt),
+                         move, detail)
+    console.print(timeline)
+
+    candidates = Table(title="candidates")
+    for name in ("step", "att", "finish", "items", "context"):
+        candidates.add_column(name)
+    for c in store.facts("candidates", run_id):
+        candidates.add_row(str(c["step"]), str(c["attempt"]), c["finish_reason"], _short(c["items_json"], 70),
+                           c["context_artifact_id"][:12])
+    console.print(candidates)
+
+    decisions = Table(title="decisions (non-accept)")
+    for name in ("step", "att", "validator", "version", "verdict", "code", "message"):
+        decisions.add_column(name)
+    for d in store.facts("validations", run_id):
+        if d["verdict"] != "accept":
+            decisions.add_row(str(d["step"]), str(d["attempt"]), d["validator"], d["validator_version"],
+                              d["verdict"], d["code"], _short(d["message"], 60))
+    console.print(decisions)
+
+    operations = Table(title="operations")
+    for name in ("operation", "tool", "args", "status", "outcome", "sent"):
+        operations.add_column(name)
+    for op in store.operations(run_id):
+        operations.add_row(op["operation_id"], op["tool"], _short(op["canonical_args_json"], 50),
+                           op["status"], op["outcome"] or "", str(op["dispatch_count"]))
+    console.print(operations)
+
+    for diagnosis in store.facts("loop_diagnoses", run_id):
+        console.print(f"[bold red]loop diagnosis[/] step {diagnosis['step']}: {diagnosis['detector']} "
+                      f"v{diagnosis['detector_version']} {diagnosis['pattern']} "
+                      f"{_short(canonical_json(diagnosis['evidence_json']) if not isinstance(diagnosis['evidence_json'], str) else diagnosis['evidence_json'])}")
+
+
+def comparison_table(outcomes: Sequence[Any]) -> Any:
+    """Prompt versions side by side: outcome counts and per-task results."""
+    from rich.table import Table
+
+    by_version: dict[str, list[Any]] = defaultdict(list)
+    for o in outcomes:
+        by_version[o.prompt_version].append(o)
+    versions = sorted(by_version)
+    table = Table(title="prompt versions compared")
+    table.add_column("")
+    for v in versions:
+        table.add_column(v, justify="right")
+    rows: list[tuple[str, list[str]]] = [("runs", [str(len(by_version[v])) for v in versions])]
+    statuses = sorted({o.status for o in outcomes})
+    for status in statuses:
+        rows.append((status, [str(sum(o.status == status for o in by_version[v])) for v in versions]))
+    reasons = Counter(o.reason for o in outcomes if o.reason)
+    for reason, _ in reasons.most_common():
+        rows.append((f"  reason {reason}", [str(sum(o.reason == reason for o in by_version[v])) for v in versions]))
+    rows.append(("mean steps", [f"{sum(o.steps for o in by_version[v]) / max(len(by_version[v]), 1):.1f}"
+                                for v in versions]))
+    rows.append(("tool calls", [str(sum(o.tool_calls for o in by_version[v])) for v in versions]))
+    rows.append(("as expected", [f"{sum(o.ok for o in by_version[v])}/{len(by_version[v])}" for v in versions]))
+    for label, cells in rows:
+        table.add_row(label, *cells)
+    return table

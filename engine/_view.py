@@ -1,0 +1,263 @@
+"""A run's working view, derived from its journal by folding events.
+
+The controller never keeps state that the journal does not have: the view
+is a pure fold of the run's events (plus the run row), so a process that
+resumes a run after a crash rebuilds exactly the view the crashed process
+had after its last commit. Live, the controller folds each commit's events
+as it writes them, so it never re-reads the history (the cost of a step does
+not grow with the run's length).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from loopledger.validators import Evidence, Operation, Pending, RunFacts, StepRecord
+
+from ._records import RunRecord
+from ._states import State
+
+#: Operation outcomes that are a request's terminal result (CONTRACT).
+TERMINAL_OUTCOMES = frozenset(
+    {
+        "success",
+        "failed",
+        "validation_failed",
+        "permission_denied",
+        "approval_required",
+        "timeout",
+        "cancelled",
+        "background_accepted",
+        "unknown_or_disabled_tool",
+    }
+)
+
+
+@dataclass
+class OpView:
+    """An operation as the controller knows it."""
+
+    operation_id: str
+    idempotency_key: str
+    call_id: str
+    tool: str
+    version: str | None
+    arguments: dict[str, Any]
+    args_hash: str
+    step: int
+    outcome: str = "pending"  # pending until its terminal result (or unknown_outcome)
+    error_code: str | None = None
+    work_id: str | None = None
+    work_done: bool = False
+    dispatches: int = 0
+    resends: int = 0
+    #: Sent and no answer recorded: whoever finds it so (a resumed process, or
+    #: this one after a timeout) must reconcile before anything is sent again.
+    in_flight: bool = False
+    #: The last send timed out or the process died: the outcome is unknown.
+    unknown: bool = False
+
+    @property
+    def settled(self) -> bool:
+        return self.outcome in TERMINAL_OUTCOMES
+
+
+@dataclass
+class RunView:
+    run_id: str
+    tenant: str
+    prompt_version: str
+    model_route: str
+    spec: dict[str, Any]
+    state: State
+    state_version: int
+    step: int
+    attempt: int
+    started_at: int
+    counters: dict[str, float]
+    context_id: str | None = None
+    candidate_id: str | None = None
+    attempts_in_step: int = 0
+    repairs: int = 0
+    ops: dict[str, OpView] = field(default_factory=dict)
+    evidence: dict[tuple[str, str | None], Evidence] = field(default_factory=dict)
+    error_codes: list[str] = field(default_factory=list)
+    history: list[StepRecord] = field(default_factory=list)
+    dispatches: Counter[str] = field(default_factory=Counter)
+    #: Messages to add to the next context: the last candidate, tool results, feedback.
+    pending_messages: list[dict[str, Any]] = field(default_factory=list)
+    #: Set on entering FINALIZING: the status and reason the run should end with.
+    finalizing: dict[str, Any] | None = None
+    waiting: dict[str, Any] | None = None
+    # Facts of the step in progress, for its StepRecord.
+    step_states: list[str] = field(default_factory=list)
+    step_errors: list[str] = field(default_factory=list)
+    step_evidence_before: int = 0
+    step_completed: int = 0
+
+    @classmethod
+    def from_record(cls, record: RunRecord) -> RunView:
+        return cls(
+            run_id=record.run_id,
+            tenant=record.tenant,
+            prompt_version=record.prompt_version,
+            model_route=record.model_route,
+            spec=record.spec,
+            state=State.READY,
+            state_version=1,
+            step=0,
+            attempt=0,
+            started_at=record.started_at,
+            counters={"model_attempts": 0, "tool_calls": 0, "tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0},
+        )
+
+    # -- folding --------------------------------------------------------
+
+    def apply(self, kind: str, to_state: str | None, step: int, attempt: int, payload: dict[str, Any]) -> None:
+        """Fold one event. The same function serves live commits and resume."""
+        if kind == "transition" and to_state is not None:
+            self._transition(State(to_state), step, attempt, payload)
+        elif kind == "operation_result":
+            self._operation_result(payload)
+        elif kind == "operation_dispatched":
+            op = self.ops[payload["operation_id"]]
+            op.dispatches += 1
+            op.in_flight = True
+            self.dispatches[op.tool] += 1
+        elif kind == "dispatch_refused":
+            # The backend refused the send (rate limit): nothing was executed.
+            self.ops[payload["operation_id"]].in_flight = False
+            self._error(payload.get("error_code"))
+        elif kind == "dispatch_unknown":
+            op = self.ops[payload["operation_id"]]
+            op.unknown = True
+            self._error(payload.get("error_code"))
+        elif kind == "work_completed":
+            self._work_completed(payload)
+        elif kind == "step_closed":
+            self.history.append(StepRecord(**{**payload, "states": tuple(payload["states"]),
+                                              "calls": tuple(payload["calls"]), "errors": tuple(payload["errors"])}))
+        elif kind == "candidate_recorded":
+            self.candidate_id = payload["candidate_id"]
+            self.pending_messages.append({"role": "assistant", "items": payload["items"]})
+        # Other kinds (decisions, late_event, ...) carry no state the loop needs.
+
+    def _transition(self, target: State, step: int, attempt: int, payload: dict[str, Any]) -> None:
+        source = self.state
+        self.state = target
+        if source is State.READY and target is State.MODEL_RUNNING:
+            self.step_states = [State.READY.value]
+            self.step_errors = []
+            self.step_evidence_before = len(self.evidence)
+            self.step_completed = 0
+            self.context_id = payload["context_id"]
+            self.attempts_in_step = 0
+            self.pending_messages = []
+        if target is State.MODEL_RUNNING:
+            self.attempts_in_step += 1
+        self.step, self.attempt = step, attempt
+        self.step_states.append(target.value)
+        if target is State.TOOL_RUNNING and "operations" in payload:
+            for op in payload["operations"]:
+                self.ops[op["operation_id"]] = OpView(**op)
+        if target is State.READY:
+            if payload.get("feedback"):
+                self.pending_messages.append({"role": "user", "content": payload["feedback"]})
+            if payload.get("repair"):
+                self.repairs += 1
+        if "resend" in payload:
+            op = self.ops[payload["resend"]]
+            op.in_flight = op.unknown = False
+            op.resends += 1
+        if target is State.FINALIZING:
+            self.finalizing = {"status": payload.get("status"), "reason": payload.get("reason"),
+                               "await_work": bool(payload.get("await_work"))}
+        if target in (State.WAITING_USER, State.WAITING_TOOL):
+            self.waiting = payload.get("waiting")
+        elif source in (State.WAITING_USER, State.WAITING_TOOL):
+            self.waiting = None
+
+    def _operation_result(self, p: dict[str, Any]) -> None:
+        op = self.ops[p["operation_id"]]
+        op.outcome = p["outcome"]
+        op.error_code = p.get("error_code")
+        op.work_id = p.get("work_id") or op.work_id
+        op.in_flight = op.unknown = False
+        self._error(op.error_code)
+        if op.outcome == "success":
+            self.step_completed += 1
+        self._add_evidence(p.get("evidence", ()), op.operation_id)
+        if p.get("summary") is not None and op.settled:
+            self.pending_messages.append(
+                {"role": "tool", "call_id": op.call_id, "tool": op.tool, "outcome": op.outcome, "content": p["summary"]}
+            )
+
+    def _work_completed(self, p: dict[str, Any]) -> None:
+        for op in self.ops.values():
+            if op.work_id == p["work_id"]:
+                op.work_done = True
+                self._add_evidence(p.get("evidence", ()), op.operation_id)
+                if p.get("error_code"):
+                    self._error(p["error_code"])
+                else:
+                    self.step_completed += 1
+                self.pending_messages.append(
+                    {"role": "tool", "call_id": op.call_id, "tool": op.tool, "outcome": p.get("state"),
+                     "content": p.get("summary")}
+                )
+
+    def _error(self, code: str | None) -> None:
+        if code:
+            self.error_codes.append(code)
+            self.step_errors.append(code)
+
+    def _add_evidence(self, entries: Any, operation_id: str) -> None:
+        for entry in entries:
+            key = (entry["kind"], entry.get("subject"))
+            if key not in self.evidence:
+                self.evidence[key] = Evidence(
+                    kind=entry["kind"], subject=entry.get("subject"), operation_id=operation_id, step=self.step
+                )
+
+    # -- what the loop asks of it ------------------------------------------
+
+    def step_ops(self) -> list[OpView]:
+        return [op for op in self.ops.values() if op.step == self.step]
+
+    def unsettled_ops(self) -> list[OpView]:
+        return [op for op in self.step_ops() if not op.settled]
+
+    def pending_background(self) -> list[OpView]:
+        return [op for op in self.ops.values() if op.outcome == "background_accepted" and not op.work_done]
+
+    def step_record(self) -> StepRecord:
+        calls = tuple(f"{op.tool}:{op.args_hash}" for op in self.step_ops())
+        return StepRecord(
+            run_id=self.run_id,
+            step=self.step,
+            states=tuple(self.step_states),
+            calls=calls,
+            errors=tuple(self.step_errors),
+            new_evidence=len(self.evidence) - self.step_evidence_before,
+            completed_operations=self.step_completed,
+        )
+
+    def facts(self) -> RunFacts:
+        pending = [Pending(kind="operation", id=op.operation_id, tool=op.tool) for op in self.ops.values()
+                   if not op.settled]
+        pending += [Pending(kind="background", id=op.work_id or op.operation_id, tool=op.tool)
+                    for op in self.pending_background()]
+        return RunFacts(
+            evidence=tuple(self.evidence.values()),
+            operations=tuple(
+                Operation(operation_id=op.operation_id, tool=op.tool, tool_version=op.version, step=op.step,
+                          args_hash=op.args_hash, outcome=op.outcome, error_code=op.error_code,
+                          work_id=op.work_id, work_done=op.work_done)
+                for op in self.ops.values()
+            ),
+            pending=tuple(pending),
+            error_codes=tuple(self.error_codes),
+            history=tuple(self.history),
+        )

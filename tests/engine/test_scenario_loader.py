@@ -1,0 +1,91 @@
+"""Scenario files: a precise error for every kind of bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loopledger.engine._errors import BadInput
+from loopledger.engine._scenario import load_scenario, load_scenarios
+
+GOOD = """
+id: ok
+contract: {goal: do it}
+model:
+  - final: done
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_minimal_scenario_loads(tmp_path: Path) -> None:
+    scenario = load_scenario(write(tmp_path, GOOD))
+    assert scenario.id == "ok"
+    assert scenario.tenant == "acme"
+    assert [e.final for e in scenario.entries_for("v1")] == ["done"]
+
+
+def test_repeat_expands_and_prompt_versions_pick_their_list(tmp_path: Path) -> None:
+    scenario = load_scenario(write(tmp_path, """
+id: pv
+contract: {goal: g}
+model:
+  default: [{final: a, repeat: 2}]
+  v2: [{final: b}]
+"""))
+    assert [e.final for e in scenario.entries_for("v1")] == ["a", "a"]
+    assert [e.final for e in scenario.entries_for("v2")] == ["b"]
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "why"),
+    [
+        ("contract: {goal: g}\nmodel: [{final: x}]\n", "s.yaml: id", "Field required"),
+        ("id: a\nmodel: [{final: x}]\n", "s.yaml: contract", "Field required"),
+        ("id: a\ncontract: {goal: g}\nbudgets: {max_steps: eight}\n", "s.yaml: budgets.max_steps", "integer"),
+        ("id: a\ncontract: {goal: g}\nfaults: [{tool: t, kind: explode}]\n", "s.yaml: faults[0].kind", "explode"),
+        ("id: a\ncontract: {goal: g}\nmodel: [{}]\n", "s.yaml: model", "an entry needs"),
+        ("id: a\ncontract: {goal: g, colour: red}\n", "s.yaml: contract.colour", "Extra inputs"),
+        ("id: a b\ncontract: {goal: g}\n", "s.yaml: id", "whitespace"),
+        ("- just\n- a list\n", "s.yaml", "mapping"),
+    ],
+)
+def test_bad_fields_name_file_field_and_expectation(tmp_path: Path, text: str, where: str, why: str) -> None:
+    with pytest.raises(BadInput) as info:
+        load_scenario(write(tmp_path, text))
+    assert str(info.value).startswith(str(tmp_path / where)) or where in str(info.value)
+    assert why in str(info.value)
+
+
+def test_broken_yaml_names_the_line(tmp_path: Path) -> None:
+    with pytest.raises(BadInput) as info:
+        load_scenario(write(tmp_path, "id: a\ncontract: {goal: g\nmodel: [\n"))
+    assert "line" in info.value.where and "not valid YAML" in info.value.reason
+
+
+def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
+    write(tmp_path, GOOD, "a.yaml")
+    write(tmp_path, GOOD, "b.yaml")
+    with pytest.raises(BadInput) as info:
+        load_scenarios([tmp_path])
+    assert "also the id of" in str(info.value)
+
+
+def test_a_missing_path_is_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(BadInput) as info:
+        load_scenarios([tmp_path / "nope"])
+    assert "no such file" in str(info.value)
+
+
+def test_every_bundled_scenario_loads() -> None:
+    from importlib import resources
+
+    folder = Path(str(resources.files("loopledger.datasets").joinpath("scenarios")))
+    scenarios = load_scenarios([folder])
+    assert len(scenarios) >= 25
+    assert all(s.expect.status for s in scenarios), "every bundled scenario says what it expects"
