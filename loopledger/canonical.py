@@ -79,7 +79,7 @@ def _write(value: Any, out: list[str]) -> None:
     elif value is False:
         out.append("false")
     elif isinstance(value, str):
-        out.append(_encode_string(str(value)))
+        out.append(_encode_string(str.__str__(value)))  # the string itself, not a subclass's __str__
     elif isinstance(value, int):
         out.append(int.__repr__(int(value)))
     elif isinstance(value, float):
@@ -103,7 +103,7 @@ def _write_object(value: dict[Any, Any], out: list[str]) -> None:
             first = False
         else:
             out.append(",")
-        out.append(_encode_string(str(key)))
+        out.append(_encode_string(str.__str__(key)))
         out.append(":")
         _write(value[key], out)
     out.append("}")
