@@ -1,0 +1,104 @@
+"""The command line as a user meets it: help, bad input, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LOOPLEDGER = str(Path(sys.executable).with_name("loopledger"))
+HEAVY = ("pyarrow", "duckdb", "polars", "streamlit")
+
+
+def cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    full_env.update(env or {})
+    return subprocess.run([LOOPLEDGER, *args], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=300)
+
+
+def assert_one_clear_line(stderr: str, *names: str) -> None:
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+
+
+def test_help_exits_0_and_lists_the_commands() -> None:
+    result = cli("--help")
+    assert result.returncode == 0, result.stderr
+    for command in ("export", "demo"):
+        assert command in result.stdout
+    export_help = cli("export", "--help")
+    assert export_help.returncode == 0
+    assert "--home" in export_help.stdout and "--compact" in export_help.stdout
+
+
+@pytest.mark.parametrize("args", [["--help"], ["export", "--help"], ["demo", "--help"]])
+def test_help_does_not_import_heavy_libraries(args: list[str]) -> None:
+    code = (
+        "import json, sys\n"
+        "from typer.testing import CliRunner\n"
+        "from loopledger._cli import app\n"
+        f"result = CliRunner().invoke(app, {args!r})\n"
+        "assert result.exit_code == 0, result.output\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("command", ["export", "demo"])
+def test_a_home_that_is_a_file_is_bad_input(tmp_path: Path, command: str) -> None:
+    not_a_dir = tmp_path / "home.txt"
+    not_a_dir.write_text("I am a file")
+    result = cli(command, "--home", str(not_a_dir))
+    assert result.returncode == 2
+    assert_one_clear_line(result.stderr, str(not_a_dir), "--home")
+    assert not_a_dir.read_text() == "I am a file"
+
+
+def test_a_home_from_the_environment_that_is_a_file_is_bad_input(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "home.txt"
+    not_a_dir.write_text("")
+    result = cli("export", env={"LOOPLEDGER_HOME": str(not_a_dir)})
+    assert result.returncode == 2
+    assert_one_clear_line(result.stderr, str(not_a_dir))
+
+
+def test_an_unsupported_store_url_is_bad_input(tmp_path: Path) -> None:
+    result = cli("export", "--home", str(tmp_path / "home"), "--store", "mysql://db/x")
+    assert result.returncode == 2
+    assert_one_clear_line(result.stderr, "--store", "mysql://db/x")
+
+
+def test_a_journal_that_is_not_a_database_is_an_infrastructure_failure(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "journal.sqlite").write_bytes(b"this is not an SQLite file at all" * 100)
+    result = cli("export", "--home", str(home))
+    assert result.returncode == 3
+    assert_one_clear_line(result.stderr, "journal")
+
+
+def test_export_creates_the_home_and_every_table(tmp_path: Path) -> None:
+    home = tmp_path / "new" / "home"
+    result = cli("export", "--home", str(home))
+    assert result.returncode == 0, result.stderr
+    assert (home / "journal.sqlite").is_file()
+    for table in ("runs", "events", "artifacts", "candidates", "validations", "operations", "loop_diagnoses", "labels"):
+        assert list((home / "traces" / table).glob("*.parquet")), table
+
+
+def test_home_defaults_to_the_environment_then_the_working_directory(tmp_path: Path) -> None:
+    from_env = tmp_path / "from-env"
+    assert cli("export", cwd=tmp_path, env={"LOOPLEDGER_HOME": str(from_env)}).returncode == 0
+    assert (from_env / "journal.sqlite").is_file()
+    assert not (tmp_path / "loopledger-data").exists()
+    assert cli("export", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "loopledger-data" / "journal.sqlite").is_file()
