@@ -54,6 +54,8 @@ MAX_REPAIRS = 3
 #: Rate-limited dispatches of one operation before it fails.
 MAX_RATE_LIMIT_RETRIES = 3
 #: Codes of decisions that stop the run instead of going back to the model.
+#: Validators whose rejections may be settled by work still running.
+EVIDENCE_CHECKS = frozenset({"completion_gate", "references"})
 STOP_CODES = {"protocol_error": "protocol_error", "loop_detected": "loop_detected", "no_progress": "no_progress"}
 
 PROMPTS = {
@@ -350,7 +352,8 @@ class Controller:
         if stop is not None:
             self._stop_on_decision(view, stop, recorded)
             return
-        if blocking and all(d.validator == "completion_gate" and d.code == "pending_work" for d in blocking):
+        gate = next((d for d in blocking if d.validator == "completion_gate"), None)
+        if gate is not None and gate.code == "pending_work" and all(d.validator in EVIDENCE_CHECKS for d in blocking):
             # The model is done but work is still running: wait for it, then
             # judge again in a new step. Never a success while a tool runs.
             self._finalize(view, "SUCCEEDED", "completed", extra=recorded, payload_extra={"await_work": True})
@@ -489,6 +492,7 @@ class Controller:
             arguments=op.arguments,
             call_number=view.dispatches[op.tool],
             faults=config.faults,
+            forbidden_paths=tuple(config.scenario.contract.forbidden_paths),
         )
         try:
             outcome = self.backend.execute(request)

@@ -196,8 +196,9 @@ class Runner:
             found.append(f"status {record.state.value}, expected {expect.status}")
         if expect.reason and expect.reason != record.reason:
             found.append(f"reason {record.reason}, expected {expect.reason}")
+        executions = self.backend.side_effects(record.run_id) if expect.side_effects else {}
         for tool, count in expect.side_effects.items():
-            seen = self.backend.execution_count(run_id=record.run_id, tool=tool)
+            seen = executions.get(tool, 0)
             if seen != count:
                 found.append(f"{tool} executed {seen} time(s), expected {count}")
         if expect.decisions:
