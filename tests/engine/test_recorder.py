@@ -108,6 +108,17 @@ def assert_traces_equal_journal(traces: Path, journal: Path) -> dict[str, int]:
     return counts
 
 
+def bookkeeping(journal: Path, table: str) -> list[str]:
+    """Statuses of the recorder's own journal rows (exports, compactions)."""
+    import sqlite3
+
+    conn = sqlite3.connect(journal)
+    try:
+        return [status for (status,) in conn.execute(f"SELECT status FROM {table} ORDER BY rowid")]
+    finally:
+        conn.close()
+
+
 # -- a journal with every kind of fact ------------------------------------------
 
 
@@ -335,8 +346,10 @@ def test_an_export_interrupted_after_writing_its_files_is_completed(
     with pytest.raises(Interrupted):
         Recorder(store, traces).export()
     monkeypatch.undo()
+    assert bookkeeping(journal, "exports")[-1] == "pending"
 
     Recorder(store, traces).export()
+    assert set(bookkeeping(journal, "exports")) == {"done"}
     assert_traces_equal_journal(traces, journal)
     assert Recorder(store, traces).export().appended == 0
     assert_traces_equal_journal(traces, journal)
@@ -466,6 +479,7 @@ def test_an_interrupted_compaction_is_finished_by_the_next_export(
     with pytest.raises(Interrupted):
         recorder.compact()
     monkeypatch.undo()
+    assert bookkeeping(journal, "compactions") == ["pending"]
     events_files = [p.name for p in parquet_files(traces, "events")]
     assert any(n.startswith("compact-") for n in events_files)
     assert set(segments_before["events"]) <= set(events_files)
@@ -473,6 +487,7 @@ def test_an_interrupted_compaction_is_finished_by_the_next_export(
     populate(store, "c")
     Recorder(store, traces).export()
     assert_traces_equal_journal(traces, journal)
+    assert set(bookkeeping(journal, "compactions")) == {"done"}
     assert not set(segments_before["events"]) & {p.name for p in parquet_files(traces, "events")}
 
 
