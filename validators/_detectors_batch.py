@@ -1,18 +1,25 @@
-"""Loop detectors, batch form: one pass of polars expressions over a step
-table of many runs (see ``_steps.STEP_SCHEMA``), used by replay.
+"""Loop detectors, batch form: polars expressions over a step table of many
+runs (columns ``_steps.STEP_COLUMNS``), used by replay.
 
-Each function mirrors its streaming class in ``_detectors`` with
-window expressions partitioned by run: "consecutive" is a gaps-and-islands
-grouping (a cumulative sum of breaks), "k steps back" a shift within the run.
-Only the (few) finding rows leave polars; their evidence JSON is written by
-the same canonical serialiser as the streaming findings, so the two forms
-give byte-identical ``evidence_json``.
+Each function mirrors its streaming class in ``_detectors``. The table is in
+(run, step) order, so "within a run" is a row-boundary mask rather than a
+per-run window (which would cost a hash partition per run):
+
+* "consecutive" is gaps-and-islands: the index of the last break, carried
+  forward, subtracted from the row index;
+* "k steps back" is a shift by k, valid when that row is in the same run.
+
+All detectors are lazy queries over one shared prepared table, collected
+together so polars shares the preparation and runs them in parallel. Only
+the (few) finding rows leave polars; their evidence JSON is written by the
+same canonical serialiser as the streaming findings, so both forms give
+byte-identical ``evidence_json``.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import polars as pl
@@ -26,11 +33,17 @@ from ._steps import STEP_COLUMNS, step_schema
 __all__ = ["detect_batch", "empty_diagnoses"]
 
 _RUN = "run_id"
+_IDX = pl.col("_idx")
 
 # Rows with empty error lists are filtered out before exploding, so the
 # empty-list behaviour does not matter; passing it explicitly (where this
 # polars accepts it) keeps the future-default warning quiet.
 _EXPLODE_KW = {"empty_as_null": True} if "empty_as_null" in inspect.signature(pl.LazyFrame.explode).parameters else {}
+
+#: A finding before serialisation: run, step, pattern, evidence.
+Raw = tuple[str, int, str, dict[str, Any]]
+#: A detector's batch plan: lazy queries and how to turn their results into findings.
+Plan = list[tuple[pl.LazyFrame, Callable[[pl.DataFrame], list[Raw]]]]
 
 
 def empty_diagnoses() -> pl.DataFrame:
@@ -46,49 +59,70 @@ def empty_diagnoses() -> pl.DataFrame:
     )
 
 
-def _prepare(steps: pl.DataFrame) -> pl.DataFrame:
+def _prepare(steps: pl.DataFrame) -> pl.LazyFrame:
     missing = [c for c in STEP_COLUMNS if c not in steps.columns]
     if missing:
         raise InputError("steps", f"missing column(s) {', '.join(missing)}; expected {', '.join(STEP_COLUMNS)}")
     schema = step_schema()
     frame = steps.select([pl.col(c).cast(schema[c]) for c in STEP_COLUMNS])
-    # Streaming sees each run's steps in step order; so must we.
-    frame = frame.sort([_RUN, "step"], maintain_order=True)
-    return frame.with_columns(
-        pl.when(pl.col("calls").list.len() > 0).then(pl.col("calls").list.join("|")).alias("_calls"),
-        pl.when(pl.col("states").list.len() > 0).then(pl.col("states").list.join("|")).alias("_states"),
+    # Streaming sees each run's steps in step order; so must we. Tables
+    # written by the recorder already are, and checking is much cheaper
+    # than sorting a million rows again.
+    prev_run, prev_step = pl.col(_RUN).shift(1), pl.col("step").shift(1)
+    ordered = frame.select(
+        ((pl.col(_RUN) > prev_run) | ((pl.col(_RUN) == prev_run) & (pl.col("step") > prev_step))).fill_null(True).all()
+    ).item()
+    if not ordered:
+        frame = frame.sort([_RUN, "step"], maintain_order=True)
+    return (
+        frame.lazy()
+        .with_columns(
+            pl.int_range(pl.len(), dtype=pl.Int64).alias("_idx"),
+            (pl.col(_RUN) != pl.col(_RUN).shift(1)).fill_null(True).alias("_new_run"),
+        )
+        .with_columns(pl.when(pl.col("_new_run")).then(_IDX).forward_fill().alias("_run_start"))
     )
+
+
+def _token(col: str) -> pl.Expr:
+    """A step's token: its list joined with "|" (as streaming does), null when empty."""
+    n = pl.col(col).list.len()
+    # Most steps hold one call: take it as is, and join only when needed.
+    return pl.when(n == 1).then(pl.col(col).list.first()).when(n > 1).then(pl.col(col).list.join("|"))
 
 
 def _same_as_previous(col: str) -> pl.Expr:
     # null (a step without a token) never equals anything, as in streaming.
-    return (pl.col(col) == pl.col(col).shift(1)).over(_RUN).fill_null(False)
+    return ((pl.col(col) == pl.col(col).shift(1)) & ~pl.col("_new_run")).fill_null(False)
 
 
-def _repeated_call(frame: pl.DataFrame, threshold: int) -> list[tuple[str, int, str, dict[str, Any]]]:
-    hits = (
-        frame.lazy()
-        .select(_RUN, "step", "_calls")
-        .with_columns(_same_as_previous("_calls").alias("_eq"))
-        .with_columns((~pl.col("_eq")).cum_sum().over(_RUN).alias("_grp"))
-        .with_columns(
-            (pl.int_range(pl.len()).over([_RUN, "_grp"]) + 1).alias("_n"),
-            pl.col("step").first().over([_RUN, "_grp"]).alias("_first"),
-        )
+def _since(breaks: pl.Expr) -> pl.Expr:
+    """Index of the last row (at or before this one) where ``breaks`` holds."""
+    return pl.when(breaks).then(_IDX).forward_fill()
+
+
+def _repeated_call(lf: pl.LazyFrame, threshold: int) -> Plan:
+    run_len = _IDX - _since(~_same_as_previous("_calls")) + 1
+    query = (
+        lf.select(_RUN, "step", "_idx", "_new_run", _token("calls").alias("_calls"))
+        .select(_RUN, "step", "_calls", run_len.alias("_n"), pl.col("step").shift(threshold - 1).alias("_first"))
         .filter(pl.col("_calls").is_not_null() & (pl.col("_n") == threshold))
         .select(_RUN, "step", "_calls", "_first")
-        .collect()
     )
-    return [
-        (run, step, "repeated_call", {"call": call, "count": threshold, "first_step": first})
-        for run, step, call, first in hits.iter_rows()
-    ]
+
+    def rows(df: pl.DataFrame) -> list[Raw]:
+        return [
+            (run, step, "repeated_call", {"call": call, "count": threshold, "first_step": first})
+            for run, step, call, first in df.iter_rows()
+        ]
+
+    return [(query, rows)]
 
 
-def _repeated_error(frame: pl.DataFrame, threshold: int) -> list[tuple[str, int, str, dict[str, Any]]]:
-    hits = (
-        frame.lazy()
-        .select(_RUN, "step", pl.col("errors").alias("_code"))
+def _repeated_error(lf: pl.LazyFrame, threshold: int) -> Plan:
+    # Few steps carry errors, so a per-(run, code) window over just those is cheap.
+    query = (
+        lf.select(_RUN, "step", pl.col("errors").alias("_code"))
         .filter(pl.col("_code").list.len() > 0)
         .explode("_code", **_EXPLODE_KW)
         .with_columns(
@@ -97,84 +131,79 @@ def _repeated_error(frame: pl.DataFrame, threshold: int) -> list[tuple[str, int,
         )
         .filter(pl.col("_n") == threshold)
         .select(_RUN, "step", "_code", "_first")
-        .collect()
     )
-    return [
-        (run, step, "repeated_error", {"code": code, "count": threshold, "first_step": first})
-        for run, step, code, first in hits.iter_rows()
-    ]
+
+    def rows(df: pl.DataFrame) -> list[Raw]:
+        return [
+            (run, step, "repeated_error", {"code": code, "count": threshold, "first_step": first})
+            for run, step, code, first in df.iter_rows()
+        ]
+
+    return [(query, rows)]
 
 
-def _no_progress(frame: pl.DataFrame, window: int) -> list[tuple[str, int, str, dict[str, Any]]]:
-    last_known = pl.col("candidates").forward_fill().shift(1).over(_RUN)
+def _no_progress(lf: pl.LazyFrame, window: int) -> Plan:
+    # The last known candidate-set size before this step, within the run.
+    last_with = _since(pl.col("candidates").is_not_null()).shift(1)
+    prev_known = pl.when(last_with >= pl.col("_run_start")).then(pl.col("candidates").gather(last_with.fill_null(0)))
     progress = (
         (pl.col("new_evidence") > 0)
         | (pl.col("completed_operations") > 0)
-        | (pl.col("candidates") < last_known).fill_null(False)
+        | (pl.col("candidates") < prev_known).fill_null(False)
     )
-    hits = (
-        frame.lazy()
-        .select(_RUN, "step", "new_evidence", "completed_operations", "candidates")
-        .with_columns(progress.alias("_p"))
-        .with_columns(pl.col("_p").cum_sum().over(_RUN).alias("_grp"))
-        .with_columns(
-            (~pl.col("_p")).cum_sum().over([_RUN, "_grp"]).alias("_n"),
-            pl.when(~pl.col("_p")).then(pl.col("step")).min().over([_RUN, "_grp"]).alias("_first"),
-        )
+    # Steps without progress since the last step with progress, or since the
+    # row before the run's first when there was none yet.
+    base = pl.when(pl.col("_p")).then(_IDX).when(pl.col("_new_run")).then(_IDX - 1).forward_fill()
+    query = (
+        lf.select(_RUN, "step", "_idx", "_new_run", progress.alias("_p"), pl.col("step").shift(window - 1).alias("_first"))
+        .with_columns((_IDX - base).alias("_n"))
         .filter(~pl.col("_p") & (pl.col("_n") == window))
         .select(_RUN, "step", "_first")
-        .collect()
     )
-    return [(run, step, "no_progress", {"window": window, "first_step": first}) for run, step, first in hits.iter_rows()]
+
+    def rows(df: pl.DataFrame) -> list[Raw]:
+        return [(run, step, "no_progress", {"window": window, "first_step": first}) for run, step, first in df.iter_rows()]
+
+    return [(query, rows)]
 
 
-def _oscillation(
-    frame: pl.DataFrame, period: int, cycles: int, channels: Iterable[str]
-) -> list[tuple[str, int, str, dict[str, Any]]]:
-    out: list[tuple[str, int, str, dict[str, Any]]] = []
+def _oscillation(lf: pl.LazyFrame, period: int, cycles: int, channels: Iterable[str]) -> Plan:
     need = period * (cycles - 1)
+    plan: Plan = []
     for channel in channels:
-        tok = f"_{channel}"
-        match = (pl.col(tok) == pl.col(tok).shift(period)).over(_RUN).fill_null(False)
-        holds = (pl.col("_m") >= need) & (pl.col("_same") < period)
-        hits = (
-            frame.lazy()
-            .select(_RUN, "step", tok)
-            .with_columns(match.alias("_match"), _same_as_previous(tok).alias("_eq"))
-            .with_columns(
-                (~pl.col("_match")).cum_sum().over(_RUN).alias("_g1"),
-                (~pl.col("_eq")).cum_sum().over(_RUN).alias("_g2"),
-            )
-            .with_columns(
-                pl.col("_match").cast(pl.Int64).cum_sum().over([_RUN, "_g1"]).alias("_m"),
-                (pl.col("_eq").cast(pl.Int64).cum_sum().over([_RUN, "_g2"]) + 1).alias("_same"),
-            )
+        tok = pl.col("_tok")
+        match = ((tok == tok.shift(period)) & (_IDX - period >= pl.col("_run_start"))).fill_null(False)
+        matches = _IDX - _since(~pl.col("_match"))  # consecutive k-back matches ending here
+        same = _IDX - _since(~_same_as_previous("_tok")) + 1  # identical tokens ending here
+        holds = (matches >= need) & (same < period)
+        was = (pl.col("_holds").shift(1) & ~pl.col("_new_run")).fill_null(False)
+        # The cycle is the last `period` tokens; a holding row has at least
+        # `period` matches behind it, so they all belong to its run.
+        cycle = [tok.shift(period - 1 - j).alias(f"_c{j}") for j in range(period)]
+        query = (
+            lf.select(_RUN, "step", "_idx", "_new_run", "_run_start", _token(channel).alias("_tok"))
+            .with_columns(match.alias("_match"))
             .with_columns(holds.alias("_holds"))
-            .with_columns(pl.col("_holds").shift(1).over(_RUN).fill_null(False).alias("_was"))
-            .with_columns(
-                pl.concat_list([pl.col(tok).shift(period - 1 - j).over(_RUN) for j in range(period)]).alias("_cycle")
-            )
+            .with_columns(was.alias("_was"), *cycle)
             .filter(pl.col("_holds") & ~pl.col("_was"))
-            .select(_RUN, "step", "_cycle")
-            .collect()
+            .select(_RUN, "step", *[f"_c{j}" for j in range(period)])
         )
-        out.extend(
-            (
-                run,
-                step,
-                f"oscillation_{channel}",
-                {"channel": channel, "period": period, "cycles": cycles, "cycle": list(cycle)},
-            )
-            for run, step, cycle in hits.iter_rows()
-        )
-    return out
+
+        def rows(df: pl.DataFrame, channel: str = channel) -> list[Raw]:
+            return [
+                (r[0], r[1], f"oscillation_{channel}", {"channel": channel, "period": period, "cycles": cycles, "cycle": list(r[2:])})
+                for r in df.iter_rows()
+            ]
+
+        plan.append((query, rows))
+    return plan
 
 
-_BATCH = {
-    "loop.repeated_call": lambda f, p: _repeated_call(f, p["threshold"]),
-    "loop.repeated_error": lambda f, p: _repeated_error(f, p["threshold"]),
-    "loop.no_progress": lambda f, p: _no_progress(f, p["window"]),
-    "loop.oscillation": lambda f, p: _oscillation(f, p["period"], p["cycles"], p["channels"]),
+_BATCH: dict[str, Callable[[pl.LazyFrame, dict[str, Any]], Plan]] = {
+    "loop.repeated_call": lambda lf, p: _repeated_call(lf, p["threshold"]),
+    "loop.repeated_error": lambda lf, p: _repeated_error(lf, p["threshold"]),
+    "loop.no_progress": lambda lf, p: _no_progress(lf, p["window"]),
+    "loop.oscillation": lambda lf, p: _oscillation(lf, p["period"], p["cycles"], p["channels"]),
 }
 
 
@@ -184,12 +213,14 @@ def detect_batch(steps: pl.DataFrame, detectors: Iterable[tuple[str, Mapping[str
     specs = [(name, make_detector(name, params)) for name, params in detectors]  # validates params
     if steps.height == 0 or not specs:
         return empty_diagnoses()
-    frame = _prepare(steps)
-    rows: list[tuple[str, int, str, str, str, str]] = []
-    for name, det in specs:
-        for run, step, pattern, evidence in _BATCH[name](frame, det.params):
-            rows.append((run, step, name, det.version, pattern, canonical_json(evidence)))
-    if not rows:
+    # Shared by every query: collect_all evaluates the cached plan once.
+    lf = _prepare(steps).cache()
+    jobs = [(name, det.version, query, rows) for name, det in specs for query, rows in _BATCH[name](lf, det.params)]
+    results = pl.collect_all([query for _, _, query, _ in jobs])
+    out: list[tuple[str, int, str, str, str, str]] = []
+    for (name, version, _, rows), df in zip(jobs, results):
+        out.extend((run, step, name, version, pattern, canonical_json(ev)) for run, step, pattern, ev in rows(df))
+    if not out:
         return empty_diagnoses()
-    rows.sort()
-    return pl.DataFrame(rows, schema=empty_diagnoses().schema, orient="row").select(DIAGNOSIS_COLUMNS)
+    out.sort()
+    return pl.DataFrame(out, schema=empty_diagnoses().schema, orient="row").select(DIAGNOSIS_COLUMNS)
