@@ -115,29 +115,145 @@ def export(
         run_store.close()
 
 
+def _bundled_scenarios() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("loopledger.datasets").joinpath("scenarios")))
+
+
+def _drive(runner: Any, scenarios: list[Any], versions: list[str], model: str, concurrency: int,
+           show_progress: bool) -> list[tuple[str, Any]]:
+    """Create a run per scenario and prompt version, drive them all; return (run_id, scenario)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    created = [(runner.create(s, v, model), s) for v in versions for s in scenarios]
+    ids = [run_id for run_id, _ in created]
+    if not show_progress:
+        runner.drive_all(ids, concurrency)
+        return created
+    columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, transient=True) as progress:
+        task = progress.add_task("runs", total=len(ids))
+        runner.drive_all(ids, concurrency, on_settled=lambda _: progress.advance(task))
+    return created
+
+
+def _outcome_json(outcome: Any) -> dict[str, Any]:
+    line: dict[str, Any] = {"run_id": outcome.run_id, "task_id": outcome.task_id, "status": outcome.status,
+                            "reason": outcome.reason}
+    if outcome.waiting:
+        line["waiting"] = outcome.waiting
+    return line
+
+
 @app.command()
 @guarded
-def demo(home: HomeOption = None, store: StoreOption = None) -> None:
-    """The main job on the embedded default, as far as it is built."""
+def run(
+    paths: Annotated[list[Path], typer.Argument(help="Scenario files, or folders of *.yaml.")],
+    prompt_version: Annotated[str, typer.Option("--prompt-version", help="Prompt version to run.")] = "v1",
+    model: Annotated[str, typer.Option("--model", help="Model route (scripted: the scenario's script).")] = "scripted",
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs driven at once.")] = 8,
+    check: Annotated[bool, typer.Option("--check", help="Exit 1 if an outcome differs from its expect.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
+    home: HomeOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Run scenarios through the engine, record them, export the traces."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from loopledger.engine._errors import BadInput
+    from loopledger.engine._runner import Runner, check_tools
+    from loopledger.engine._scenario import load_scenarios
+
+    if model != "scripted":
+        raise BadInput("--model", f"unknown model route {model!r}; this build runs 'scripted'")
+    scenarios = load_scenarios(paths)
+    if not scenarios:
+        raise BadInput(" ".join(map(str, paths)), "no scenario (*.yaml) found")
+    for scenario in scenarios:
+        check_tools(scenario)
+    runner = Runner(_home(home, store))
+    try:
+        created = _drive(runner, scenarios, [prompt_version], model, concurrency, show_progress=not as_json)
+        outcomes = [runner.outcome(run_id, scenario) for run_id, scenario in created]
+    finally:
+        runner.close()
+    failed = [o for o in outcomes if not o.ok]
+    if as_json:
+        for outcome in outcomes:
+            line = _outcome_json(outcome)
+            if check:
+                line["check"] = "ok" if outcome.ok else outcome.mismatches
+            typer.echo(json.dumps(line))
+    else:
+        table = Table(title=f"{len(outcomes)} run(s), prompt version {prompt_version}")
+        for name in ("run_id", "status", "reason", "steps", "tool calls") + (("check",) if check else ()):
+            table.add_column(name)
+        for o in outcomes:
+            row = [o.run_id, o.status, o.reason or "", str(o.steps), str(o.tool_calls)]
+            if check:
+                row.append("ok" if o.ok else "; ".join(o.mismatches))
+            table.add_row(*row)
+        Console().print(table)
+    if check and failed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+@guarded
+def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: HomeOption = None,
+         store: StoreOption = None) -> None:
+    """Print a run's timeline: states, steps and attempts, candidates,
+    decisions, operations and loop diagnosis."""
+    from loopledger.engine._errors import UnknownRun
+    from loopledger.engine._show import render_run
+
+    run_store = _home(home, store).open_store()
+    try:
+        render_run(run_store, run_id)
+    except UnknownRun as exc:
+        _err(str(exc))
+        raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        run_store.close()
+
+
+@app.command()
+@guarded
+def demo(
+    home: HomeOption = None,
+    store: StoreOption = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 8,
+) -> None:
+    """The main job on the embedded default: the bundled scenarios under
+    prompt versions v1 and v2, recorded, exported and compared."""
     from rich.console import Console
 
-    from loopledger.engine._recorder import Recorder
+    from loopledger.engine._runner import Runner, check_tools
+    from loopledger.engine._scenario import load_scenarios
+    from loopledger.engine._show import comparison_table
 
     console = Console()
     where = _home(home, store)
-    run_store = where.open_store()
+    scenarios = load_scenarios([_bundled_scenarios()])
+    for scenario in scenarios:
+        check_tools(scenario)
+    console.print(f"Running {len(scenarios)} bundled scenarios under prompt versions v1 and v2 "
+                  f"(scripted model, SQLite journal in {where.root}) ...")
+    runner = Runner(where)
     try:
-        console.print(f"Journal: [bold]{where.journal_path}[/] (schema version {run_store.schema_version})")
-        console.print(f"Runs recorded so far: {len(run_store.list_runs())}")
-        result = Recorder(run_store, where.traces).export()
-        _print_export(result, where.traces)
+        created = _drive(runner, scenarios, ["v1", "v2"], "scripted", concurrency, show_progress=True)
+        outcomes = [runner.outcome(run_id, scenario) for run_id, scenario in created]
     finally:
-        run_store.close()
-    console.print(
-        "This build has the journal and the recorder; the loop that runs the bundled "
-        "scenarios is not built yet, so the demo created (or opened) the journal and "
-        "exported its traces, and ran no agent."
-    )
+        runner.close()
+    console.print(comparison_table(outcomes))
+    mismatched = [o for o in outcomes if not o.ok]
+    console.print(f"{len(outcomes) - len(mismatched)} of {len(outcomes)} runs ended as their scenario expects.")
+    console.print(f"Traces: {where.traces}")
+    console.print("Inspect one run:  [bold]loopledger show RUN_ID --home " + str(where.root) + "[/]")
 
 
 def main() -> None:
