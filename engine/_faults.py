@@ -11,13 +11,18 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from typing import NoReturn
 
 _lock = threading.Lock()
 _commits = 0
 
 
-def _die() -> None:
+def die() -> NoReturn:
+    """Kill this process with SIGKILL, now. Also used by the demo backends'
+    ``crash_after_dispatch`` fault, so every injected crash is the same one."""
     os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable: SIGKILL cannot be caught")
+
 
 
 def after_commit() -> None:
@@ -29,10 +34,10 @@ def after_commit() -> None:
     with _lock:
         _commits += 1
         if _commits == int(limit):
-            _die()
+            die()
 
 
 def crash_point(name: str) -> None:
     """Die here if ``LOOPLEDGER_CRASH_AT`` names this point."""
     if os.environ.get("LOOPLEDGER_CRASH_AT") == name:
-        _die()
+        die()
