@@ -20,6 +20,7 @@ from ._errors import (
     TransitionNotAllowed,
     UnknownRun,
 )
+from ._decision import decision_input, validated_candidates
 from ._home import Home
 from ._recorder import ExportResult, Recorder
 from ._records import (
@@ -36,6 +37,7 @@ from ._sqlite import SQLiteRunStore
 from ._states import ALLOWED, INITIAL, TERMINAL, WAITING, State, is_allowed
 from ._store import OperationConflict, RunStore, SQLRunStore
 from ._tables import TABLES, arrow_schema
+from ._view import RunView
 
 __all__ = [
     "ALLOWED",
@@ -61,6 +63,7 @@ __all__ = [
     "OperationConflict",
     "Recorder",
     "RunRecord",
+    "RunView",
     "RunStore",
     "SQLRunStore",
     "SQLiteRunStore",
@@ -71,7 +74,9 @@ __all__ = [
     "TransitionNotAllowed",
     "UnknownRun",
     "arrow_schema",
+    "decision_input",
     "is_allowed",
     "now",
     "now_us",
+    "validated_candidates",
 ]

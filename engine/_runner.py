@@ -37,6 +37,7 @@ from ._records import NewRun, RunRecord
 from ._scenario import Scenario, parse_scenario
 from ._states import State, TERMINAL
 from ._tools import DEMO_TOOLS
+from ._waits import load_secret
 
 #: How long a run waiting for background work sleeps before it is polled again.
 POLL_INTERVAL_S = 0.05
@@ -121,7 +122,7 @@ class Runner:
         self.home = home
         self.store = home.open_store()
         self.backend = DemoBackend(home.root)
-        self.controller = Controller(self.store, self.backend, config_for, sleep=sleep)
+        self.controller = Controller(self.store, self.backend, config_for, load_secret(home.root), sleep=sleep)
         self.recorder = _CoalescingRecorder(Recorder(self.store, home.traces))
 
     def close(self) -> None:

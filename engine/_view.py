@@ -53,6 +53,8 @@ class OpView:
     work_done: bool = False
     dispatches: int = 0
     resends: int = 0
+    #: A person approved this operation (only for tools that need approval).
+    approved: bool = False
     #: Sent and no answer recorded: whoever finds it so (a resumed process, or
     #: this one after a timeout) must reconcile before anything is sent again.
     in_flight: bool = False
@@ -91,11 +93,26 @@ class RunView:
     #: Set on entering FINALIZING: the status and reason the run should end with.
     finalizing: dict[str, Any] | None = None
     waiting: dict[str, Any] | None = None
+    #: Hashes of resume tokens already used: a token is consumed once.
+    consumed_tokens: set[str] = field(default_factory=set)
+    replies: int = 0
+    cancel_requested: bool = False
+    #: The resume token of a wait this process just began; never stored.
+    new_token: str | None = None
     # Facts of the step in progress, for its StepRecord.
     step_states: list[str] = field(default_factory=list)
     step_errors: list[str] = field(default_factory=list)
     step_evidence_before: int = 0
     step_completed: int = 0
+
+    @classmethod
+    def blank(cls, run_id: str, tenant: str, prompt_version: str = "", model_route: str = "") -> RunView:
+        """A view before any event (the replay folds traces into it)."""
+        return cls(
+            run_id=run_id, tenant=tenant, prompt_version=prompt_version, model_route=model_route, spec={},
+            state=State.READY, state_version=1, step=0, attempt=0, started_at=0,
+            counters={"model_attempts": 0, "tool_calls": 0, "tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0},
+        )
 
     @classmethod
     def from_record(cls, record: RunRecord) -> RunView:
@@ -139,6 +156,15 @@ class RunView:
         elif kind == "step_closed":
             self.history.append(StepRecord(**{**payload, "states": tuple(payload["states"]),
                                               "calls": tuple(payload["calls"]), "errors": tuple(payload["errors"])}))
+        elif kind == "reply_accepted":
+            self.consumed_tokens.add(payload["token_hash"])
+            self.replies += 1
+            if payload.get("decision") == "approve" and payload.get("operation_id"):
+                self.ops[payload["operation_id"]].approved = True
+            if payload.get("message"):
+                self.pending_messages.append({"role": "user", "content": payload["message"]})
+        elif kind == "cancel_requested":
+            self.cancel_requested = True
         elif kind == "candidate_recorded":
             self.candidate_id = payload["candidate_id"]
             self.pending_messages.append({"role": "assistant", "items": payload["items"]})

@@ -1,0 +1,60 @@
+"""What a decision reads, rebuilt from recorded facts only.
+
+The live controller and the offline replay both call :func:`decision_input`
+with the same three things: the run view folded from the run's events up to
+the moment the candidate was validated, the candidate artifact and its
+context artifact. Whatever the suite decides is therefore a pure function
+of the journal (or the traces, which hold the same rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from loopledger.validators import Candidate, Context, DecisionInput, canonical_proposal
+
+from ._view import RunView
+
+
+def decision_input(view: RunView, candidate_body: Mapping[str, Any], context_body: Mapping[str, Any],
+                   candidate_id: str | None = None) -> DecisionInput:
+    candidate = Candidate(items=candidate_body["items"], finish_reason=candidate_body["finish_reason"],
+                          candidate_id=candidate_id or view.candidate_id)
+    context = Context(
+        messages=context_body.get("messages", ()),
+        tools=context_body.get("tools", ()),
+        policy=context_body.get("policy", {}),
+        contract=context_body.get("contract", {}),
+        tenant=context_body.get("tenant"),
+        budget=context_body.get("budget", {}),
+    )
+    return DecisionInput(
+        run_id=view.run_id,
+        step=view.step,
+        attempt=view.attempt,
+        candidate=candidate,
+        context=context,
+        proposal=canonical_proposal(candidate, context),
+        facts=view.facts(),
+    )
+
+
+def validated_candidates(
+    run: Mapping[str, Any], events: Iterable[Mapping[str, Any]]
+) -> Iterable[tuple[RunView, str, str]]:
+    """Fold a run's events (dicts with kind, to_state, step, attempt and
+    payload, in seq order) and yield ``(view, candidate_id, context_id)`` at
+    each point where a candidate entered VALIDATING: the view then holds
+    exactly the facts the live decision read. The view is the same object
+    each time, advanced; use it before the next item is taken."""
+    view = RunView.blank(run_id=run["run_id"], tenant=run.get("tenant", ""),
+                         prompt_version=run.get("prompt_version", ""), model_route=run.get("model_route", ""))
+    for event in events:
+        if event["kind"] in ("run_created", "late_event"):
+            continue
+        view.apply(event["kind"], event.get("to_state"), int(event["step"]), int(event["attempt"]),
+                   event["payload"])
+        view.step, view.attempt = int(event["step"]), int(event["attempt"])
+        if event["kind"] == "transition" and event.get("to_state") == "VALIDATING":
+            yield view, event["payload"]["candidate_id"], view.context_id or ""
