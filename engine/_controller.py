@@ -345,17 +345,23 @@ class Controller:
             self._stop_on_decision(view, stop, recorded)
             return
         gate = next((d for d in blocking if d.validator == "completion_gate"), None)
-        if gate is not None and gate.code == "pending_work" and all(d.validator in EVIDENCE_CHECKS for d in blocking):
+        if (gate is not None and gate.code == "pending_work" and view.pending_background()
+                and all(d.validator in EVIDENCE_CHECKS for d in blocking)):
             # The model is done but work is still running: wait for it, then
             # judge again in a new step. Never a success while a tool runs.
             self._finalize(view, "SUCCEEDED", "completed", extra=recorded, payload_extra={"await_work": True})
             return
         verdict = result.verdict
+        if verdict is Verdict.ASK and all(d.code == "approval_required" for d in blocking):
+            # Only approval stands in the way: the operations are committed
+            # now and each one that needs it waits for a person in
+            # TOOL_RUNNING, bound to that operation and state version.
+            verdict = Verdict.ACCEPT
         if verdict in (Verdict.REPAIR, Verdict.REJECT):
             self._repair(view, config, blocking, recorded)
             return
         if verdict is Verdict.ASK:
-            self._wait_user(view, config, "user", {"question": blocking[0].message}, recorded)
+            self._wait_user(view, config, "user", {"question": blocking[0].message, "schema": {}}, recorded)
             return
         calls = inp.proposed_calls
         if not calls:
@@ -602,7 +608,7 @@ class Controller:
             self._wait_user(view, config, "user", {
                 "question": f"Cannot confirm whether {op.tool} ({op.operation_id}) ran. Did it take effect?",
                 "operation_id": op.operation_id,
-            }, {})
+            }, {}, operation=op)
             return
         # Confirmed not executed: one safe re-send under the same key.
         self._move(view, State.TOOL_RUNNING, payload={"resend": op.operation_id, "executed": False})

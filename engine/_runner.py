@@ -37,7 +37,7 @@ from ._records import NewRun, RunRecord
 from ._scenario import Scenario, parse_scenario
 from ._states import State, TERMINAL
 from ._tools import DEMO_TOOLS
-from ._waits import load_secret
+from ._waits import Reply, ReplyRejected, load_secret
 
 #: How long a run waiting for background work sleeps before it is polled again.
 POLL_INTERVAL_S = 0.05
@@ -118,8 +118,15 @@ class _CoalescingRecorder:
 
 
 class Runner:
-    def __init__(self, home: Home, *, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, home: Home, *, sleep: Callable[[float], None] = time.sleep,
+                 auto_reply: bool = True) -> None:
         self.home = home
+        #: Deliver a scenario's scripted ``user:`` replies to its waits.
+        self.auto_reply = auto_reply
+        #: Resume tokens of waits begun by this process (shown once, never stored).
+        self.tokens: dict[str, str] = {}
+        #: Why a scripted reply was refused, per run.
+        self.rejections: dict[str, str] = {}
         self.store = home.open_store()
         self.backend = DemoBackend(home.root)
         self.controller = Controller(self.store, self.backend, config_for, load_secret(home.root), sleep=sleep)
@@ -144,8 +151,9 @@ class Runner:
         return run_id
 
     def drive_all(self, run_ids: Sequence[str], concurrency: int = 1,
-                  on_settled: Callable[[str], None] | None = None) -> None:
-        """Drive every run until it is terminal or waits for a person."""
+                  on_settled: Callable[[str], None] | None = None, wait_for_tools: bool = True) -> None:
+        """Drive every run until it is terminal or waits for a person (and,
+        unless ``wait_for_tools`` is False, until its background work is done)."""
         timers: list[tuple[float, str]] = []
         queue = list(run_ids)
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="run") as pool:
@@ -156,7 +164,7 @@ class Runner:
                     queue.append(heapq.heappop(timers)[1])
                 while queue and len(running) < max(1, concurrency):
                     run_id = queue.pop(0)
-                    running[pool.submit(self.controller.drive, run_id)] = run_id
+                    running[pool.submit(self._drive_one, run_id)] = run_id
                 if not running:
                     time.sleep(max(0.0, min(POLL_INTERVAL_S, timers[0][0] - time.monotonic())))
                     continue
@@ -165,7 +173,7 @@ class Runner:
                 for future in done:
                     run_id = running.pop(future)
                     view = future.result()  # an engine bug surfaces here, loudly
-                    if view.state is State.WAITING_TOOL:
+                    if view.state is State.WAITING_TOOL and wait_for_tools:
                         heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
                         self.recorder.request()
                     else:
@@ -173,6 +181,29 @@ class Runner:
                         if on_settled is not None:
                             on_settled(run_id)
         self.recorder.flush()
+
+    def _drive_one(self, run_id: str) -> Any:
+        """Drive a run; while it waits for a person and its scenario scripts
+        a reply, deliver that reply through the same checks a person's goes
+        through (token, state version, expiry, schema)."""
+        view = self.controller.drive(run_id)
+        while True:
+            if view.new_token:
+                self.tokens[run_id] = view.new_token
+            if view.state is not State.WAITING_USER or not self.auto_reply:
+                return view
+            script = parse_scenario(self.store.get_run(run_id).spec, source=f"run {run_id}").user
+            if view.replies >= len(script) or run_id not in self.tokens:
+                return view
+            entry = script[view.replies]
+            try:
+                view = self.controller.reply(run_id, self.tokens[run_id], Reply(entry.approve, entry.answer))
+            except ReplyRejected as exc:
+                # A scripted reply gets no special treatment: refused, it
+                # leaves the run waiting with its token still valid.
+                self.rejections[run_id] = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
+                return self.controller.load(run_id)
+            self.tokens.pop(run_id, None)
 
     def outcome(self, run_id: str, scenario: Scenario | None = None) -> RunOutcome:
         record = self.store.get_run(run_id)
@@ -184,11 +215,22 @@ class Runner:
             reason=record.reason,
             steps=record.step,
             tool_calls=record.tool_calls,
-            waiting=record.waiting if record.state not in TERMINAL else None,
+            waiting=self._waiting(record),
         )
         if scenario is not None:
             result.mismatches = self._compare(record, scenario)
         return result
+
+    def _waiting(self, record: RunRecord) -> dict[str, Any] | None:
+        """The CONTRACT's ``waiting`` object: kind, approval_id, expires_at and
+        the resume token, which only the process that began the wait has."""
+        if record.state is State.WAITING_TOOL:
+            return {"kind": "tool", "approval_id": None, "expires_at": None, "resume_token": None}
+        if record.state is not State.WAITING_USER or not record.waiting:
+            return None
+        w = record.waiting
+        return {"kind": w["kind"], "approval_id": w.get("approval_id"), "expires_at": w.get("expires_at"),
+                "resume_token": self.tokens.get(record.run_id)}
 
     def _compare(self, record: RunRecord, scenario: Scenario) -> list[str]:
         expect = scenario.expect

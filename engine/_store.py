@@ -349,7 +349,7 @@ class SQLRunStore:
         terminal = target in TERMINAL
         params: list[Any] = [target.value, new_version, seq, new_step, new_attempt, now]
         params += c.counters.values()
-        params += c.set_fields.values()
+        params += (_column_value(c.set_fields, name) for name in c.set_fields)
         if terminal:
             params.append(now)
         params += (c.run_id, version)

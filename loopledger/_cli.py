@@ -221,6 +221,132 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
         run_store.close()
 
 
+def _print_outcomes(outcomes: list[Any], as_json: bool, title: str) -> None:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    if as_json:
+        for outcome in outcomes:
+            typer.echo(json.dumps(_outcome_json(outcome)))
+        return
+    table = Table(title=title)
+    for name in ("run_id", "status", "reason", "steps", "waiting"):
+        table.add_column(name)
+    for o in outcomes:
+        waiting = ""
+        if o.waiting:
+            waiting = f"{o.waiting['kind']} until {o.waiting.get('expires_at') or '-'}"
+            if o.waiting.get("resume_token"):
+                waiting += f" token {o.waiting['resume_token']}"
+        table.add_row(o.run_id, o.status, o.reason or "", str(o.steps), waiting)
+    Console().print(table)
+
+
+@app.command()
+@guarded
+def resume(
+    home: HomeOption = None,
+    store: StoreOption = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 8,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
+) -> None:
+    """Resume every non-terminal run from its last committed state. Runs that
+    wait for a person or for background work stay waiting unless their event
+    arrived or they expired."""
+    from loopledger.engine._runner import Runner
+    from loopledger.engine._states import TERMINAL, State
+
+    runner = Runner(_home(home, store), auto_reply=False)
+    try:
+        ids = [r.run_id for r in runner.store.list_runs(s for s in State if s not in TERMINAL)]
+        runner.drive_all(ids, concurrency, wait_for_tools=False)
+        outcomes = [runner.outcome(run_id) for run_id in ids]
+    finally:
+        runner.close()
+    _print_outcomes(outcomes, as_json, f"{len(outcomes)} run(s) resumed")
+
+
+@app.command()
+@guarded
+def reply(
+    run_id: Annotated[str, typer.Argument(help="The waiting run.")],
+    token: Annotated[str, typer.Option("--token", help="The resume token shown when the wait began.")],
+    approve: Annotated[bool, typer.Option("--approve", help="Approve the pending operation.")] = False,
+    deny: Annotated[bool, typer.Option("--deny", help="Deny the pending operation.")] = False,
+    answer: Annotated[str | None, typer.Option("--answer", help="The answer, as JSON.")] = None,
+    home: HomeOption = None,
+    store: StoreOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
+) -> None:
+    """Deliver a person's reply or approval decision to a waiting run and resume it."""
+    import json
+
+    from loopledger.engine._errors import BadInput, UnknownRun
+    from loopledger.engine._runner import Runner
+    from loopledger.engine._waits import Reply, ReplyRejected
+
+    if sum((approve, deny, answer is not None)) != 1:
+        raise BadInput("reply", "give exactly one of --approve, --deny, --answer JSON")
+    value: Any = None
+    if answer is not None:
+        try:
+            value = json.loads(answer)
+        except ValueError as exc:
+            raise BadInput("--answer", f"expected JSON, got {answer!r} ({exc})") from None
+    runner = Runner(_home(home, store), auto_reply=False)
+    try:
+        try:
+            view = runner.controller.reply(run_id, token, Reply(approve=True if approve else (False if deny else None),
+                                                                answer=value))
+        except ReplyRejected as exc:
+            _err(f"rejected: {exc.reason}" + (f": {exc.detail}" if exc.detail else ""))
+            raise typer.Exit(EXIT_FAILED) from None
+        except UnknownRun as exc:
+            _err(f"rejected: wrong run: {exc}")
+            raise typer.Exit(EXIT_FAILED) from None
+        if view.new_token:
+            runner.tokens[run_id] = view.new_token
+        if runner.controller.load(run_id).state.name == "WAITING_TOOL":
+            runner.drive_all([run_id], 1)
+        runner.recorder.flush()
+        outcome = runner.outcome(run_id)
+    finally:
+        runner.close()
+    _print_outcomes([outcome], as_json, "reply accepted")
+
+
+@app.command()
+@guarded
+def cancel(
+    run_id: Annotated[str, typer.Argument(help="The run to cancel.")],
+    home: HomeOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Request cancellation: pending work is cancelled, then the run ends
+    CANCELLED, or CANCEL_UNKNOWN where a backend cannot confirm the stop."""
+    from loopledger.engine._errors import UnknownRun
+    from loopledger.engine._runner import Runner
+
+    runner = Runner(_home(home, store), auto_reply=False)
+    try:
+        try:
+            requested = runner.controller.request_cancel(run_id)
+        except UnknownRun as exc:
+            _err(str(exc))
+            raise typer.Exit(EXIT_FAILED) from None
+        if not requested:
+            record = runner.store.get_run(run_id)
+            _err(f"run {run_id} already ended: {record.state.value} ({record.reason})")
+            raise typer.Exit(EXIT_FAILED)
+        view = runner.controller.drive(run_id)
+        runner.recorder.flush()
+    finally:
+        runner.close()
+    typer.echo(f"{run_id}: {view.state.value} (cancelled)")
+
+
 @app.command()
 @guarded
 def demo(
