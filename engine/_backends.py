@@ -298,7 +298,7 @@ class DemoBackend:
         self.home = Path(home)
         self.home.mkdir(parents=True, exist_ok=True)
         self.path = self.home / "demo_backend.sqlite"
-        self.workspaces = Workspaces(self.home / "workspaces")
+        self._worlds: dict[str, Workspaces] = {}
         self._lock = threading.RLock()
         try:
             self._conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
@@ -356,6 +356,7 @@ class DemoBackend:
         problems = _schema_errors(req.tool, req.arguments)
         if problems:
             return _error("validation_failed", "INVALID_ARGUMENT", "; ".join(problems), problems=problems)
+        self._enter_world(req.run_id)
         fault = next((f for f in req.faults if f.tool == req.tool and f.call == req.call_number), None)
         if traits.side_effect:
             outcome, fired = self._execute_side_effect(req, traits, fault)
@@ -366,6 +367,21 @@ class DemoBackend:
         if fired == "timeout_after_commit":
             return _timeout(req.tool)
         return outcome
+
+    def workspaces_for(self, run_id: str) -> Workspaces:
+        """The run's own workspaces, ``<home>/workspaces/<run_id>/<tenant>/``."""
+        with self._lock:
+            if run_id not in self._worlds:
+                self._worlds[run_id] = Workspaces(self.home / "workspaces" / run_id)
+            return self._worlds[run_id]
+
+    def _enter_world(self, run_id: str) -> None:
+        """Seed the run's own orders before its first call (see ``ensure_world``)."""
+        if run_id in self._worlds:
+            return
+        with self._txn() as conn:
+            svc.ensure_world(conn, run_id, now_us())
+        self.workspaces_for(run_id)
 
     def _fire(self, conn: sqlite3.Connection, req: ToolRequest, fault: Fault | None) -> str | None:
         """Record the fault as fired; its kind, or None if there is none or it already fired."""
@@ -389,7 +405,7 @@ class DemoBackend:
         # state_conflict: the resource changed under the caller; report its
         # current version when it is one the tenant may see.
         details: dict[str, Any] = {}
-        version = svc.order_version(conn, req.arguments.get("order_id"), req.tenant)
+        version = svc.order_version(conn, req.run_id, req.arguments.get("order_id"), req.tenant)
         if version is not None:
             details = {"order_id": req.arguments["order_id"], "current_version": version}
         return _error("failed", "STATE_CONFLICT", f"{req.tool}: the resource changed; refresh it and replan", **details)
@@ -462,7 +478,7 @@ class DemoBackend:
 
     def _run(self, conn: sqlite3.Connection, req: ToolRequest, *, fails: bool) -> ToolOutcome:
         args, tenant, tool = req.arguments, req.tenant, req.tool
-        ws = self.workspaces
+        ws = self.workspaces_for(req.run_id)
         if fails and tool != "tests.run" and tool != "reports.export":
             # The call reached the tool and it reported an error of its own.
             code, message = _TOOL_FAILURES[tool]
@@ -589,7 +605,7 @@ class DemoBackend:
                                                        "message": "the warehouse query was aborted"},
                                   (), "EXPORT_FAILED", None, work_id, executed=True)
         else:
-            report = svc.report(conn, row["tenant"], row["query"])
+            report = svc.report(conn, row["run_id"], row["tenant"], row["query"])
             outcome = replace(_success("reports.export", work_id, {"work_id": work_id, **report}, executed=True),
                               work_id=work_id)
         state = "succeeded" if outcome.outcome == "success" else "failed"

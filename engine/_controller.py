@@ -50,6 +50,13 @@ MAX_REPAIRS = 3
 #: Rate-limited dispatches of one operation before it fails.
 MAX_RATE_LIMIT_RETRIES = 3
 #: Codes of decisions that stop the run instead of going back to the model.
+#: What a person answers about a send nobody could confirm.
+CONFIRM_SCHEMA = {
+    "type": "object",
+    "properties": {"executed": {"type": "boolean"}, "note": {"type": "string"}},
+    "required": ["executed"],
+    "additionalProperties": False,
+}
 #: Validators whose rejections may be settled by work still running.
 EVIDENCE_CHECKS = frozenset({"completion_gate", "references"})
 STOP_CODES = {"protocol_error": "protocol_error", "loop_detected": "loop_detected", "no_progress": "no_progress"}
@@ -597,6 +604,16 @@ class Controller:
     def _reconciling(self, view: RunView, config: RunConfig) -> None:
         op = next(o for o in view.step_ops() if o.in_flight)
         found = self.backend.lookup(op.idempotency_key)
+        if found is not None and found.outcome == "unknown_outcome":
+            # The backend cannot say either way: a person decides, and
+            # nothing is sent again meanwhile.
+            self._wait_user(view, config, "user", {
+                "question": f"{op.tool} ({op.operation_id}) timed out and its backend cannot confirm whether it "
+                            f"ran. Did it take effect?",
+                "operation_id": op.operation_id,
+                "schema": CONFIRM_SCHEMA,
+            }, {}, operation=op)
+            return
         if found is not None:
             # It did run: its result is the request's one result. Back to
             # TOOL_RUNNING, which sends what is left or closes the step.
@@ -608,6 +625,7 @@ class Controller:
             self._wait_user(view, config, "user", {
                 "question": f"Cannot confirm whether {op.tool} ({op.operation_id}) ran. Did it take effect?",
                 "operation_id": op.operation_id,
+                "schema": CONFIRM_SCHEMA,
             }, {}, operation=op)
             return
         # Confirmed not executed: one safe re-send under the same key.
@@ -725,10 +743,16 @@ class Controller:
             outcome = ToolOutcome(outcome="success", status="succeeded", result={"answer": reply.answer},
                                   evidence=({"kind": "user_answer", "subject": waiting["wait_id"]},),
                                   error_code=None, retry_after_s=None, work_id=None, executed=True)
+        elif reply.answer.get("executed"):
+            # A person checked the backend and found the effect: it happened,
+            # but no result came back, so it proves nothing for the gate.
+            outcome = ToolOutcome(outcome="success", status="succeeded",
+                                  result={"confirmed_by": "person", **reply.answer}, evidence=(),
+                                  error_code=None, retry_after_s=None, work_id=None, executed=True)
         else:
-            outcome = ToolOutcome(outcome="unknown_outcome", status="failed",
-                                  result={"error": "UNCONFIRMED", "person_said": reply.answer},
-                                  evidence=(), error_code="UNCONFIRMED", retry_after_s=None, work_id=None,
+            outcome = ToolOutcome(outcome="cancelled", status="failed",
+                                  result={"error": "NOT_EXECUTED", "confirmed_by": "person", **reply.answer},
+                                  evidence=(), error_code="NOT_EXECUTED", retry_after_s=None, work_id=None,
                                   executed=False)
         self._commit(view, Commit(view.run_id, view.state_version, None, events=tuple(events)))
         self._record_result(view, op, outcome, to=State.TOOL_RUNNING,
@@ -773,7 +797,7 @@ class Controller:
         unconfirmed: list[str] = []
         for op in view.pending_background():
             stopped = self.backend.cancel_work(op.work_id)
-            if stopped is not True:
+            if stopped is None:  # False means it had already finished: nothing left to stop
                 unconfirmed.append(op.operation_id)
             self._commit(view, Commit(view.run_id, view.state_version, None, events=(NewEvent("work_completed", {
                 "work_id": op.work_id, "operation_id": op.operation_id,

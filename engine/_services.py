@@ -30,16 +30,17 @@ SCHEMA_VERSION = 1
 
 SCHEMA = """
 CREATE TABLE orders (
-    order_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, status TEXT NOT NULL,
+    world TEXT NOT NULL, order_id TEXT NOT NULL, tenant TEXT NOT NULL, status TEXT NOT NULL,
     amount_cents INTEGER NOT NULL, refunded_cents INTEGER NOT NULL, currency TEXT NOT NULL,
-    version INTEGER NOT NULL, address_json TEXT NOT NULL, updated_at INTEGER NOT NULL
+    version INTEGER NOT NULL, address_json TEXT NOT NULL, updated_at INTEGER NOT NULL,
+    PRIMARY KEY (world, order_id)
 );
 CREATE TABLE refunds (
     refund_id INTEGER PRIMARY KEY, order_id TEXT NOT NULL, tenant TEXT NOT NULL,
     amount_cents INTEGER NOT NULL, idempotency_key TEXT NOT NULL, run_id TEXT NOT NULL, created_at INTEGER NOT NULL
 );
 CREATE TABLE deployments (
-    deploy_id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, service TEXT NOT NULL, version TEXT NOT NULL,
+    deploy_id INTEGER PRIMARY KEY, world TEXT NOT NULL, tenant TEXT NOT NULL, service TEXT NOT NULL, version TEXT NOT NULL,
     idempotency_key TEXT NOT NULL, deployed_at INTEGER NOT NULL
 );
 CREATE TABLE executions (
@@ -118,12 +119,21 @@ def create_schema(conn: sqlite3.Connection, now: int, path: object) -> None:
         return
     for statement in _statements(SCHEMA):
         conn.execute(statement)
-    conn.executemany(
-        "INSERT INTO orders (order_id, tenant, status, amount_cents, refunded_cents, currency, version,"
-        " address_json, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [row + (now,) for row in seed_orders()],
-    )
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def ensure_world(conn: sqlite3.Connection, world: str, now: int) -> None:
+    """Seed a run's own copy of the orders on its first call.
+
+    Every run acts in a world of its own (its orders, its workspace), so a
+    scenario's outcome never depends on what other runs in the same data
+    directory did before it, or beside it under ``--concurrency``."""
+    if conn.execute("SELECT 1 FROM orders WHERE world = ? LIMIT 1", (world,)).fetchone() is None:
+        conn.executemany(
+            "INSERT INTO orders (world, order_id, tenant, status, amount_cents, refunded_cents, currency, version,"
+            " address_json, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(world, *row, now) for row in seed_orders()],
+        )
 
 
 def money(cents: int) -> float:
@@ -143,7 +153,7 @@ def check_version(req: ToolRequest, current: str, subject: str) -> None:
 
 def find_order(conn: sqlite3.Connection, req: ToolRequest) -> sqlite3.Row:
     order_id = req.arguments["order_id"]
-    row = conn.execute("SELECT * FROM orders WHERE order_id = ?", (order_id,)).fetchone()
+    row = conn.execute("SELECT * FROM orders WHERE world = ? AND order_id = ?", (req.run_id, order_id)).fetchone()
     if row is None:
         raise ToolRefused("failed", "NOT_FOUND", f"no order {order_id}", order_id=order_id)
     if row["tenant"] != req.tenant:
@@ -162,11 +172,12 @@ def order_view(row: sqlite3.Row) -> dict[str, Any]:
     }
 
 
-def order_version(conn: sqlite3.Connection, order_id: Any, tenant: str) -> int | None:
+def order_version(conn: sqlite3.Connection, world: str, order_id: Any, tenant: str) -> int | None:
     """The order's version if the tenant may see it (for a STATE_CONFLICT reply)."""
     if not isinstance(order_id, str):
         return None
-    row = conn.execute("SELECT tenant, version FROM orders WHERE order_id = ?", (order_id,)).fetchone()
+    row = conn.execute("SELECT tenant, version FROM orders WHERE world = ? AND order_id = ?",
+                       (world, order_id)).fetchone()
     return row["version"] if row is not None and row["tenant"] == tenant else None
 
 
@@ -178,8 +189,8 @@ def update_address(conn: sqlite3.Connection, req: ToolRequest, now: int) -> dict
                           f"{order['order_id']} is at version {order['version']}, not {expected}; get it again",
                           order_id=order["order_id"], current_version=order["version"], expected_version=expected)
     version = order["version"] + 1
-    conn.execute("UPDATE orders SET address_json = ?, version = ?, updated_at = ? WHERE order_id = ?",
-                 (canonical_json(req.arguments["address"]), version, now, order["order_id"]))
+    conn.execute("UPDATE orders SET address_json = ?, version = ?, updated_at = ? WHERE world = ? AND order_id = ?",
+                 (canonical_json(req.arguments["address"]), version, now, req.run_id, order["order_id"]))
     return {"order_id": order["order_id"], "version": version, "address": req.arguments["address"]}
 
 
@@ -205,7 +216,7 @@ def refund(conn: sqlite3.Connection, req: ToolRequest, now: int) -> dict[str, An
     # A refund changes the order, so it bumps the version: an address update
     # planned before it is now stale.
     conn.execute("UPDATE orders SET refunded_cents = ?, status = ?, version = version + 1, updated_at = ?"
-                 " WHERE order_id = ?", (refunded, status, now, order["order_id"]))
+                 " WHERE world = ? AND order_id = ?", (refunded, status, now, req.run_id, order["order_id"]))
     return {"refund_id": f"RF-{refund_id:06d}", "order_id": order["order_id"], "amount": money(cents),
             "refunded_total": money(refunded), "remaining": money(order["amount_cents"] - refunded),
             "order_status": status}
@@ -216,11 +227,11 @@ def refund(conn: sqlite3.Connection, req: ToolRequest, now: int) -> dict[str, An
 
 def deploy(conn: sqlite3.Connection, req: ToolRequest, now: int) -> dict[str, Any]:
     service, version = req.arguments["service"], req.arguments["version"]
-    previous = conn.execute("SELECT version FROM deployments WHERE tenant = ? AND service = ?"
-                            " ORDER BY deploy_id DESC LIMIT 1", (req.tenant, service)).fetchone()
+    previous = conn.execute("SELECT version FROM deployments WHERE world = ? AND tenant = ? AND service = ?"
+                            " ORDER BY deploy_id DESC LIMIT 1", (req.run_id, req.tenant, service)).fetchone()
     deploy_id = conn.execute(
-        "INSERT INTO deployments (tenant, service, version, idempotency_key, deployed_at) VALUES (?, ?, ?, ?, ?)",
-        (req.tenant, service, version, req.idempotency_key, now)).lastrowid
+        "INSERT INTO deployments (world, tenant, service, version, idempotency_key, deployed_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)", (req.run_id, req.tenant, service, version, req.idempotency_key, now)).lastrowid
     return {"deploy_id": f"DEP-{deploy_id:06d}", "service": service, "version": version, "status": "deployed",
             "previous_version": previous["version"] if previous else None}
 
@@ -228,12 +239,12 @@ def deploy(conn: sqlite3.Connection, req: ToolRequest, now: int) -> dict[str, An
 _STATUSES = ("partially_refunded", "refunded", "paid")
 
 
-def report(conn: sqlite3.Connection, tenant: str, query: str) -> dict[str, Any]:
+def report(conn: sqlite3.Connection, world: str, tenant: str, query: str) -> dict[str, Any]:
     """The tenant's orders as CSV; a status named in the query filters them.
     Only the tenant's own rows can be in it: the query text never reaches SQL."""
     status = next((s for s in _STATUSES if s in query.lower()), None)
-    sql = "SELECT order_id, status, amount_cents, refunded_cents FROM orders WHERE tenant = ?"
-    params: list[Any] = [tenant]
+    sql = "SELECT order_id, status, amount_cents, refunded_cents FROM orders WHERE world = ? AND tenant = ?"
+    params: list[Any] = [world, tenant]
     if status:
         sql += " AND status = ?"
         params.append(status)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -21,7 +22,8 @@ def render_run(store: SQLRunStore, run_id: str) -> None:
 
     from loopledger.canonical import canonical_json
 
-    console = Console()
+    # Piped into a file or a test, rich would wrap at 80 columns.
+    console = Console(width=None if sys.stdout.isatty() else 200)
     run = store.get_run(run_id)
     console.print(f"[bold]{run.run_id}[/]  task {run.task_id}  tenant {run.tenant}  "
                   f"prompt {run.prompt_version}  model {run.model_route}")

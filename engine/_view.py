@@ -31,6 +31,9 @@ TERMINAL_OUTCOMES = frozenset(
         "cancelled",
         "background_accepted",
         "unknown_or_disabled_tool",
+        # Only as the final word of a person on a send nobody could confirm;
+        # while reconciling, an operation is ``in_flight`` with no outcome.
+        "unknown_outcome",
     }
 )
 

@@ -120,8 +120,10 @@ def test_only_refunds_ignore_the_idempotency_key() -> None:
 
 
 def test_seed_orders(backend: DemoBackend, home: Path) -> None:
-    rows = raw(home).execute("SELECT tenant, COUNT(*), MIN(order_id), MAX(order_id) FROM orders GROUP BY tenant"
-                             " ORDER BY tenant").fetchall()
+    # Each run gets its own copy of the seed on its first call.
+    call(backend, "orders.get_order", {"order_id": "ORD-1001"}, run="seed-run")
+    rows = raw(home).execute("SELECT tenant, COUNT(*), MIN(order_id), MAX(order_id) FROM orders"
+                             " WHERE world = 'seed-run' GROUP BY tenant ORDER BY tenant").fetchall()
     assert [tuple(r) for r in rows] == [("acme", 50, "ORD-1001", "ORD-1050"), ("globex", 10, "ORD-2001", "ORD-2010")]
     order = call(backend, "orders.get_order", {"order_id": "ORD-1042"})
     assert order.outcome == "success" and order.status == "succeeded"
@@ -130,9 +132,23 @@ def test_seed_orders(backend: DemoBackend, home: Path) -> None:
 
 
 def test_opening_twice_seeds_once(home: Path) -> None:
-    DemoBackend(home).close()
-    DemoBackend(home).close()
-    assert raw(home).execute("SELECT COUNT(*) FROM orders").fetchone()[0] == 60
+    for _ in range(2):
+        with DemoBackend(home) as backend:
+            assert call(backend, "orders.get_order", {"order_id": "ORD-1001"}, run="r").outcome == "success"
+    assert raw(home).execute("SELECT COUNT(*) FROM orders WHERE world = 'r'").fetchone()[0] == 60
+
+
+def test_every_run_acts_in_its_own_world(backend: DemoBackend, home: Path) -> None:
+    refund = {"order_id": "ORD-1040", "amount": 25.0}
+    assert call(backend, "payments.refund", refund, run="first").outcome == "success"
+    # Another run finds the order as seeded, not as the first run left it.
+    assert call(backend, "payments.refund", refund, run="second").outcome == "success"
+    again = call(backend, "payments.refund", refund, run="first")
+    assert again.error_code == "AMOUNT_EXCEEDS_REMAINING"
+    write = {"path": "src/mine.txt", "content": "first"}
+    assert call(backend, "workspace.write_file", write, run="first").outcome == "success"
+    read = call(backend, "workspace.read_file", {"path": "src/mine.txt"}, run="second")
+    assert read.error_code == "NOT_FOUND"
     pragmas = raw(home)
     assert pragmas.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
@@ -146,7 +162,7 @@ def test_workspace_is_seeded_per_tenant(backend: DemoBackend, home: Path) -> Non
     globex = call(backend, "workspace.read_file", {"path": "payments/config.json"}, tenant="globex")
     assert json.loads(acme.result["content"])["tenant"] == "acme"
     assert json.loads(globex.result["content"])["tenant"] == "globex"
-    assert (home / "workspaces" / "acme" / "src" / "orders.py").is_file()
+    assert (home / "workspaces" / "run-1" / "acme" / "src" / "orders.py").is_file()
 
 
 SUCCESS_CASES = [
@@ -176,7 +192,7 @@ def test_success_path_and_evidence(backend: DemoBackend, tool: str, arguments: d
 def test_write_then_read_back(backend: DemoBackend, home: Path) -> None:
     written = call(backend, "workspace.write_file", {"path": "docs/new/guide.md", "content": "# Guide\n"})
     assert written.result["created"] is True
-    assert (home / "workspaces" / "acme" / "docs" / "new" / "guide.md").read_text() == "# Guide\n"
+    assert (home / "workspaces" / "run-1" / "acme" / "docs" / "new" / "guide.md").read_text() == "# Guide\n"
     read = call(backend, "workspace.read_file", {"path": "docs/new/guide.md"})
     assert read.result["content"] == "# Guide\n" and read.result["sha256"] == written.result["sha256"]
 
@@ -398,7 +414,7 @@ def test_crash_after_dispatch_kills_the_process_after_the_execution_is_recorded(
     DemoBackend(home).close()  # seeded before the child, so the child only executes
     done = _crash(home, "workspace.write_file", {"path": "src/crash.txt", "content": "written before death"}, "ck")
     assert done.returncode == -signal.SIGKILL, done.stderr
-    assert (home / "workspaces" / "acme" / "src" / "crash.txt").read_text() == "written before death"
+    assert (home / "workspaces" / "run-1" / "acme" / "src" / "crash.txt").read_text() == "written before death"
     with DemoBackend(home) as backend:
         assert backend.execution_count("ck") == 1
         found = backend.lookup("ck")
@@ -447,7 +463,7 @@ def test_honoured_key_executes_once_and_replays_the_result(backend: DemoBackend,
     assert (backend.execution_count("w1"), backend.delivery_count("w1")) == (1, 2)
     conflict = call(backend, "workspace.write_file", {"path": "src/once.txt", "content": "v2"}, key="w1")
     assert (conflict.outcome, conflict.error_code) == ("failed", "IDEMPOTENCY_CONFLICT")
-    assert (home / "workspaces" / "acme" / "src" / "once.txt").read_text() == "v1"
+    assert (home / "workspaces" / "run-1" / "acme" / "src" / "once.txt").read_text() == "v1"
 
 
 def test_refund_ignores_the_key_and_the_table_shows_it(backend: DemoBackend, home: Path) -> None:

@@ -40,9 +40,9 @@ class Sandbox:
         self.backend = DemoBackend(self.home)
         for tenant in ("acme", "globex"):
             assert self.run("workspace.list", ".", tenant=tenant).outcome == "success"
-        globex_root = self.home / "workspaces" / "globex"
+        globex_root = self.home / "workspaces" / "run-1" / "globex"
         (globex_root / "src" / f"{GLOBEX_MARKER}.py").write_text(f"{GLOBEX_MARKER.upper()} = True\n")
-        self.root = self.home / "workspaces" / "acme"
+        self.root = self.home / "workspaces" / "run-1" / "acme"
         self.root_real = os.path.realpath(self.root)
         links = {
             "src/out": str(self.outside),  # a folder outside, absolute
@@ -55,7 +55,7 @@ class Sandbox:
         }
         for name, target in links.items():
             os.symlink(target, self.root / name)
-        self.globex_config = (self.home / "workspaces" / "globex" / "payments" / "config.json").read_text()
+        self.globex_config = (self.home / "workspaces" / "run-1" / "globex" / "payments" / "config.json").read_text()
 
     def run(self, tool: str, path: Any, *, tenant: str = "acme", forbidden: tuple[str, ...] = FORBIDDEN,
             content: str | None = None) -> ToolOutcome:
@@ -134,8 +134,8 @@ def test_writes_cannot_escape(box: Sandbox, path: str) -> None:
     assert denied(outcome), outcome
     assert sorted(os.listdir(box.outside)) == ["secret.txt"]
     assert (box.outside / "secret.txt").read_text() == SECRET
-    assert sorted(os.listdir(box.home / "workspaces")) == ["acme", "globex"]
-    assert (box.home / "workspaces" / "globex" / "payments" / "config.json").read_text() == box.globex_config
+    assert sorted(os.listdir(box.home / "workspaces" / "run-1")) == ["acme", "globex"]
+    assert (box.home / "workspaces" / "run-1" / "globex" / "payments" / "config.json").read_text() == box.globex_config
 
 
 def test_a_symlink_loop_is_not_replaced_by_a_write(box: Sandbox) -> None:
@@ -303,7 +303,7 @@ def test_generated_writes_stay_inside(box: Sandbox) -> None:
         outcome = box.run("workspace.write_file", path, content="probe")
         check_contained(box, path, outcome, FORBIDDEN)
         assert sorted(os.listdir(box.outside)) == ["secret.txt"]
-        assert sorted(os.listdir(box.home / "workspaces")) == ["acme", "globex"]
+        assert sorted(os.listdir(box.home / "workspaces" / "run-1")) == ["acme", "globex"]
         assert json.loads((box.root / "payments" / "config.json").read_text())["tenant"] == "acme"
 
     check()

@@ -1,0 +1,99 @@
+"""The CONTRACT's hard rules, checked on every run of a data directory.
+
+Used by the scenario, wait and crash tests: whatever happened to a run, its
+journal and its Parquet traces must satisfy these.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pyarrow.dataset as ds
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "CANCEL_UNKNOWN", "BUDGET_EXHAUSTED", "POLICY_STOPPED", "EXPIRED"}
+RESULT_OUTCOMES = {
+    "success", "failed", "validation_failed", "permission_denied", "approval_required", "timeout", "cancelled",
+    "background_accepted", "unknown_outcome", "unknown_or_disabled_tool",
+}
+
+
+def journal_violations(home: Path) -> list[str]:
+    """Every breach of the hard rules in the journal, as readable lines."""
+    conn = sqlite3.connect(home / "journal.sqlite")
+    found: list[str] = []
+    runs = {row[0]: row[1:] for row in conn.execute("SELECT run_id, state, last_seq FROM runs")}
+    events: dict[str, list[tuple]] = defaultdict(list)
+    for row in conn.execute(
+        "SELECT run_id, seq, kind, from_state, to_state, payload_json FROM events ORDER BY run_id, seq"
+    ):
+        events[row[0]].append(row[1:])
+    for run_id, (state, last_seq) in runs.items():
+        seqs = [e[0] for e in events[run_id]]
+        if seqs != list(range(1, len(seqs) + 1)) or seqs[-1] != last_seq:
+            found.append(f"{run_id}: seq not contiguous from 1 to last_seq ({seqs[:5]}..., last_seq {last_seq})")
+        terminal_moves = [e for e in events[run_id] if e[1] == "transition" and e[3] in TERMINAL]
+        if state in TERMINAL:
+            if len(terminal_moves) != 1:
+                found.append(f"{run_id}: {len(terminal_moves)} terminal transitions")
+            elif terminal_moves[0][2] != "FINALIZING" or terminal_moves[0][3] != state:
+                found.append(f"{run_id}: terminal {state} entered from {terminal_moves[0][2]}")
+            after = [e for e in events[run_id] if e[0] > terminal_moves[0][0] and e[1] != "late_event"] if terminal_moves else []
+            if after:
+                found.append(f"{run_id}: events after the terminal one that are not late_event: {after[:2]}")
+        elif terminal_moves:
+            found.append(f"{run_id}: is {state} but has a terminal transition")
+        # Retries reuse the context: every attempt of a step has the step's context.
+        contexts = defaultdict(set)
+        for step, context in conn.execute(
+            "SELECT step, context_artifact_id FROM candidates WHERE run_id = ?", (run_id,)
+        ):
+            contexts[step].add(context)
+        for step, ids in contexts.items():
+            if len(ids) != 1:
+                found.append(f"{run_id}: step {step} attempts used {len(ids)} context artifacts")
+        # One terminal result per tool request.
+        results = Counter(json.loads(e[4])["operation_id"] for e in events[run_id] if e[1] == "operation_result")
+        for op_id, outcome in conn.execute("SELECT operation_id, outcome FROM operations WHERE run_id = ?", (run_id,)):
+            if results[op_id] > 1:
+                found.append(f"{run_id}: operation {op_id} has {results[op_id]} terminal results")
+            if outcome is not None and outcome not in RESULT_OUTCOMES:
+                found.append(f"{run_id}: operation {op_id} outcome {outcome!r} is not in the taxonomy")
+            if state in TERMINAL and results[op_id] != 1 and not _ended_in_flight(events[run_id], op_id, state):
+                found.append(f"{run_id}: ended {state} but operation {op_id} has {results[op_id]} results")
+    return found
+
+
+def _ended_in_flight(events: list[tuple], op_id: str, state: str) -> bool:
+    """A run may end with a send whose outcome nobody could confirm only as CANCEL_UNKNOWN."""
+    return state == "CANCEL_UNKNOWN"
+
+
+def side_effect_violations(home: Path) -> list[str]:
+    conn = sqlite3.connect(home / "demo_backend.sqlite")
+    twice = conn.execute(
+        "SELECT idempotency_key, tool, COUNT(*) FROM executions GROUP BY idempotency_key HAVING COUNT(*) > 1"
+    ).fetchall()
+    return [f"side effect {tool} executed {n} times for key {key}" for key, tool, n in twice]
+
+
+def parquet_violations(home: Path) -> list[str]:
+    """The exported traces hold exactly the journal's events, runs and candidates."""
+    conn = sqlite3.connect(home / "journal.sqlite")
+    found = []
+    for table, key in (("events", ("run_id", "seq")), ("candidates", ("run_id", "step", "attempt")),
+                       ("runs", ("run_id",))):
+        journal = set(conn.execute(f"SELECT {', '.join(key)} FROM {table}").fetchall())
+        data = ds.dataset(home / "traces" / table, format="parquet").to_table(columns=list(key)).to_pylist()
+        parquet = [tuple(row[k] for k in key) for row in data]
+        if len(parquet) != len(set(parquet)):
+            found.append(f"{table}: duplicate rows in Parquet")
+        if set(parquet) != journal:
+            found.append(f"{table}: Parquet has {len(set(parquet))} keys, journal {len(journal)}")
+    return found
+
+
+def all_violations(home: Path) -> list[str]:
+    return journal_violations(home) + side_effect_violations(home) + parquet_violations(home)

@@ -1,0 +1,110 @@
+"""Every bundled scenario, run for real through the command line with
+``--check``; then the CONTRACT's hard rules on every recorded run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from invariants import all_violations
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT / "datasets" / "scenarios"
+
+
+def loopledger(*args: str, home: Path, check: bool = False) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-c", "from loopledger._cli import main; main()", *args, "--home", str(home)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=check)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    home = tmp_path_factory.mktemp("bundled")
+    lines: list[dict] = []
+    for version in ("v1", "v2"):
+        proc = loopledger("run", str(SCENARIOS), "--check", "--json", "--prompt-version", version,
+                          "--concurrency", "8", home=home)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        lines += [json.loads(line) for line in proc.stdout.splitlines()]
+    return home, lines
+
+
+def test_every_bundled_scenario_ends_as_it_expects_under_both_prompt_versions(recorded) -> None:
+    home, lines = recorded
+    scenario_count = len(list(SCENARIOS.glob("*.yaml")))
+    assert len(lines) == 2 * scenario_count
+    assert [line for line in lines if line["check"] != "ok"] == []
+
+
+def test_hard_rules_hold_on_every_recorded_run(recorded) -> None:
+    home, _ = recorded
+    assert all_violations(home) == []
+
+
+def test_json_lines_carry_the_contract_fields(recorded) -> None:
+    _, lines = recorded
+    for line in lines:
+        assert {"run_id", "task_id", "status", "reason"} <= line.keys()
+    waiting = [line for line in lines if line["status"] == "WAITING_USER"]
+    assert waiting, "the bundled scenarios include runs left waiting for a person"
+    for line in waiting:
+        w = line["waiting"]
+        assert w["kind"] in ("user", "approval") and w["expires_at"] and w["resume_token"]
+        assert (w["approval_id"] is not None) == (w["kind"] == "approval")
+
+
+def test_the_journal_keeps_no_resume_token(recorded) -> None:
+    home, lines = recorded
+    raw = (home / "journal.sqlite").read_bytes()
+    for line in lines:
+        if line.get("waiting"):
+            assert line["waiting"]["resume_token"].encode() not in raw
+
+
+def test_show_prints_a_timeline_and_unknown_runs_exit_1(recorded) -> None:
+    home, lines = recorded
+    run_id = next(line["run_id"] for line in lines if line["task_id"] == "fault-timeout-after-commit")
+    proc = loopledger("show", run_id, home=home)
+    assert proc.returncode == 0, proc.stderr
+    for expected in ("RECONCILING", "operation_result", "payments.refund", "SUCCEEDED"):
+        assert expected in proc.stdout
+    missing = loopledger("show", "no-such-run", home=home)
+    assert missing.returncode == 1 and "no-such-run" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_a_timeout_after_commit_is_reconciled_not_resent(recorded) -> None:
+    home, lines = recorded
+    import sqlite3
+
+    run_ids = [line["run_id"] for line in lines if line["task_id"] == "fault-timeout-after-commit"]
+    journal = sqlite3.connect(home / "journal.sqlite")
+    for run_id in run_ids:
+        states = [row[0] for row in journal.execute(
+            "SELECT to_state FROM events WHERE run_id = ? AND kind = 'transition' ORDER BY seq", (run_id,))]
+        assert "RECONCILING" in states
+        (dispatches,) = journal.execute(
+            "SELECT dispatch_count FROM operations WHERE run_id = ? AND tool = 'payments.refund'", (run_id,)
+        ).fetchone()
+        assert dispatches == 1
+
+
+def test_retries_reuse_the_context_and_never_merge_attempts(recorded) -> None:
+    home, lines = recorded
+    import sqlite3
+
+    journal = sqlite3.connect(home / "journal.sqlite")
+    run_id = next(line["run_id"] for line in lines if line["task_id"] == "model-truncated-then-ok")
+    rows = journal.execute(
+        "SELECT step, attempt, finish_reason, context_artifact_id, items_json FROM candidates"
+        " WHERE run_id = ? ORDER BY step, attempt", (run_id,)).fetchall()
+    first, second = rows[0], rows[1]
+    assert (first[0], first[1], first[2]) == (1, 1, "incomplete")
+    assert (second[0], second[1], second[2]) == (1, 2, "tool_calls")
+    assert first[3] == second[3], "a retry uses the same context artifact"
+    assert "raw_arguments" in first[4] and "raw_arguments" not in second[4]
+    (ops,) = journal.execute("SELECT COUNT(*) FROM operations WHERE run_id = ? AND step = 1", (run_id,)).fetchone()
+    assert ops == 1, "the half-received call never became an operation"
