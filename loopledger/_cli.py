@@ -382,6 +382,63 @@ def demo(
     console.print("Inspect one run:  [bold]loopledger show RUN_ID --home " + str(where.root) + "[/]")
 
 
+@app.command("replay")
+@guarded
+def replay_cmd(
+    suite: Annotated[str, typer.Option("--suite", help="Bundled suite name, a suite .yaml file, or pkg.module:attr.")],
+    baseline: Annotated[str, typer.Option("--baseline", help="'recorded' or an earlier REPLAY_ID.")] = "recorded",
+    traces: Annotated[Path | None, typer.Option("--traces", help="Trace directory (default: HOME/traces).")] = None,
+    fail_on: Annotated[str, typer.Option("--fail-on", help="flips | regressions | never.")] = "regressions",
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write a JUnit XML report here.")] = None,
+    markdown: Annotated[Path | None, typer.Option("--markdown", help="Write a Markdown report here.")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, help="Processes (default: auto).")] = None,
+    home: HomeOption = None,
+) -> None:
+    """Re-run a suite's validators, loop detectors and completion gate over
+    every recorded candidate, without any model call; compare with the
+    baseline. Exit 0 pass, 1 failures under --fail-on, 2 bad input."""
+    from loopledger.replay import ReplayInputError
+    from loopledger.replay._commands import replay_command
+
+    try:
+        code = replay_command(home=_home(home), suite=suite, baseline=baseline, traces=traces, fail_on=fail_on,
+                              junit=junit, markdown=markdown, workers=workers)
+    except ReplayInputError as exc:
+        _err(f"bad input: {exc}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    raise typer.Exit(code)
+
+
+@app.command()
+@guarded
+def label(
+    run_id: Annotated[str, typer.Argument(help="The run.")],
+    step: Annotated[int, typer.Option("--step", min=1, help="Step of the candidate.")],
+    expect: Annotated[str, typer.Option("--expect", help="The verdict it should have had: accept | repair | ask | reject.")],
+    attempt: Annotated[int, typer.Option("--attempt", min=1, help="Attempt of the candidate.")] = 1,
+    validator: Annotated[str, typer.Option("--validator", help="Validator; empty: the candidate as a whole.")] = "",
+    note: Annotated[str, typer.Option("--note", help="Why.")] = "",
+    source: Annotated[str, typer.Option("--source", help="human | import | scenario.")] = "human",
+    home: HomeOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Add a label (what a decision should have been) and export it to the
+    traces; replays then call diffs that agree or disagree with it fixes or
+    regressions."""
+    from loopledger.replay import ReplayInputError
+    from loopledger.replay._commands import label_command
+
+    try:
+        added = label_command(home=_home(home, store), run_id=run_id, step=step, attempt=attempt,
+                              validator=validator, expect=expect, note=note, source=source)
+    except ReplayInputError as exc:
+        _err(f"bad input: {exc}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    who = added["validator"] or "the candidate as a whole"
+    typer.echo(f"label {added['label_id']}: {run_id} step {step} attempt {attempt} ({who}) "
+               f"should be {expect} [{source}]")
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,81 @@
+"""What the ``replay`` and ``label`` commands do, apart from argument
+parsing (which stays in ``loopledger._cli``, so ``--help`` imports nothing
+heavy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ._errors import ReplayInputError
+from ._labels import SOURCES, VERDICTS
+from ._result import FAIL_ON
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _writable(path: Path | None, option: str) -> None:
+    if path is not None and not path.parent.is_dir():
+        raise ReplayInputError(option, f"cannot write {path}: no folder {path.parent}")
+
+
+def replay_command(*, home: Any, suite: str, baseline: str, traces: Path | None, fail_on: str,
+                   junit: Path | None, markdown: Path | None, workers: int | None) -> int:
+    """Run a replay, print and write its reports; return the exit code."""
+    from ._harness import replay
+    from ._report import print_summary, write_reports
+
+    if fail_on not in FAIL_ON:
+        raise ReplayInputError("--fail-on", f"expected one of {', '.join(FAIL_ON)}, got {fail_on!r}")
+    _writable(junit, "--junit")
+    _writable(markdown, "--markdown")
+    result = replay(traces or home.traces, suite, baseline=baseline, write_to=home.replays, workers=workers)
+    print_summary(result, fail_on)
+    write_reports(result, fail_on, markdown, junit)
+    if result.errors:
+        first = result.errors[0]
+        raise ReplayInputError(f"traces: run {first.run_id}",
+                               f"{first.error} ({len(result.errors)} run(s) could not be replayed)")
+    return EXIT_OK if result.ok(fail_on) else EXIT_FAILED
+
+
+def label_command(*, home: Any, run_id: str, step: int, attempt: int, validator: str, expect: str, note: str,
+                  source: str) -> dict[str, Any]:
+    """Record a label in the journal and export it to ``traces/labels``."""
+    from loopledger.engine import Recorder, UnknownRun
+
+    if expect not in VERDICTS:
+        raise ReplayInputError("--expect", f"expected one of {', '.join(VERDICTS)}, got {expect!r}")
+    if source not in SOURCES:
+        raise ReplayInputError("--source", f"expected one of {', '.join(SOURCES)}, got {source!r}")
+    if not home.journal_path.exists() and home.store_url is None:
+        raise ReplayInputError(str(home.root), "no journal here (run `loopledger run` first)")
+    store = home.open_store()
+    try:
+        try:
+            store.get_run(run_id)
+        except UnknownRun:
+            raise ReplayInputError("RUN_ID", f"unknown run {run_id!r}") from None
+        candidates = {(int(c["step"]), int(c["attempt"])): c["candidate_id"]
+                      for c in store.facts("candidates", run_id)}
+        candidate_id = candidates.get((step, attempt))
+        if candidate_id is None:
+            known = ", ".join(f"{s}/{a}" for s, a in sorted(candidates)) or "none"
+            raise ReplayInputError("--step/--attempt",
+                                   f"run {run_id} has no candidate at step {step} attempt {attempt}; "
+                                   f"step/attempt with candidates: {known}")
+        if validator:
+            recorded = {v["validator"] for v in store.facts("validations", run_id)
+                        if v["candidate_id"] == candidate_id}
+            from loopledger.validators import registered
+
+            if validator not in recorded and validator not in registered():
+                raise ReplayInputError("--validator", f"unknown validator {validator!r}; recorded for this "
+                                       f"candidate: {', '.join(sorted(recorded)) or 'none'}")
+        label = {"run_id": run_id, "step": step, "attempt": attempt, "candidate_id": candidate_id,
+                 "validator": validator, "expected_verdict": expect, "source": source, "note": note}
+        label["label_id"] = store.add_label(label)
+        Recorder(store, home.traces).export()
+    finally:
+        store.close()
+    return label

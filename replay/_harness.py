@@ -1,0 +1,203 @@
+"""The replay harness: ``replay(traces, suite)`` and ``replay_many(traces, suites)``.
+
+1. Check the trace set (and the baseline) before any work: bad input is
+   one :class:`ReplayInputError`, never a half-written replay.
+2. Cut it into partitions by run with one streaming DuckDB pass
+   (``_traces.write_partitions``), sized so a partition fits in a worker.
+3. Replay the partitions on worker processes (``spawn``: a fresh
+   interpreter, no threads inherited from DuckDB or polars), each writing
+   its own part files of ``decisions``, ``diffs`` and ``loop_diagnoses``.
+4. Assemble the per-run results, write the ``summary`` row, and publish
+   ``replays/<id>.partial`` as ``replays/<id>`` by one rename, so a replay
+   that died half-way is never found as a baseline.
+
+Nothing here imports a model adapter or opens a connection: a replay is a
+pure function of the traces and the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from ._errors import BaselineNotFound, SuiteNotFound
+from ._result import ReplayResult, RunReplay, Summary
+from ._traces import BASELINE_COLUMNS, TraceSet, open_traces, table_files, write_partitions
+from ._worker import Job, SuiteRef, run_job
+
+#: Candidates per partition: a partition's rows (bodies included) are held
+#: in one worker's memory, so this bounds a worker's footprint.
+PART_CANDIDATES = 20_000
+#: Below this many candidates the replay runs in the caller's process:
+#: starting worker interpreters would cost more than it saves.
+IN_PROCESS_BELOW = 5_000
+
+SuiteLike = Any  # a bundled name, a YAML path, "pkg.mod:attr", or a validators.Suite
+
+
+def new_replay_id() -> str:
+    return time.strftime("r%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
+
+
+def _load(suite: SuiteLike) -> tuple[Any, SuiteRef]:
+    from loopledger.validators import Suite, SuiteError, get_factory, load_suite
+
+    if isinstance(suite, Suite):
+        modules = tuple(sorted({get_factory(m.name, m.version).fn.__module__ for m in suite.members}))
+        return suite, SuiteRef(None, suite.to_dict(), modules)
+    try:
+        loaded = load_suite(suite)
+    except SuiteError as exc:
+        raise SuiteNotFound(exc.where, exc.reason) from None
+    return loaded, SuiteRef(str(suite))
+
+
+def _baseline_files(traces: TraceSet, baseline: str, replays: Path) -> list[Path]:
+    if baseline == "recorded":
+        return list(traces.tables["validations"].files)
+    folder = replays / baseline
+    if not (folder / "summary").is_dir():
+        known = sorted(p.name for p in replays.iterdir() if (p / "summary").is_dir()) if replays.is_dir() else []
+        hint = f"; known: {', '.join(known[-5:])}" if known else ""
+        raise BaselineNotFound("--baseline", f"no finished replay {baseline!r} under {replays}{hint}")
+    return list(table_files(folder / "decisions", "decisions", BASELINE_COLUMNS).files)
+
+
+def replay(traces: str | os.PathLike[str], suite: SuiteLike, *, baseline: str = "recorded",
+           write_to: str | os.PathLike[str] | None = None, workers: int | None = None,
+           replay_id: str | None = None) -> ReplayResult:
+    """Re-run ``suite`` over every validated candidate in ``traces`` (a
+    ``<home>/traces`` folder) and compare with ``baseline``: ``"recorded"``
+    (the decisions the engine made) or the id of an earlier replay under
+    ``write_to`` (default: the ``replays`` folder beside ``traces``).
+
+    ``write_to``: the replays folder to write ``<replay_id>/<table>/`` into;
+    None writes nothing. ``workers``: processes (default: one per core for
+    large trace sets, the caller's own process for small ones)."""
+    (result,) = replay_many(traces, [suite], baseline=baseline, write_to=write_to, workers=workers,
+                            replay_ids=[replay_id] if replay_id else None).values()
+    return result
+
+
+def replay_many(traces: str | os.PathLike[str], suites: Sequence[SuiteLike], *, baseline: str = "recorded",
+                write_to: str | os.PathLike[str] | None = None, workers: int | None = None,
+                replay_ids: Sequence[str] | None = None) -> dict[str, ReplayResult]:
+    """Replay several suites over the same traces in one pass (each run is
+    read and rebuilt once, then judged by every suite). Results keyed by
+    suite name (``name@version`` when two suites share a name)."""
+    started = time.perf_counter()
+    if not suites:
+        raise SuiteNotFound("suites", "expected at least one suite")
+    loaded = [_load(s) for s in suites]
+    trace_set = open_traces(traces, need_validations=baseline == "recorded")
+    replays = Path(write_to) if write_to is not None else Path(traces).parent / "replays"
+    baseline_files = _baseline_files(trace_set, baseline, replays)
+    ids = list(replay_ids) if replay_ids else [new_replay_id() for _ in loaded]
+    outputs: list[Path | None] = [replays / f"{rid}.partial" if write_to is not None else None for rid in ids]
+    n = trace_set.candidates
+    cores = os.cpu_count() or 1
+    procs = workers if workers is not None else (1 if n < IN_PROCESS_BELOW else cores)
+    parts = max(procs, math.ceil(n / PART_CANDIDATES), 1)
+    if write_to is not None:
+        replays.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".replay-work-", dir=replays if write_to is not None else None))
+    try:
+        write_partitions(trace_set, baseline_files, work, parts, threads=cores)
+        jobs = [Job(work, k, tuple(ref for _, ref in loaded), tuple(ids), tuple(outputs), True)
+                for k in range(parts)]
+        per_suite: list[list[RunReplay]] = [[] for _ in loaded]
+        for partial in _run(jobs, procs):
+            for i, runs in enumerate(partial):
+                per_suite[i].extend(runs)
+    except BaseException:
+        for out in outputs:
+            if out is not None:
+                shutil.rmtree(out, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    seconds = time.perf_counter() - started
+    results: dict[str, ReplayResult] = {}
+    for (suite, _), rid, out, runs in zip(loaded, ids, outputs, per_suite):
+        runs.sort(key=lambda r: r.run_id)
+        summary = _summary(rid, suite, baseline, runs, seconds)
+        path = None
+        if out is not None:
+            path = _publish(out, summary, suite, trace_set.root)
+        key = suite.name if suite.name not in results else f"{suite.name}@{suite.version}"
+        results[key] = ReplayResult(summary, MappingProxyType({r.run_id: r for r in runs}), path)
+    return results
+
+
+def _run(jobs: Sequence[Job], procs: int) -> Iterable[list[list[RunReplay]]]:
+    if procs <= 1:
+        for job in jobs:
+            yield run_job(job)
+        return
+    import multiprocessing
+
+    # spawn, not fork: the parent may hold DuckDB's and polars' thread pools,
+    # which a forked child would inherit half-locked.
+    with ProcessPoolExecutor(max_workers=procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield from pool.map(run_job, jobs)
+
+
+def _summary(replay_id: str, suite: Any, baseline: str, runs: Sequence[RunReplay], seconds: float) -> Summary:
+    diffs = [d for r in runs for d in r.diffs]
+    flips = [d for d in diffs if not d.candidate_level]
+    return Summary(
+        replay_id=replay_id,
+        suite_name=suite.name,
+        suite_version=suite.version,
+        baseline=baseline,
+        runs=len(runs),
+        candidates=sum(r.candidates for r in runs),
+        decisions=sum(r.decisions for r in runs),
+        flips=len(flips),
+        candidate_flips=sum(1 for d in diffs if d.candidate_level),
+        regressions=sum(1 for d in diffs if d.kind == "regression"),
+        fixes=sum(1 for d in diffs if d.kind == "fix"),
+        changes=sum(1 for d in diffs if d.kind == "change"),
+        flips_across_versions=sum(1 for d in flips if d.across_versions),
+        runs_diverged=sum(1 for r in runs if r.diverged),
+        runs_failed=sum(1 for r in runs if r.run_failed),
+        run_errors=sum(1 for r in runs if r.error is not None),
+        diagnoses=sum(len(r.diagnoses) for r in runs),
+        labels=sum(r.labels for r in runs),
+        labels_agreeing=sum(r.labels_agreeing for r in runs),
+        seconds=round(seconds, 3),
+    )
+
+
+def _publish(out: Path, summary: Summary, suite: Any, traces: Path) -> Path:
+    import dataclasses
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = dataclasses.asdict(summary)
+    (out / "summary").mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([row]), out / "summary" / "summary.parquet", compression="zstd")
+    meta = {"replay_id": summary.replay_id, "suite": suite.to_dict(), "suite_version": suite.version,
+            "baseline": summary.baseline, "traces": str(traces)}
+    (out / "replay.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    final = out.with_name(out.name.removesuffix(".partial"))
+    os.replace(out, final)
+    return final
+
+
+def read_summary(path: str | os.PathLike[str]) -> Mapping[str, Any]:
+    """The summary row of a written replay (``replays/<id>``)."""
+    import pyarrow.parquet as pq
+
+    return pq.read_table(Path(path) / "summary").to_pylist()[0]

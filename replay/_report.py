@@ -1,0 +1,199 @@
+"""Reports of a replay: the terminal summary (rich), Markdown and JUnit XML.
+
+All three say the same things: the counts; the flips grouped by validator
+and by what changed; the runs that diverged and where, with the reminder
+that past a divergence point the recorded path is not what the new suite
+would have produced; and, apart, the flips that compare two versions of one
+validator (a version change, not a trend in the data).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+from ._result import Diff, ReplayResult, RunReplay
+
+#: Rows of the longer lists shown in the terminal and Markdown reports.
+SHOWN = 15
+
+DIVERGENCE_NOTE = ("Past a run's divergence point the recorded path is no longer what the replayed suite would "
+                   "have produced; later decisions are judged on the recorded path, not on a counterfactual one.")
+
+
+def _counts(result: ReplayResult) -> list[tuple[str, str]]:
+    s = result.summary
+    rate = f"{s.candidates / s.seconds:,.0f}" if s.seconds else "-"
+    return [
+        ("runs", f"{s.runs:,}"),
+        ("candidates re-run", f"{s.candidates:,}"),
+        ("decisions", f"{s.decisions:,}"),
+        ("flips (validator decisions)", f"{s.flips:,}"),
+        ("candidates whose verdict flipped", f"{s.candidate_flips:,}"),
+        ("regressions", f"{s.regressions:,}"),
+        ("fixes", f"{s.fixes:,}"),
+        ("changes (no label speaks)", f"{s.changes:,}"),
+        ("flips across validator versions", f"{s.flips_across_versions:,}"),
+        ("runs diverged", f"{s.runs_diverged:,}"),
+        ("recorded runs that did not succeed (data)", f"{s.runs_failed:,}"),
+        ("runs whose trace could not be replayed", f"{s.run_errors:,}"),
+        ("labelled decisions the replay agrees with", f"{s.labels_agreeing:,} of {s.labels:,}"),
+        ("loop diagnoses (batch detectors)", f"{s.diagnoses:,}"),
+        ("seconds", f"{s.seconds:.2f} ({rate} candidates/s)"),
+    ]
+
+
+def flip_groups(diffs: Sequence[Diff]) -> list[tuple[tuple[str, str, str, str, str], Counter[str]]]:
+    """Validator flips grouped by (validator, baseline verdict/code, replay
+    verdict/code), most frequent first, each with its kinds counted."""
+    groups: dict[tuple[str, str, str, str, str], Counter[str]] = {}
+    for d in diffs:
+        if d.candidate_level:
+            continue
+        versions = (f"{d.baseline_validator_version}→{d.replay_validator_version}" if d.across_versions else "")
+        key = (d.validator, f"{d.baseline_verdict}/{d.baseline_code}", f"{d.replay_verdict}/{d.replay_code}",
+               versions, "")
+        groups.setdefault(key, Counter())[d.kind] += 1
+    return sorted(groups.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+
+
+def _kinds(c: Counter[str]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in sorted(c.items()))
+
+
+def _title(result: ReplayResult) -> str:
+    s = result.summary
+    return f"Replay {s.replay_id}: suite {s.suite_name} ({s.suite_version}) against baseline {s.baseline}"
+
+
+def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=_title(result), show_header=False)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for name, value in _counts(result):
+        table.add_row(name, value)
+    console.print(table)
+    groups = flip_groups(result.diffs)
+    if groups:
+        flips = Table(title="Flips by validator")
+        for name in ("validator", "baseline", "replay", "kinds", "count"):
+            flips.add_column(name, justify="right" if name == "count" else "left")
+        for (validator, old, new, versions, _), kinds in groups[:SHOWN]:
+            flips.add_row(validator + (f" [yellow](versions {versions})[/]" if versions else ""), old, new,
+                          _kinds(kinds), str(sum(kinds.values())))
+        console.print(flips)
+    diverged = result.diverged
+    if diverged:
+        runs = Table(title=f"Runs diverged ({len(diverged)})")
+        for name in ("run", "recorded outcome", "divergence point", "validators", "regressions"):
+            runs.add_column(name)
+        for r in diverged[:SHOWN]:
+            d = r.divergence
+            assert d is not None
+            runs.add_row(r.run_id, f"{r.status} {r.reason or ''}".strip(), f"step {d.step} attempt {d.attempt}",
+                         ", ".join(d.validators), str(len(r.regressions)))
+        console.print(runs)
+        if len(diverged) > SHOWN:
+            console.print(f"... and {len(diverged) - SHOWN} more (replays/{result.replay_id}/diffs).")
+        console.print(DIVERGENCE_NOTE)
+    if result.summary.flips_across_versions:
+        console.print(f"[yellow]{result.summary.flips_across_versions} flip(s) compare different versions of a "
+                      "validator: they say what the new version decides, and are kept out of trend figures.[/]")
+    for r in result.errors[:SHOWN]:
+        console.print(f"[red]not replayed:[/] {r.run_id}: {r.error}")
+    failures = result.failures(fail_on)
+    verdict = "[green]pass[/]" if not failures else f"[red]fail[/] ({len(failures)} under --fail-on {fail_on})"
+    console.print(f"Gate: {verdict}")
+    if result.path is not None:
+        console.print(f"Tables: {result.path}")
+
+
+def markdown(result: ReplayResult, fail_on: str) -> str:
+    lines = [f"# {_title(result)}", ""]
+    failures = result.failures(fail_on)
+    lines += [f"**Gate (`--fail-on {fail_on}`): {'pass' if not failures else f'fail, {len(failures)} failure(s)'}**",
+              "", "| | |", "|---|---:|"]
+    lines += [f"| {name} | {value} |" for name, value in _counts(result)]
+    groups = flip_groups(result.diffs)
+    if groups:
+        lines += ["", "## Flips by validator", "", "| validator | baseline | replay | kinds | count |",
+                  "|---|---|---|---|---:|"]
+        for (validator, old, new, versions, _), kinds in groups:
+            tag = f" (versions {versions})" if versions else ""
+            lines.append(f"| `{validator}`{tag} | {old} | {new} | {_kinds(kinds)} | {sum(kinds.values())} |")
+    regressions = [d for d in result.diffs if d.kind == "regression"]
+    if regressions:
+        lines += ["", "## Regressions", "", "| run | step | attempt | validator | label | baseline | replay |",
+                  "|---|---:|---:|---|---|---|---|"]
+        for d in regressions[:100]:
+            lines.append(f"| `{d.run_id}` | {d.step} | {d.attempt} | `{d.validator or '(candidate)'}` | "
+                         f"{d.expected_verdict} ({d.label_source}) | {d.baseline_verdict}/{d.baseline_code} | "
+                         f"{d.replay_verdict}/{d.replay_code} |")
+    diverged = result.diverged
+    if diverged:
+        lines += ["", f"## Runs diverged ({len(diverged)})", "", DIVERGENCE_NOTE, "",
+                  "| run | recorded outcome | divergence point | validators |", "|---|---|---|---|"]
+        for r in diverged[:100]:
+            d = r.divergence
+            assert d is not None
+            lines.append(f"| `{r.run_id}` | {r.status} {r.reason or ''} | step {d.step}, attempt {d.attempt} | "
+                         f"{', '.join(d.validators)} |")
+    if result.summary.flips_across_versions:
+        lines += ["", f"> {result.summary.flips_across_versions} flip(s) compare different versions of one "
+                  "validator; they are shown as such and kept out of trend figures."]
+    if result.errors:
+        lines += ["", "## Runs not replayed", ""] + [f"- `{r.run_id}`: {r.error}" for r in result.errors]
+    return "\n".join(lines) + "\n"
+
+
+def _failure_text(diffs: Sequence[Diff]) -> str:
+    return "\n".join(
+        f"step {d.step} attempt {d.attempt} {d.validator or '(candidate)'}: {d.baseline_verdict}/{d.baseline_code}"
+        f" -> {d.replay_verdict}/{d.replay_code} ({d.kind}"
+        + (f", label {d.expected_verdict} from {d.label_source}" if d.expected_verdict else "") + ")"
+        for d in diffs)
+
+
+def junit(result: ReplayResult, fail_on: str) -> str:
+    """One test case per run (class: the task), failing when the run has a
+    diff that fails the gate, in error when its trace could not be replayed."""
+    failing = {id(d) for d in result.failures(fail_on)}
+    runs: list[RunReplay] = list(result.runs.values())
+    suite = ET.Element("testsuite", {
+        "name": f"loopledger replay {result.summary.suite_name}",
+        "tests": str(len(runs)),
+        "failures": str(sum(1 for r in runs if any(id(d) in failing for d in r.diffs))),
+        "errors": str(sum(1 for r in runs if r.error is not None)),
+        "time": f"{result.summary.seconds:.3f}",
+    })
+    props = ET.SubElement(suite, "properties")
+    for name in ("replay_id", "suite_version", "baseline"):
+        ET.SubElement(props, "property", {"name": name, "value": str(getattr(result.summary, name))})
+    for r in runs:
+        case = ET.SubElement(suite, "testcase", {"classname": r.task_id or "run", "name": r.run_id})
+        mine = [d for d in r.diffs if id(d) in failing]
+        if r.error is not None:
+            ET.SubElement(case, "error", {"message": r.error})
+        elif mine:
+            assert r.divergence is not None
+            failure = ET.SubElement(case, "failure", {"message": r.divergence.describe(result.summary.suite_name)})
+            failure.text = _failure_text(mine)
+        elif r.diffs:
+            out = ET.SubElement(case, "system-out")
+            out.text = _failure_text(r.diffs)
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+def write_reports(result: ReplayResult, fail_on: str, markdown_path: Path | None, junit_path: Path | None) -> None:
+    if markdown_path is not None:
+        markdown_path.write_text(markdown(result, fail_on), encoding="utf-8")
+    if junit_path is not None:
+        junit_path.write_text(junit(result, fail_on), encoding="utf-8")

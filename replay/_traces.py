@@ -1,0 +1,220 @@
+"""Reading a trace directory: checking it, and cutting it into partitions.
+
+A trace directory (``<home>/traces``) holds one folder of Parquet files per
+table. Before anything is computed, :func:`open_traces` checks every file a
+replay reads: the tables exist, each file's footer is readable Parquet, the
+columns the replay needs are there, and no row was written by a newer
+schema than this code understands. Problems are one :class:`TracesError`
+naming the file (or table) and what was expected.
+
+Why partitions: a run's facts are spread over tables written in different
+orders (events by run, artifacts by creation time), and the artifacts of a
+run are looked up by content id (a context shared by two runs is stored
+once). One DuckDB pass joins and hashes every row to a partition by run
+(``hash(run_id) % parts``) and writes each partition's rows to its own
+small files; DuckDB streams and spills, so memory stays bounded whatever
+the trace size. Each partition then fits in a worker's memory and is
+replayed independently, because every decision reads only its own run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._errors import TracesError
+
+#: Columns a replay reads, per table (CONTRACT.md names). ``labels`` and
+#: ``loop_diagnoses`` may be absent: a trace set without labels has none.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "runs": ("run_id", "task_id", "tenant", "prompt_version", "model_route", "status", "reason"),
+    "events": ("run_id", "seq", "kind", "to_state", "step", "attempt", "payload_json"),
+    "artifacts": ("artifact_id", "body"),
+    "candidates": ("run_id", "step", "attempt", "candidate_id", "context_artifact_id"),
+    "validations": ("run_id", "step", "attempt", "candidate_id", "validator", "validator_version",
+                    "suite_version", "verdict", "code"),
+    "labels": ("run_id", "step", "attempt", "candidate_id", "validator", "expected_verdict", "source"),
+}
+OPTIONAL = frozenset({"labels"})
+#: The columns of a replay's ``decisions`` table read back as a baseline.
+BASELINE_COLUMNS = REQUIRED["validations"]
+
+
+def schema_version() -> int:
+    from loopledger.engine import SCHEMA_VERSION
+
+    return SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class TableFiles:
+    name: str
+    files: tuple[Path, ...]
+    columns: frozenset[str]
+    rows: int
+
+
+@dataclass(frozen=True)
+class TraceSet:
+    """A checked trace directory: the files of each table a replay reads."""
+
+    root: Path
+    tables: dict[str, TableFiles]
+
+    @property
+    def candidates(self) -> int:
+        return self.tables["candidates"].rows
+
+    def has(self, table: str) -> bool:
+        return table in self.tables and bool(self.tables[table].files)
+
+
+def table_files(folder: Path, name: str, required: Sequence[str], *, optional: bool = False) -> TableFiles:
+    """Check every Parquet file of one table by its footer (cheap: no data
+    pages are read) and return them."""
+    import pyarrow.parquet as pq
+
+    if not folder.is_dir():
+        if optional:
+            return TableFiles(name, (), frozenset(required), 0)
+        raise TracesError(str(folder), f"missing table {name!r}: expected a folder of Parquet files")
+    files = tuple(sorted(p for p in folder.rglob("*.parquet") if p.is_file()))
+    if not files:
+        if optional:
+            return TableFiles(name, (), frozenset(required), 0)
+        raise TracesError(str(folder), f"missing table {name!r}: the folder holds no *.parquet file")
+    columns: frozenset[str] | None = None
+    rows = 0
+    newest = schema_version()
+    for path in files:
+        try:
+            meta = pq.ParquetFile(path).metadata
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a broken file
+            raise TracesError(str(path), f"not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+        names = frozenset(meta.schema.names)
+        missing = [c for c in required if c not in names]
+        if missing:
+            raise TracesError(str(path), f"table {name!r} lacks column(s) {', '.join(missing)}")
+        found = _max_schema_version(meta)
+        if found is not None and found > newest:
+            raise TracesError(str(path), f"schema_version {found}; this loopledger reads up to {newest}")
+        columns = names if columns is None else columns & names
+        rows += meta.num_rows
+    return TableFiles(name, files, columns or frozenset(), rows)
+
+
+def _max_schema_version(meta: Any) -> int | None:
+    """The largest ``schema_version`` in a file, from its row-group statistics."""
+    names = meta.schema.names
+    if "schema_version" not in names:
+        return None
+    index = names.index("schema_version")
+    found: int | None = None
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(index).statistics
+        if stats is not None and stats.has_min_max:
+            found = max(found or 0, int(stats.max))
+    return found
+
+
+def open_traces(root: str | Path, *, need_validations: bool = True) -> TraceSet:
+    root = Path(root)
+    if not root.is_dir():
+        raise TracesError(str(root), "no such trace directory (expected <home>/traces, written by `loopledger run`)")
+    tables = {}
+    for name, required in REQUIRED.items():
+        if name == "validations" and not need_validations:
+            continue
+        tables[name] = table_files(root / name, name, required, optional=name in OPTIONAL)
+    return TraceSet(root, tables)
+
+
+# --- partitions -----------------------------------------------------------------
+
+
+def _files_sql(files: Iterable[Path]) -> str:
+    listed = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
+    return f"read_parquet([{listed}], union_by_name = true)"
+
+
+def _connect(tmp: Path, threads: int, memory: str) -> Any:
+    import duckdb
+
+    conn = duckdb.connect(config={"threads": threads, "memory_limit": memory,
+                                  "temp_directory": str(tmp / "spill"), "preserve_insertion_order": False})
+    return conn
+
+
+def write_partitions(traces: TraceSet, baseline_files: Sequence[Path] | None, out: Path, parts: int,
+                     *, threads: int = 2, memory: str = "1GB") -> None:
+    """Write each relation a worker needs, hashed by run into ``parts``
+    partitions: ``out/<relation>/part=<k>/*.parquet``.
+
+    ``baseline_files``: the decisions to compare with (the ``validations``
+    table, or an earlier replay's ``decisions``); None: no baseline."""
+    import duckdb
+
+    out.mkdir(parents=True, exist_ok=True)
+    conn = _connect(out, threads, memory)
+    part = f"(hash(run_id) % {int(parts)})"
+    runs_cols = "run_id, task_id, tenant, prompt_version, model_route, status, reason"
+    spec = "spec_json" if "spec_json" in traces.tables["runs"].columns else "NULL::VARCHAR AS spec_json"
+    queries = {
+        "runs": f"SELECT {runs_cols}, {spec}, {part} AS part FROM {_files_sql(traces.tables['runs'].files)}",
+        "events": (
+            "SELECT run_id, seq, kind, to_state, step, attempt, payload_json, "
+            f"{part} AS part FROM {_files_sql(traces.tables['events'].files)}"
+        ),
+        "candidates": (
+            "SELECT run_id, step, attempt, candidate_id, context_artifact_id, "
+            f"{part} AS part FROM {_files_sql(traces.tables['candidates'].files)}"
+        ),
+        # Bodies travel with the runs that read them: a context shared by
+        # runs in two partitions is written to both.
+        "bodies": (
+            f"WITH c AS (SELECT run_id, candidate_id, context_artifact_id FROM "
+            f"{_files_sql(traces.tables['candidates'].files)}), "
+            f"refs AS (SELECT DISTINCT id, part FROM ("
+            f"SELECT candidate_id AS id, {part} AS part FROM c UNION ALL "
+            f"SELECT context_artifact_id AS id, {part} AS part FROM c WHERE context_artifact_id IS NOT NULL)) "
+            f"SELECT a.artifact_id, a.body, refs.part FROM refs JOIN "
+            f"(SELECT artifact_id, body FROM {_files_sql(traces.tables['artifacts'].files)}) a "
+            f"ON a.artifact_id = refs.id"
+        ),
+    }
+    if baseline_files:
+        cols = ", ".join(BASELINE_COLUMNS)
+        queries["baseline"] = f"SELECT {cols}, {part} AS part FROM {_files_sql(baseline_files)}"
+    if traces.has("labels"):
+        labels = traces.tables["labels"]
+        order = "label_id" if "label_id" in labels.columns else "0"
+        queries["labels"] = (
+            "SELECT run_id, step, attempt, candidate_id, validator, expected_verdict, source, "
+            f"COALESCE(note, '') AS note, {order} AS label_order, {part} AS part FROM {_files_sql(labels.files)}"
+        )
+    try:
+        for name, query in queries.items():
+            target = str(out / name).replace("'", "''")
+            conn.execute(f"COPY ({query}) TO '{target}' (FORMAT parquet, PARTITION_BY (part), "
+                         "OVERWRITE_OR_IGNORE true, COMPRESSION zstd)")
+    except duckdb.Error as exc:
+        # A file whose footer is fine but whose pages are not (truncated
+        # data, bad compression) surfaces here; DuckDB's message names it.
+        raise TracesError(str(traces.root), f"cannot read the traces ({str(exc).splitlines()[0]})") from None
+    finally:
+        conn.close()
+
+
+def read_partition(out: Path, relation: str, part: int) -> Any:
+    """One relation of one partition as a pyarrow table (None when empty)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = out / relation / f"part={part}"
+    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    if not files:
+        return None
+    tables = [pq.read_table(f) for f in files]
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
