@@ -439,6 +439,30 @@ def label(
                f"should be {expect} [{source}]")
 
 
+@app.command()
+@guarded
+def ui(
+    home: HomeOption = None,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port on 127.0.0.1.")] = 8501,
+) -> None:
+    """Serve the Streamlit workbench on 127.0.0.1 over HOME's traces and replays."""
+    import os
+    from importlib import resources
+
+    root = _home(home).root.resolve()
+    script = Path(str(resources.files("loopledger.ui").joinpath("app.py")))
+    typer.echo(f"loopledger workbench on http://127.0.0.1:{port}  (data: {root}; Ctrl-C stops it)")
+    # The app reads the data directory from the environment: Streamlit's own
+    # argument parser would otherwise claim --home.
+    env = {**os.environ, "LOOPLEDGER_HOME": str(root)}
+    cmd = [sys.executable, "-m", "streamlit", "run", str(script), "--server.address", "127.0.0.1",
+           "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    sys.stdout.flush()
+    # Become the server rather than wrap it: signals (Ctrl-C, a supervisor's
+    # SIGTERM) then reach Streamlit itself and no orphan is left behind.
+    os.execve(sys.executable, cmd, env)
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,215 @@
+"""The data behind the Compare validators and Labels pages.
+
+A *suite side* is either ``recorded`` (the decisions the engine made, the
+``validations`` table) or a replay (``replays/<id>/decisions``). Two sides
+are compared decision by decision, keyed by (run_id, step, attempt,
+candidate_id, validator). When the second side is a replay whose baseline
+is the first, the replay's own ``diffs`` table already holds every changed
+decision and is used instead of joining millions of decisions again; the
+two paths give the same answer (tests/ui/test_queries.py checks it). Its
+rows with an empty validator (a candidate's overall verdict) are not
+decisions of a validator and are left out of the decision counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._data import VERDICTS, NoData, Traces
+
+RECORDED = "recorded"
+_KEY = "run_id, step, attempt, candidate_id, validator"
+DIVERGENCE_ROWS = 2000  # runs listed on the page; the total is always shown
+_NONE = "(none)"  # a decision one side made and the other did not
+
+
+def sides(t: Traces) -> list[str]:
+    """What can be compared: the recorded decisions and every replay that wrote decisions."""
+    found = [RECORDED] if t.has("validations") else []
+    return found + t.replay_ids()
+
+
+def replay_summaries(t: Traces) -> Any:
+    return t.df("SELECT * EXCLUDE (replay_dir), replay_dir FROM replay_summary ORDER BY replay_dir")
+
+
+def _source(t: Traces, side: str, name: str) -> tuple[str, dict[str, Any]]:
+    if side == RECORDED:
+        t.require("validations")
+        return f"SELECT {_KEY}, verdict, code FROM validations", {}
+    if side not in t.replay_ids():
+        raise NoData(f"No replay `{side}` with decisions under {t.replays_dir}.")
+    return f"SELECT {_KEY}, verdict, code FROM replay_decisions WHERE replay_dir = ${name}", {name: side}
+
+
+def _diffs_apply(t: Traces, a: str, b: str) -> bool:
+    """Whether ``b``'s diffs table was computed against ``a``."""
+    if a == b or b == RECORDED or not t.replay_has(b, "diffs") or not t.replay_has(b, "summary"):
+        return False
+    rows = t.rows("SELECT baseline FROM replay_summary WHERE replay_dir = $b", {"b": b})
+    return bool(rows) and rows[0][0] == a
+
+
+def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
+    """Side ``a`` (the baseline) against side ``b``: totals, flips by validator
+    and code, the verdict confusion matrix, label regressions and fixes, and
+    each diverged run's divergence point (its first step with a flip)."""
+    src_a, pa = _source(t, a, "a")
+    src_b, pb = _source(t, b, "b")
+    params = {**pa, **pb}
+    cur = t.cursor()
+    fast = _diffs_apply(t, a, b)
+    if fast:
+        t.rows(
+            f"""CREATE TEMP TABLE flips AS
+                SELECT {_KEY}, baseline_verdict AS va, replay_verdict AS vb, baseline_code AS ca,
+                       replay_code AS cb
+                FROM replay_diffs WHERE replay_dir = $b AND validator <> ''""",
+            {"b": b}, cur,
+        )
+        counts_a = dict(t.rows(f"SELECT verdict, count(*) FROM ({src_a}) GROUP BY verdict", pa, cur))
+        (decisions,) = t.one(f"SELECT count(*) FROM ({src_b})", pb, cur)
+        confusion = _confusion_from_flips(t, cur, counts_a)
+    else:
+        # One pass over both sides: the verdict pairs of every decision, and
+        # the flipped decisions kept aside for the breakdowns below.
+        t.rows(
+            f"""CREATE TEMP TABLE joined AS
+                SELECT {_KEY}, a.verdict AS va, b.verdict AS vb, a.code AS ca, b.code AS cb
+                FROM ({src_a}) a FULL OUTER JOIN ({src_b}) b USING ({_KEY})""",
+            params, cur,
+        )
+        t.rows("CREATE TEMP TABLE flips AS SELECT * FROM joined "
+               "WHERE va IS DISTINCT FROM vb OR ca IS DISTINCT FROM cb", None, cur)
+        (decisions,) = t.one("SELECT count(*) FILTER (vb IS NOT NULL) FROM joined", None, cur)
+        confusion = t.df(f"SELECT coalesce(va, '{_NONE}') AS baseline, coalesce(vb, '{_NONE}') AS replay, "
+                         "count(*) AS decisions FROM joined GROUP BY ALL", None, cur)
+    (flips, verdict_flips, runs_diverged, candidates) = t.one(
+        "SELECT count(*), count(*) FILTER (va IS DISTINCT FROM vb), count(DISTINCT run_id), "
+        "count(DISTINCT (run_id, step, attempt, candidate_id)) FROM flips", None, cur)
+    by_validator = t.df(
+        f"""SELECT validator, coalesce(va, '{_NONE}') AS baseline_verdict, coalesce(vb, '{_NONE}') AS replay_verdict,
+                   coalesce(ca, '') AS baseline_code, coalesce(cb, '') AS replay_code, count(*) AS flips,
+                   count(DISTINCT run_id) AS runs
+            FROM flips GROUP BY ALL ORDER BY flips DESC, validator""",
+        None, cur,
+    )
+    divergence = t.df(
+        f"""WITH d AS (SELECT run_id, min(step) AS divergence_step, count(*) AS flips FROM flips GROUP BY run_id)
+            SELECT d.run_id, r.task_id, r.prompt_version, r.status, r.reason, d.divergence_step, d.flips
+            FROM d LEFT JOIN runs r ON r.run_id = d.run_id
+            ORDER BY d.flips DESC, d.run_id LIMIT {DIVERGENCE_ROWS}""",
+        None, cur,
+    )
+    by_step = t.df("WITH d AS (SELECT run_id, min(step) AS divergence_step FROM flips GROUP BY run_id) "
+                   "SELECT divergence_step, count(*) AS runs FROM d GROUP BY ALL ORDER BY 1", None, cur)
+    labelled = _label_outcomes(t, cur, src_a, src_b, params)
+    cur.close()
+    return {
+        "a": a, "b": b, "used_diffs": fast,
+        "totals": {"decisions": int(decisions), "flips": int(flips), "verdict_flips": int(verdict_flips),
+                   "runs_diverged": int(runs_diverged), "candidates_changed": int(candidates),
+                   "regressions": int((labelled["outcome"] == "regression").sum()),
+                   "fixes": int((labelled["outcome"] == "fix").sum())},
+        "by_validator": by_validator,
+        "confusion": _square(confusion),
+        "labels": labelled,
+        "divergence": divergence,
+        "divergence_by_step": by_step,
+    }
+
+
+def _confusion_from_flips(t: Traces, cur: Any, counts_a: dict[str, int]) -> Any:
+    """The confusion matrix from the baseline's verdict counts and the diffs:
+    every decision not in the diffs kept its verdict."""
+    import pandas as pd
+
+    moved = t.df(f"SELECT coalesce(va, '{_NONE}') AS baseline, coalesce(vb, '{_NONE}') AS replay, "
+                 "count(*) AS decisions FROM flips WHERE va IS DISTINCT FROM vb GROUP BY ALL", None, cur)
+    left = dict(counts_a)
+    for row in moved.itertuples():
+        if row.baseline in left:
+            left[row.baseline] -= int(row.decisions)
+    kept = pd.DataFrame({"baseline": list(left), "replay": list(left), "decisions": list(left.values())})
+    return pd.concat([kept, moved], ignore_index=True)
+
+
+def _square(confusion: Any) -> Any:
+    """Long (baseline, replay, decisions) → a verdict × verdict table, rows
+    the baseline; verdicts in severity order, then any others."""
+    seen = set(confusion["baseline"]) | set(confusion["replay"])
+    order = [v for v in VERDICTS if v in seen or v in VERDICTS] + sorted(seen - set(VERDICTS))
+    table = confusion.pivot_table(index="baseline", columns="replay", values="decisions", aggfunc="sum",
+                                  fill_value=0)
+    return table.reindex(index=order, columns=order, fill_value=0).astype(int)
+
+
+def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[str, Any]) -> Any:
+    """Each labelled decision with both sides' verdicts and whether ``b``
+    is a regression (the label agreed with ``a``, not with ``b``), a fix
+    (the reverse), or neither. A label with an empty validator judges the
+    candidate as a whole, whose verdict is its worst validator's."""
+    severity = "CASE verdict " + " ".join(f"WHEN '{v}' THEN {i}" for i, v in enumerate(VERDICTS)) + " END"
+    worst = "CASE max_s " + " ".join(f"WHEN {i} THEN '{v}'" for i, v in enumerate(VERDICTS)) + " END"
+    cand = "run_id, step, attempt, candidate_id"
+    return t.df(
+        f"""
+        WITH l AS (SELECT * FROM labels),
+        a AS (SELECT * FROM ({src_a}) WHERE ({cand}) IN (SELECT ({cand}) FROM l)),
+        b AS (SELECT * FROM ({src_b}) WHERE ({cand}) IN (SELECT ({cand}) FROM l)),
+        wa AS (SELECT {cand}, '' AS validator, {worst} AS verdict
+               FROM (SELECT {cand}, max({severity}) AS max_s FROM a GROUP BY ALL)),
+        wb AS (SELECT {cand}, '' AS validator, {worst} AS verdict
+               FROM (SELECT {cand}, max({severity}) AS max_s FROM b GROUP BY ALL)),
+        va AS (SELECT {_KEY}, verdict FROM a UNION ALL SELECT * FROM wa),
+        vb AS (SELECT {_KEY}, verdict FROM b UNION ALL SELECT * FROM wb)
+        SELECT l.run_id, l.step, l.attempt, l.candidate_id, l.validator, l.expected_verdict, l.source,
+               va.verdict AS baseline_verdict, vb.verdict AS replay_verdict,
+               CASE WHEN l.expected_verdict = va.verdict AND l.expected_verdict IS DISTINCT FROM vb.verdict
+                    THEN 'regression'
+                    WHEN l.expected_verdict IS DISTINCT FROM va.verdict AND l.expected_verdict = vb.verdict
+                    THEN 'fix'
+                    WHEN l.expected_verdict = vb.verdict THEN 'agrees'
+                    ELSE 'disagrees' END AS outcome
+        FROM l
+        LEFT JOIN va USING ({_KEY})
+        LEFT JOIN vb USING ({_KEY})
+        ORDER BY outcome, l.run_id, l.step, l.attempt, l.validator
+        """,
+        params, cur,
+    )
+
+
+# -- Labels ---------------------------------------------------------------------------
+
+
+def labels_summary(t: Traces) -> Any:
+    t.require("labels")
+    return t.df("SELECT source, expected_verdict, count(*) AS labels FROM labels GROUP BY ALL ORDER BY ALL")
+
+
+def labels_count(t: Traces, source: str | None = None) -> int:
+    t.require("labels")
+    where = "WHERE source = $source" if source else ""
+    (total,) = t.one(f"SELECT count(*) FROM labels {where}", {"source": source} if source else {})
+    return int(total)
+
+
+def labels_page(t: Traces, source: str | None = None, offset: int = 0, limit: int = 50) -> tuple[int, Any]:
+    total = labels_count(t, source)
+    where = "WHERE source = $source" if source else ""
+    params: dict[str, Any] = {"source": source} if source else {}
+    page = t.df(
+        f"""SELECT created_at, run_id, step, attempt, candidate_id, validator, expected_verdict, source, note
+            FROM labels {where} ORDER BY created_at DESC, label_id DESC LIMIT $limit OFFSET $offset""",
+        {**params, "limit": int(limit), "offset": int(offset)},
+    )
+    return int(total), page
+
+
+def labels_csv(t: Traces) -> str:
+    """Every label as CSV, for the export button."""
+    t.require("labels")
+    frame = t.df("SELECT run_id, step, attempt, candidate_id, validator, expected_verdict, source, note, "
+                 "created_at FROM labels ORDER BY created_at, label_id")
+    return frame.to_csv(index=False)

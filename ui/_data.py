@@ -1,0 +1,224 @@
+"""Read-only access to a data directory's Parquet traces and replays.
+
+Every page's data comes from plain functions over a :class:`Traces`
+(``_queries``, ``_compare``), so the benchmark and the tests call exactly
+what the pages call, without Streamlit. All of them aggregate in DuckDB and
+hand back small frames; no table is ever loaded whole into pandas.
+
+Errors a page turns into a message instead of a traceback::
+
+    DataError                 the traces could not be read
+    ├── NoData                a table the page needs has no file at all
+    └── CorruptData           DuckDB refused a file (not Parquet, truncated, ...)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loopledger.engine._states import TERMINAL, WAITING
+from loopledger.engine._tables import TABLES
+
+TERMINAL_STATES: tuple[str, ...] = tuple(sorted(s.value for s in TERMINAL))
+WAITING_STATES: tuple[str, ...] = tuple(sorted(s.value for s in WAITING))
+# Ordered as validators.Verdict.severity: the worst verdict names a decision.
+VERDICTS: tuple[str, ...] = ("accept", "repair", "ask", "reject")
+
+_SQL_TYPES = {"str": "VARCHAR", "int": "BIGINT", "float": "DOUBLE", "ts": "TIMESTAMPTZ", "bool": "BOOLEAN"}
+
+_DECISION_COLUMNS = {c.name: c.kind for c in TABLES["validations"].columns}
+# The replay tables of CONTRACT.md ("Parquet tables"); a replay may write
+# more columns, these are the ones the pages rely on.
+REPLAY_TABLES: dict[str, dict[str, str]] = {
+    "decisions": _DECISION_COLUMNS,
+    "diffs": {
+        "run_id": "str", "step": "int", "attempt": "int", "candidate_id": "str", "validator": "str",
+        "baseline_verdict": "str", "replay_verdict": "str", "baseline_code": "str", "replay_code": "str",
+        "kind": "str",
+    },
+    "loop_diagnoses": {c.name: c.kind for c in TABLES["loop_diagnoses"].columns},
+    "summary": {
+        "replay_id": "str", "suite_version": "str", "baseline": "str", "candidates": "int",
+        "decisions": "int", "flips": "int", "regressions": "int", "runs_diverged": "int", "seconds": "float",
+    },
+}
+TRACE_TABLES: dict[str, dict[str, str]] = {
+    name: {c.name: c.kind for c in spec.columns} for name, spec in TABLES.items()
+}
+Params = Sequence[Any] | dict[str, Any] | None
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]+$")
+
+
+class DataError(Exception):
+    """The traces could not be read; the message is meant for the page."""
+
+
+class NoData(DataError):
+    """A table the page needs has no Parquet file."""
+
+
+class CorruptData(DataError):
+    """DuckDB could not read a file."""
+
+
+def _parquet_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob("*.parquet") if p.is_file())
+
+
+def _empty_select(columns: dict[str, str]) -> str:
+    cols = ", ".join(f"CAST(NULL AS {_SQL_TYPES[k]}) AS {n}" for n, k in columns.items())
+    return f"SELECT {cols} WHERE false"
+
+
+def _sql_list(paths: Sequence[Path]) -> str:
+    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
+
+
+@dataclass
+class Traces:
+    """One data directory, read through an in-memory DuckDB connection.
+
+    Each trace table is a view named after it; a table without files is an
+    empty view with the CONTRACT columns, so a home holding only some tables
+    still answers (``has()`` tells the pages which ones are real). Replay
+    tables are views named ``replay_<table>`` over every replay, with a
+    ``replay_dir`` column taken from the folder name.
+    """
+
+    home: Path
+    _con: Any = field(default=None, repr=False)
+    _files: dict[str, list[Path]] = field(default_factory=dict, repr=False)
+    _replays: dict[str, dict[str, list[Path]]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.home = Path(self.home)
+        self._files = {name: _parquet_files(self.traces / name) for name in TRACE_TABLES}
+        self._replays = {}
+        if self.replays_dir.is_dir():
+            for folder in sorted(p for p in self.replays_dir.iterdir() if p.is_dir()):
+                self._replays[folder.name] = {t: _parquet_files(folder / t) for t in REPLAY_TABLES}
+
+    @property
+    def traces(self) -> Path:
+        return self.home / "traces"
+
+    @property
+    def replays_dir(self) -> Path:
+        return self.home / "replays"
+
+    # -- what exists --------------------------------------------------------
+
+    def has(self, table: str) -> bool:
+        return bool(self._files.get(table))
+
+    def require(self, *tables: str) -> None:
+        """Raise :class:`NoData` naming the first table without files."""
+        for table in tables:
+            if not self.has(table):
+                raise NoData(
+                    f"No `{table}` table in {self.traces}. Record some runs first, e.g. "
+                    f"`loopledger demo --home {self.home}`."
+                )
+
+    def replay_ids(self) -> list[str]:
+        """Replays that wrote decisions (the others cannot be compared)."""
+        return [rid for rid, tables in self._replays.items() if tables["decisions"] and _SAFE_ID.match(rid)]
+
+    def replay_has(self, replay_id: str, table: str) -> bool:
+        return bool(self._replays.get(replay_id, {}).get(table))
+
+    # -- the connection -----------------------------------------------------
+
+    @property
+    def con(self) -> Any:
+        if self._con is None:
+            self._con = self._connect()
+        return self._con
+
+    def _connect(self) -> Any:
+        import duckdb
+
+        con = duckdb.connect(":memory:")
+        for name, columns in TRACE_TABLES.items():
+            files = self._files[name]
+            body = (
+                f"SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)"
+                if files else _empty_select(columns)
+            )
+            con.execute(f"CREATE VIEW {name} AS {body}")
+        for table, columns in REPLAY_TABLES.items():
+            # ``replay_dir`` (the folder name) identifies a replay in every
+            # view, whatever the files themselves say.
+            parts = [
+                f"SELECT '{rid}' AS replay_dir, * FROM read_parquet({_sql_list(tables[table])}, "
+                f"union_by_name = true)"
+                for rid, tables in self._replays.items()
+                if tables[table] and _SAFE_ID.match(rid)
+            ]
+            empty = f"SELECT CAST(NULL AS VARCHAR) AS replay_dir, * FROM ({_empty_select(columns)})"
+            body = " UNION ALL BY NAME ".join(parts) if parts else empty
+            con.execute(f"CREATE VIEW replay_{table} AS {body}")
+        return con
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    # -- queries --------------------------------------------------------------
+
+    def cursor(self) -> Any:
+        """A cursor of its own: Streamlit serves sessions from several threads,
+        and temporary tables live as long as the cursor that made them."""
+        return self.con.cursor()
+
+    def df(self, sql: str, params: Params = None, cur: Any = None) -> Any:
+        """A small result as a pandas DataFrame; DuckDB errors become :class:`CorruptData`."""
+        return self._run(sql, params, cur).df()
+
+    def rows(self, sql: str, params: Params = None, cur: Any = None) -> list[tuple[Any, ...]]:
+        return self._run(sql, params, cur).fetchall()
+
+    def one(self, sql: str, params: Params = None, cur: Any = None) -> tuple[Any, ...]:
+        row = self._run(sql, params, cur).fetchone()
+        assert row is not None, "aggregate queries return one row"
+        return row
+
+    def _run(self, sql: str, params: Params, cur: Any) -> Any:
+        import duckdb
+
+        try:
+            return (cur or self.cursor()).execute(sql, params or [])
+        except duckdb.Error as exc:
+            raise CorruptData(f"Could not read the traces under {self.home}: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def fingerprint(home: Path) -> str:
+    """Changes whenever a trace or replay file is added, removed or rewritten:
+    the cache key that keeps the pages' cached results honest."""
+    digest = hashlib.sha1()
+    for root in (home / "traces", home / "replays"):
+        if not root.is_dir():
+            continue
+        for dirpath, _dirs, names in os.walk(root):
+            for name in sorted(names):
+                if name.endswith(".parquet"):
+                    try:
+                        st = os.stat(os.path.join(dirpath, name))
+                    except FileNotFoundError:  # removed by a compaction meanwhile
+                        continue
+                    digest.update(f"{dirpath}/{name}:{st.st_mtime_ns}:{st.st_size};".encode())
+    return digest.hexdigest()

@@ -1,0 +1,39 @@
+"""Writing a human label: the one thing the workbench writes.
+
+The journal's ``labels`` table is the source of truth; the Parquet
+``labels`` table is refreshed by the engine's normal recorder right after,
+so the UI never writes Parquet (or any other journal table) itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ._data import VERDICTS, DataError
+
+
+def add_human_label(home: Path, *, run_id: str, step: int, attempt: int, candidate_id: str,
+                    validator: str, expected_verdict: str, note: str = "") -> int:
+    """Record the label in the journal, export it; return its label_id."""
+    from loopledger.engine import Recorder, SQLiteRunStore
+
+    if expected_verdict not in VERDICTS:
+        raise DataError(f"expected verdict must be one of {', '.join(VERDICTS)}, not {expected_verdict!r}")
+    journal = Path(home) / "journal.sqlite"
+    if not journal.is_file():
+        # Opening the store would create an empty journal: traces imported
+        # without one cannot take labels through the recorder.
+        raise DataError(f"No journal at {journal}: labels are written to the run journal, which this "
+                        "data directory does not have.")
+    store = SQLiteRunStore(journal)
+    try:
+        label: dict[str, Any] = {
+            "run_id": run_id, "step": int(step), "attempt": int(attempt), "candidate_id": candidate_id,
+            "validator": validator, "expected_verdict": expected_verdict, "source": "human", "note": note,
+        }
+        label_id = store.add_label(label)
+        Recorder(store, Path(home) / "traces").export()
+    finally:
+        store.close()
+    return label_id

@@ -1,0 +1,57 @@
+"""Loop diagnoses page: findings by detector and pattern, how many of their
+runs failed, and a drill-down to the runs and steps."""
+
+from __future__ import annotations
+
+import plotly.express as px
+import streamlit as st
+
+from loopledger.ui import _queries as q
+from loopledger.ui._st import guarded, load, open_run_picker, pager, run_link_column, run_url
+
+ANY = "(any)"
+
+
+def _body() -> None:
+    summary = load(q.diagnoses_summary)
+    if summary.empty:
+        st.info("No loop diagnoses recorded: no detector fired on these runs.")
+        return
+    cols = st.columns(3)
+    cols[0].metric("Findings", f"{int(summary['findings'].sum()):,}")
+    # A run can have findings of several detectors: counted once here.
+    totals = load(q.diagnoses_totals)
+    cols[1].metric("Runs with a finding", f"{totals['runs']:,}")
+    cols[2].metric("Of them failed", f"{totals['runs_failed']:,}",
+                   help="ended in a terminal state other than SUCCEEDED")
+    fig = px.bar(summary, x="detector", y="findings", color="pattern", title="Findings by detector and pattern")
+    fig.update_layout(height=320, margin={"t": 40, "b": 10})
+    st.plotly_chart(fig, key="diag_by_detector")
+    st.dataframe(summary, hide_index=True, key="diag_summary")
+    by_step = load(q.diagnoses_by_step)
+    fig = px.bar(by_step, x="step", y="findings", color="detector", title="Step at which detectors fired")
+    fig.update_layout(height=280, margin={"t": 40, "b": 10})
+    st.plotly_chart(fig, key="diag_by_step")
+
+    st.subheader("Drill down")
+    c1, c2 = st.columns(2)
+    detector = c1.selectbox("Detector", [ANY] + sorted(summary["detector"].unique()), key="diag_detector")
+    patterns = summary if detector == ANY else summary[summary["detector"] == detector]
+    pattern = c2.selectbox("Pattern", [ANY] + sorted(patterns["pattern"].unique()), key="diag_pattern")
+    det = None if detector == ANY else detector
+    pat = None if pattern == ANY else pattern
+    total = load(q.diagnosis_count, det, pat)
+    offset, limit = pager(total, "diag", noun="findings")
+    _, page = load(q.diagnosis_findings, det, pat, offset, limit)
+    page = page.copy()
+    page.insert(0, "open", [run_url(r) for r in page["run_id"]])
+    st.dataframe(page, hide_index=True, column_config={"open": run_link_column("open")}, key="diag_findings")
+    open_run_picker(list(dict.fromkeys(page["run_id"])), "diag")
+
+
+def render() -> None:
+    guarded("Loop diagnoses", _body)
+
+
+if __name__ == "__main__":
+    render()

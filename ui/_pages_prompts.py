@@ -1,0 +1,88 @@
+"""Compare prompt versions page: the same metrics for two prompt versions,
+with the number of runs and 95% Wilson intervals for the rates."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+import streamlit as st
+
+from loopledger.ui import _queries as q
+from loopledger.ui._st import guarded, load, pct
+
+RATE_NAMES = {"success": "Success rate", "loop": "Loop rate", "budget_stop": "Budget-stop rate"}
+MEANS = (("runs", "Runs", "{:,.0f}"), ("finished", "Finished runs", "{:,.0f}"),
+         ("mean_steps", "Mean steps", "{:.2f}"), ("p50_steps", "Median steps", "{:.1f}"),
+         ("p90_steps", "p90 steps", "{:.1f}"), ("mean_tokens", "Mean tokens", "{:,.1f}"),
+         ("mean_tool_calls", "Mean tool calls", "{:.2f}"), ("mean_cost_usd", "Mean cost (USD)", "{:.6f}"),
+         ("cost_usd", "Total cost (USD)", "{:.4f}"))
+
+
+def rate_text(r: dict) -> str:
+    return f"{pct(r['rate'])} [{pct(r['lo'])}–{pct(r['hi'])}] ({r['k']}/{r['n']})"
+
+
+def _body() -> None:
+    versions = load(q.prompt_versions)
+    if len(versions) < 2:
+        st.info(f"Only {len(versions)} prompt version recorded ({', '.join(versions) or 'none'}); run the "
+                "scenarios under a second one, e.g. `loopledger run ... --prompt-version v2`.")
+        return
+    c1, c2 = st.columns(2)
+    a = c1.selectbox("Version A", versions, index=0, key="pv_a")
+    b = c2.selectbox("Version B", versions, index=1, key="pv_b")
+    if a == b:
+        st.warning("Pick two different prompt versions.")
+        return
+    data = load(q.prompt_compare, a, b)
+    metrics, rates = data["metrics"], data["rates"]
+    rows = []
+    for name, label in RATE_NAMES.items():
+        rows.append({"metric": label, a: rate_text(rates[a][name]), b: rate_text(rates[b][name]),
+                     "B − A": f"{100 * (rates[b][name]['rate'] - rates[a][name]['rate']):+.1f} pts"})
+    for column, label, fmt in MEANS:
+        va = metrics.at[a, column] if a in metrics.index else 0
+        vb = metrics.at[b, column] if b in metrics.index else 0
+        rows.append({"metric": label, a: fmt.format(va), b: fmt.format(vb), "B − A": fmt.format(vb - va)})
+    st.caption("Rates over finished runs, with a 95% Wilson interval and k/n.")
+    st.table(pd.DataFrame(rows).set_index("metric"))
+
+    bars = go.Figure()
+    for version in (a, b):
+        r = rates[version]
+        bars.add_bar(name=version, x=[RATE_NAMES[n] for n in RATE_NAMES], y=[r[n]["rate"] for n in RATE_NAMES],
+                     error_y={"type": "data", "symmetric": False,
+                              "array": [r[n]["hi"] - r[n]["rate"] for n in RATE_NAMES],
+                              "arrayminus": [r[n]["rate"] - r[n]["lo"] for n in RATE_NAMES]})
+    bars.update_layout(barmode="group", title="Rates with 95% intervals", yaxis_tickformat=".0%", height=340,
+                       margin={"t": 40, "b": 10})
+    st.plotly_chart(bars, key="pv_rates")
+
+    left, right = st.columns(2)
+    steps = data["steps"]
+    fig = px.bar(steps, x="steps", y="runs", color="prompt_version", barmode="group", title="Steps per run")
+    fig.update_layout(height=300, margin={"t": 40, "b": 10})
+    left.plotly_chart(fig, key="pv_steps")
+    cost = data["cost"]
+    fig = px.bar(cost, x="cost_from", y="runs", color="prompt_version", barmode="group",
+                 title="Cost per run (USD, 20 bins)")
+    fig.update_layout(height=300, margin={"t": 40, "b": 10})
+    right.plotly_chart(fig, key="pv_cost")
+
+    st.subheader("Tasks whose success rate differs")
+    tasks = data["tasks"]
+    if tasks.empty:
+        st.caption("Every task succeeds equally often under both versions.")
+    else:
+        st.dataframe(tasks.rename(columns={"success_a": f"success {a}", "success_b": f"success {b}",
+                                           "runs_a": f"runs {a}", "runs_b": f"runs {b}"}),
+                     hide_index=True, key="pv_tasks")
+
+
+def render() -> None:
+    guarded("Compare prompt versions", _body)
+
+
+if __name__ == "__main__":
+    render()

@@ -1,0 +1,196 @@
+"""Run page: one run's timeline, candidates, decisions, operations, waits,
+loop diagnosis and labels. Deep link: ``run?run_id=<id>``."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from loopledger.ui import _queries as q
+from loopledger.ui._data import VERDICTS, DataError
+from loopledger.ui._labels import add_human_label
+from loopledger.ui._st import guarded, home, load
+
+
+def _json(text: object) -> object:
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _header(run: dict, spans: pd.DataFrame) -> None:
+    st.markdown(f"**Task** `{run['task_id']}` · **tenant** `{run['tenant']}` · **prompt** `{run['prompt_version']}`"
+                f" · **model** `{run['model_route']}` · **thread** `{run['thread_id']}`")
+    cols = st.columns(5)
+    cols[0].metric("Status", str(run["status"]))
+    cols[1].metric("Reason", str(run["reason"] or "—"))
+    cols[2].metric("Steps", int(run["steps"] or 0))
+    cols[3].metric("Model attempts", int(run["model_attempts"] or 0))
+    cols[4].metric("Tool calls", int(run["tool_calls"] or 0))
+    cols = st.columns(5)
+    cols[0].metric("Tokens", f"{int(run['tokens_in'] or 0) + int(run['tokens_out'] or 0):,}")
+    cols[1].metric("Cost (USD)", f"{float(run['cost_usd'] or 0):.4f}")
+    closed = spans.iloc[:-1] if len(spans) else spans  # the last span is the terminal point or still open
+    cols[2].metric("Processing (s)", f"{closed.loc[~closed['waiting'], 'seconds'].sum():.3f}")
+    cols[3].metric("Waiting (s)", f"{closed.loc[closed['waiting'], 'seconds'].sum():.3f}")
+    started, ended = run["started_at"], run["ended_at"]
+    cols[4].metric("Duration (s)", "—" if pd.isna(ended) else f"{(ended - started).total_seconds():.3f}")
+
+
+def _timeline(spans: pd.DataFrame) -> None:
+    if spans.empty:
+        st.info("No transition events recorded for this run.")
+        return
+    drawn = spans.copy()
+    # A zero-length span (the terminal state) would be invisible.
+    drawn.loc[drawn["end"] <= drawn["start"], "end"] = drawn["start"] + pd.Timedelta(milliseconds=1)
+    drawn["step"] = drawn["step"].astype(str)
+    fig = px.timeline(drawn, x_start="start", x_end="end", y="state", color="step",
+                      hover_data={"attempt": True, "seconds": ":.4f"}, title="State timeline")
+    fig.update_yaxes(categoryorder="array", categoryarray=list(dict.fromkeys(drawn["state"]))[::-1])
+    fig.update_layout(height=360, margin={"t": 40, "b": 10})
+    st.plotly_chart(fig, key="run_gantt")
+
+
+def _candidates(detail: dict, run_id: str) -> None:
+    cands, contexts = detail["candidates"], detail["contexts"]
+    if cands.empty:
+        st.info("No candidates recorded for this run.")
+        return
+    sizes = dict(zip(contexts["artifact_id"], contexts["size_bytes"], strict=False))
+    for row in cands.itertuples():
+        title = f"Step {row.step} · attempt {row.attempt} · finish `{row.finish_reason}`"
+        with st.expander(title, expanded=False):
+            st.caption(f"candidate `{row.candidate_id}`")
+            size = sizes.get(row.context_artifact_id)
+            st.markdown(f"Context artifact `{row.context_artifact_id}`"
+                        + (f" ({int(size):,} bytes)" if size is not None else " (not in the artifacts table)"))
+            st.json(_json(row.items_json), expanded=2)
+            if size is not None and st.toggle("Show the context artifact", key=f"ctx_{row.step}_{row.attempt}"):
+                body = load(q.artifact_body, row.context_artifact_id)
+                st.json(_json(body), expanded=1)
+
+
+def _decisions(detail: dict) -> None:
+    vals = detail["validations"]
+    if vals.empty:
+        st.info("No validation decisions recorded for this run.")
+        return
+    shown = vals.drop(columns=["candidate_id", "suite_version"])
+    st.dataframe(shown, hide_index=True, key="run_decisions")
+    st.caption(f"Suite version(s): {', '.join(sorted(vals['suite_version'].dropna().unique()))}")
+    flagged = vals[vals["verdict"] != "accept"]
+    if not flagged.empty:
+        st.markdown("**Evidence of the decisions that did not accept**")
+        for row in flagged.itertuples():
+            with st.expander(f"Step {row.step}.{row.attempt} · {row.validator} → {row.verdict} ({row.code})"):
+                st.write(row.message)
+                st.json(_json(row.evidence_json), expanded=2)
+
+
+def _label_form(detail: dict, run_id: str) -> None:
+    vals = detail["validations"]
+    st.markdown("**Label a decision**: what should the verdict have been?")
+    if vals.empty:
+        st.info("This run has no decisions to label.")
+        return
+    keys = vals[["step", "attempt", "candidate_id", "validator", "verdict"]].drop_duplicates()
+    whole = keys.drop_duplicates(["step", "attempt", "candidate_id"]).assign(validator="", verdict="")
+    options = pd.concat([whole, keys], ignore_index=True)
+
+    def describe(i: int) -> str:
+        r = options.iloc[i]
+        who = r["validator"] or "(the candidate as a whole)"
+        now = f" — recorded {r['verdict']}" if r["verdict"] else ""
+        return f"step {r['step']}.{r['attempt']} · {who}{now}"
+
+    with st.form("label_form", clear_on_submit=True):
+        picked = st.selectbox("Decision", range(len(options)), format_func=describe, key="label_pick")
+        verdict = st.radio("Expected verdict", VERDICTS, horizontal=True, key="label_verdict")
+        note = st.text_input("Note", key="label_note")
+        submitted = st.form_submit_button("Save label")
+    if submitted:
+        r = options.iloc[int(picked)]
+        try:
+            label_id = add_human_label(home(), run_id=run_id, step=int(r["step"]), attempt=int(r["attempt"]),
+                                       candidate_id=str(r["candidate_id"]), validator=str(r["validator"]),
+                                       expected_verdict=verdict, note=note)
+        except DataError as exc:
+            st.error(str(exc))
+            return
+        st.cache_data.clear()  # the exported labels segment is a new file, but other sessions cache too
+        st.success(f"Saved label {label_id}: {describe(int(picked)).split(' — ')[0]} → {verdict}")
+
+
+def _body() -> None:
+    run_id = st.query_params.get("run_id", "")
+    typed = st.text_input("Run id", value=run_id,
+                          help="Or open a run from the Runs page; this page's address links to the run.")
+    if typed != run_id:
+        st.query_params["run_id"] = typed
+        run_id = typed
+    if not run_id:
+        st.info("Pick a run on the Runs page, or type its id above.")
+        return
+    detail = load(q.run_detail, run_id)
+    if detail is None:
+        st.warning(f"No run `{run_id}` in these traces.")
+        return
+    run = detail["run"]
+    st.subheader(f"Run `{run_id}`")
+    _header(run, detail["spans"])
+    _timeline(detail["spans"])
+    tabs = st.tabs(["Candidates", "Decisions", "Operations", "Waits & replies", "Loop diagnosis", "Labels",
+                    "Events"])
+    with tabs[0]:
+        _candidates(detail, run_id)
+    with tabs[1]:
+        _decisions(detail)
+    with tabs[2]:
+        ops = detail["operations"]
+        if ops.empty:
+            st.info("No tool operations in this run.")
+        else:
+            st.dataframe(ops, hide_index=True, key="run_ops")
+        rec = q.reconciliation(detail["events"])
+        st.markdown("**Reconciliation and background work**")
+        if rec.empty:
+            st.caption("No unknown outcomes, refusals or background completions.")
+        else:
+            st.dataframe(rec, hide_index=True, key="run_reconcile")
+    with tabs[3]:
+        waits = q.waits(detail["events"])
+        if waits.empty:
+            st.info("This run never waited on a user or a tool.")
+        else:
+            st.dataframe(waits, hide_index=True, key="run_waits")
+    with tabs[4]:
+        diag = detail["diagnoses"]
+        if diag.empty:
+            st.info("No loop diagnosis for this run.")
+        for row in diag.itertuples():
+            st.markdown(f"**{row.detector}** (v{row.detector_version}) · pattern `{row.pattern}` · step {row.step}")
+            st.json(_json(row.evidence_json), expanded=2)
+    with tabs[5]:
+        labels = detail["labels"]
+        if labels.empty:
+            st.caption("No labels for this run yet.")
+        else:
+            st.dataframe(labels, hide_index=True, key="run_labels")
+        _label_form(detail, run_id)
+    with tabs[6]:
+        st.dataframe(detail["events"], hide_index=True, key="run_events")
+
+
+def render() -> None:
+    guarded("Run", _body)
+
+
+if __name__ == "__main__":
+    render()

@@ -1,0 +1,59 @@
+"""Runs page: filter, sort and page through runs; open one."""
+
+from __future__ import annotations
+
+from datetime import datetime, time, timedelta, timezone
+
+import streamlit as st
+
+from loopledger.ui import _queries as q
+from loopledger.ui._st import guarded, load, open_run_picker, pager, run_link_column, run_url
+
+
+def _filters(options: dict) -> q.RunFilter:
+    with st.expander("Filters", expanded=True):
+        c1, c2, c3 = st.columns(3)
+        statuses = c1.multiselect("Status", options["status"], key="runs_status")
+        reasons = c2.multiselect("Reason", options["reason"], key="runs_reason")
+        versions = c3.multiselect("Prompt version", options["prompt_version"], key="runs_version")
+        c1, c2, c3 = st.columns(3)
+        tenants = c1.multiselect("Tenant", options["tenant"], key="runs_tenant")
+        detectors = c2.multiselect("Detector", options["detector"], key="runs_detector",
+                                   help="runs with a finding of this loop detector")
+        task = c3.text_input("Task contains", key="runs_task")
+        lo, hi = options["started"]
+        started_from = started_to = None
+        if lo is not None and hi is not None:
+            picked = st.date_input("Started between", value=(lo.date(), hi.date()), min_value=lo.date(),
+                                   max_value=hi.date(), key="runs_dates")
+            if isinstance(picked, (tuple, list)) and len(picked) == 2:
+                started_from = datetime.combine(picked[0], time.min, tzinfo=timezone.utc)
+                started_to = datetime.combine(picked[1], time.min, tzinfo=timezone.utc) + timedelta(days=1)
+    return q.RunFilter(tuple(statuses), tuple(reasons), tuple(versions), tuple(tenants), tuple(detectors),
+                       task.strip(), started_from, started_to)
+
+
+def _body() -> None:
+    options = load(q.run_filter_options)
+    flt = _filters(options)
+    c1, c2 = st.columns([3, 1])
+    sort = c1.selectbox("Sort by", q.SORTABLE, key="runs_sort")
+    descending = c2.toggle("Descending", value=True, key="runs_desc")
+    total = load(q.runs_count, flt)
+    offset, limit = pager(total, "runs", noun="runs")
+    _, page = load(q.runs_page, flt, sort, descending, offset, limit)
+    if page.empty:
+        st.info("No run matches these filters.")
+        return
+    page = page.copy()
+    page.insert(0, "open", [run_url(r) for r in page["run_id"]])
+    st.dataframe(page, hide_index=True, column_config={"open": run_link_column("open")}, key="runs_table")
+    open_run_picker(list(page["run_id"]), "runs")
+
+
+def render() -> None:
+    guarded("Runs", _body)
+
+
+if __name__ == "__main__":
+    render()

@@ -1,0 +1,107 @@
+"""Compare validators page: two suites' decisions over the same recorded
+candidates (the recorded decisions vs a replay, or two replays)."""
+
+from __future__ import annotations
+
+import plotly.express as px
+import streamlit as st
+
+from loopledger.ui import _compare as c
+from loopledger.ui._st import guarded, home, load, pager, run_link_column, run_url, traces
+
+
+def _pick(sides: list[str]) -> tuple[str, str]:
+    if "cmp_a" not in st.session_state or st.session_state["cmp_a"] not in sides:
+        st.session_state["cmp_a"] = sides[0]
+    if "cmp_b" not in st.session_state or st.session_state["cmp_b"] not in sides:
+        st.session_state["cmp_b"] = sides[1] if len(sides) > 1 else sides[0]
+    left, mid, right = st.columns([3, 1, 3])
+    a = left.selectbox("Baseline (A)", sides, key="cmp_a")
+    mid.write("")
+    mid.button("⇄ Swap", key="cmp_swap", on_click=_swap)
+    b = right.selectbox("Compared (B)", sides, key="cmp_b")
+    return a, b
+
+
+def _swap() -> None:
+    st.session_state["cmp_a"], st.session_state["cmp_b"] = st.session_state["cmp_b"], st.session_state["cmp_a"]
+
+
+def _body() -> None:
+    sides = c.sides(traces())
+    if len(sides) < 2:
+        st.info("Nothing to compare yet: this needs the recorded decisions and at least one replay. Run e.g. "
+                f"`loopledger replay --suite default --home {home()}`, then reload.")
+        if not sides:
+            return
+    summaries = load(c.replay_summaries)
+    if not summaries.empty:
+        st.markdown("**Replays**")
+        st.dataframe(summaries, hide_index=True, key="cmp_replays")
+    if len(sides) < 2:
+        return
+    a, b = _pick(sides)
+    if a == b:
+        st.warning("Pick two different suites.")
+        return
+    data = load(c.compare_validators, a, b)
+    tot = data["totals"]
+    cols = st.columns(6)
+    cols[0].metric("Decisions (B)", f"{tot['decisions']:,}")
+    cols[1].metric("Flips", f"{tot['flips']:,}", help="decisions whose verdict or code differs")
+    cols[2].metric("Verdict flips", f"{tot['verdict_flips']:,}")
+    cols[3].metric("Runs diverged", f"{tot['runs_diverged']:,}")
+    cols[4].metric("Regressions", f"{tot['regressions']:,}", help="a label agreed with A and disagrees with B")
+    cols[5].metric("Fixes", f"{tot['fixes']:,}", help="a label disagreed with A and agrees with B")
+    st.caption(f"A = `{a}`, B = `{b}`" + (" · flips read from B's diffs table" if data["used_diffs"] else ""))
+
+    st.subheader("Flips by validator and code")
+    flips = data["by_validator"]
+    if flips.empty:
+        st.success("No decision differs between the two suites.")
+    else:
+        per_validator = flips.groupby("validator", as_index=False)["flips"].sum()
+        fig = px.bar(per_validator, x="validator", y="flips", title="Flips per validator")
+        fig.update_layout(height=300, margin={"t": 40, "b": 10})
+        st.plotly_chart(fig, key="cmp_flips")
+        st.dataframe(flips, hide_index=True, key="cmp_flips_table")
+
+    st.subheader("Verdicts: A (rows) × B (columns)")
+    confusion = data["confusion"]
+    fig = px.imshow(confusion, text_auto=True, color_continuous_scale="Blues",
+                    labels={"x": f"B: {b}", "y": f"A: {a}", "color": "decisions"})
+    fig.update_layout(height=360, margin={"t": 20, "b": 10})
+    st.plotly_chart(fig, key="cmp_confusion")
+    st.table(confusion)
+
+    st.subheader("Against labels")
+    labels = data["labels"]
+    if labels.empty:
+        st.caption("No labels yet: label decisions on a Run page.")
+    else:
+        st.dataframe(labels, hide_index=True, key="cmp_labels")
+
+    st.subheader("Divergence points")
+    st.caption("A run's divergence point is its first step where a decision differs: past it, the recorded "
+               "path is not what B would have produced.")
+    div = data["divergence"]
+    if div.empty:
+        st.caption("No run diverged.")
+        return
+    fig = px.bar(data["divergence_by_step"], x="divergence_step", y="runs", title="Runs by divergence step")
+    fig.update_layout(height=260, margin={"t": 40, "b": 10})
+    st.plotly_chart(fig, key="cmp_div_steps")
+    if tot["runs_diverged"] > len(div):
+        st.caption(f"Listing the {len(div):,} runs with the most flips of {tot['runs_diverged']:,}.")
+    offset, limit = pager(len(div), "cmp_div", noun="runs")
+    page = div.iloc[offset: offset + limit].copy()
+    page.insert(0, "open", [run_url(r) for r in page["run_id"]])
+    st.dataframe(page, hide_index=True, column_config={"open": run_link_column("open")}, key="cmp_div")
+
+
+def render() -> None:
+    guarded("Compare validators", _body)
+
+
+if __name__ == "__main__":
+    render()

@@ -1,0 +1,108 @@
+"""What every page shares: the data directory, cached loading, the error
+guard, pagination and links to runs. Imported only inside Streamlit."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import streamlit as st
+
+from ._data import DataError, NoData, Traces, fingerprint
+
+RUN_PAGE = "_pages_run.py"
+HOME_ENV = "LOOPLEDGER_HOME"  # `loopledger ui --home` passes the directory this way
+
+
+def home() -> Path:
+    """The data directory: ``$LOOPLEDGER_HOME``, else ``./loopledger-data``."""
+    from loopledger.engine._errors import BadInput
+    from loopledger.engine._home import Home
+
+    try:
+        return Home.resolve(None).root.resolve()
+    except BadInput as exc:
+        raise DataError(str(exc)) from None
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _cached(module: str, name: str, root: str, stamp: str, args: tuple[Any, ...],
+            kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    # ``stamp`` is only part of the key: a new, removed or rewritten Parquet
+    # file changes it, so a cached result never outlives the files it read.
+    del stamp
+    fn = getattr(importlib.import_module(module), name)
+    traces = Traces(Path(root))
+    try:
+        return fn(traces, *args, **dict(kwargs))
+    finally:
+        traces.close()
+
+
+def load(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(Traces(home), *args, **kwargs)``, cached until the files change."""
+    root = home()
+    return _cached(fn.__module__, fn.__name__, str(root), fingerprint(root), args, tuple(sorted(kwargs.items())))
+
+
+def traces() -> Traces:
+    """An uncached view of the directory, for the cheap questions (which tables exist)."""
+    return Traces(home())
+
+
+def guarded(title: str, body: Callable[[], None]) -> None:
+    """Render a page; missing or unreadable data becomes a message in the
+    page, never a traceback."""
+    st.title(title)
+    try:
+        body()
+    except NoData as exc:
+        st.info(str(exc))
+    except DataError as exc:
+        st.error(str(exc))
+    except Exception as exc:  # noqa: BLE001 - the last line of defence of a page
+        st.error(f"This page could not be shown: {type(exc).__name__}: {exc}")
+
+
+def pager(total: int, key: str, sizes: tuple[int, ...] = (25, 50, 100, 200), noun: str = "rows") -> tuple[int, int]:
+    """Page controls; returns (offset, limit). The page number is clamped
+    when a filter shrinks the result."""
+    left, right, info = st.columns([1, 1, 3])
+    size = left.selectbox("Rows per page", sizes, index=1 if len(sizes) > 1 else 0, key=f"{key}_size")
+    pages = max(1, math.ceil(total / size))
+    page_key = f"{key}_page"
+    if st.session_state.get(page_key, 1) > pages:
+        st.session_state[page_key] = pages
+    page = right.number_input("Page", min_value=1, max_value=pages, step=1, key=page_key)
+    offset = (int(page) - 1) * size
+    shown = f"{offset + 1}–{min(offset + size, total)}" if total else "0"
+    info.markdown(f"Showing **{shown}** of **{total:,}** {noun}")
+    return offset, size
+
+
+def run_url(run_id: str) -> str:
+    return f"run?run_id={quote(run_id, safe='')}"
+
+
+def run_link_column(label: str = "run") -> Any:
+    return st.column_config.LinkColumn(label, display_text=r"run\?run_id=(.*)")
+
+
+def open_run_picker(run_ids: list[str], key: str) -> None:
+    """A select box and button that open one of ``run_ids`` on the Run page
+    (the link column opens a new tab; this stays in the tab)."""
+    if not run_ids:
+        return
+    left, right = st.columns([4, 1])
+    chosen = left.selectbox("Open a run", run_ids, key=f"{key}_pick")
+    right.write("")  # aligns the button with the select box's input
+    if right.button("Open run", key=f"{key}_open"):
+        st.switch_page(RUN_PAGE, query_params={"run_id": chosen})
+
+
+def pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
