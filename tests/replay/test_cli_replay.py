@@ -1,0 +1,155 @@
+"""``loopledger replay`` and ``loopledger label`` as a CI job meets them:
+exit codes, reports, and one clear line for bad input."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import cli
+
+
+def one_line(stderr: str, *names: str) -> None:
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+
+
+def test_the_recording_suite_passes_every_gate(recorded_home: Path, tmp_path: Path) -> None:
+    out = cli("replay", "--suite", "default", "--traces", str(recorded_home / "traces"), "--home", str(tmp_path),
+              "--fail-on", "flips", "--markdown", str(tmp_path / "r.md"), "--junit", str(tmp_path / "r.xml"))
+    assert out.returncode == 0, out.stderr
+    assert "Gate: pass" in out.stdout
+    assert "**Gate (`--fail-on flips`): pass**" in (tmp_path / "r.md").read_text()
+    suite = ET.parse(tmp_path / "r.xml").getroot()
+    assert suite.tag == "testsuite" and suite.get("failures") == "0" and int(suite.get("tests")) > 40
+    assert len(list(tmp_path.joinpath("replays").iterdir())) == 1
+
+
+def test_flips_fail_only_the_gates_that_ask_for_them(recorded_home: Path, tmp_path: Path) -> None:
+    common = ["replay", "--suite", "strict", "--traces", str(recorded_home / "traces"), "--home", str(tmp_path)]
+    assert cli(*common).returncode == 0  # no label speaks against strict: no regression
+    assert cli(*common, "--fail-on", "never").returncode == 0
+    flips = cli(*common, "--fail-on", "flips", "--junit", str(tmp_path / "r.xml"), "--markdown", str(tmp_path / "r.md"))
+    assert flips.returncode == 1, flips.stderr
+    assert "Gate: fail" in flips.stdout
+    failed = [c for c in ET.parse(tmp_path / "r.xml").getroot() if c.find("failure") is not None]
+    assert failed and all("diverges at step" in c.find("failure").get("message") for c in failed)
+    assert "## Runs diverged" in (tmp_path / "r.md").read_text()
+
+
+def test_a_regression_fails_the_default_gate(recorded_home: Path, tmp_path: Path, suite_file) -> None:
+    suite = suite_file(**{"loop.repeated_call": {"threshold": 4}})
+    out = cli("replay", "--suite", str(suite), "--traces", str(recorded_home / "traces"), "--home", str(tmp_path),
+              "--markdown", str(tmp_path / "r.md"))
+    assert out.returncode == 1, out.stderr
+    assert "## Regressions" in (tmp_path / "r.md").read_text()
+
+
+def test_a_replay_id_baseline_from_the_command_line(recorded_home: Path, tmp_path: Path) -> None:
+    common = ["--traces", str(recorded_home / "traces"), "--home", str(tmp_path)]
+    assert cli("replay", "--suite", "strict", *common).returncode == 0
+    (first,) = [p.name for p in (tmp_path / "replays").iterdir()]
+    out = cli("replay", "--suite", "strict", "--baseline", first, "--fail-on", "flips", *common)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- bad input: exit 2, one line ------------------------------------------------
+
+
+def replay_on(home: Path, *extra: str) -> object:
+    return cli("replay", "--suite", "default", "--home", str(home), *extra)
+
+
+def test_missing_table(home_copy: Path) -> None:
+    shutil.rmtree(home_copy / "traces" / "candidates")
+    out = replay_on(home_copy)
+    assert out.returncode == 2
+    one_line(out.stderr, "candidates", "missing table")
+
+
+def test_no_traces_at_all(tmp_path: Path) -> None:
+    out = replay_on(tmp_path)
+    assert out.returncode == 2
+    one_line(out.stderr, "no such trace directory")
+
+
+def test_wrong_schema_version(home_copy: Path) -> None:
+    (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
+    table = pq.read_table(path)
+    index = table.schema.get_field_index("schema_version")
+    table = table.set_column(index, "schema_version", pa.array([99] * table.num_rows, pa.int64()))
+    pq.write_table(table, path)
+    out = replay_on(home_copy)
+    assert out.returncode == 2
+    one_line(out.stderr, path.name, "schema_version 99", "reads up to 1")
+
+
+def test_corrupt_parquet(home_copy: Path) -> None:
+    victim = sorted((home_copy / "traces" / "events").glob("*.parquet"))[0]
+    victim.write_bytes(b"PAR1 this is not a parquet file at all")
+    out = replay_on(home_copy)
+    assert out.returncode == 2
+    one_line(out.stderr, victim.name, "not a readable Parquet file")
+
+
+def test_missing_column(home_copy: Path) -> None:
+    (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
+    pq.write_table(pq.read_table(path).drop_columns(["status"]), path)
+    out = replay_on(home_copy)
+    assert out.returncode == 2
+    one_line(out.stderr, "lacks column(s) status")
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["--suite", "no-such-suite"], ["unknown suite 'no-such-suite'"]),
+        (["--suite", "missing.yaml"], ["missing.yaml", "cannot read"]),
+        (["--suite", "default", "--baseline", "r-nope"], ["--baseline", "r-nope"]),
+        (["--suite", "default", "--fail-on", "sometimes"], ["--fail-on", "sometimes"]),
+        (["--suite", "default", "--junit", "/no/such/folder/r.xml"], ["--junit", "/no/such/folder"]),
+    ],
+)
+def test_bad_options(recorded_home: Path, tmp_path: Path, args: list[str], names: list[str]) -> None:
+    out = cli("replay", *args, "--traces", str(recorded_home / "traces"), "--home", str(tmp_path))
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, *names)
+
+
+def test_a_missing_artifact_is_named_and_the_other_runs_replay(home_copy: Path, tmp_path: Path) -> None:
+    import duckdb
+
+    traces = home_copy / "traces"
+    con = duckdb.connect()
+    victim = con.execute(f"SELECT run_id, candidate_id FROM read_parquet('{traces}/candidates/*.parquet') "
+                         "ORDER BY run_id LIMIT 1").fetchone()
+    files = sorted((traces / "artifacts").glob("*.parquet"))
+    for path in files:
+        table = pq.read_table(path)
+        keep = [i for i, a in enumerate(table.column("artifact_id").to_pylist()) if a != victim[1]]
+        pq.write_table(table.take(keep), path)
+    out = cli("replay", "--suite", "default", "--home", str(home_copy), "--junit", str(tmp_path / "r.xml"))
+    assert out.returncode == 2
+    one_line(out.stderr, victim[0], victim[1], "not in the traces")
+    suite = ET.parse(tmp_path / "r.xml").getroot()
+    assert suite.get("errors") == "1"
+
+
+# --- label ---------------------------------------------------------------------------
+
+
+def test_label_rejects_bad_input(home_copy: Path) -> None:
+    out = cli("label", "no-such-run", "--step", "1", "--expect", "accept", "--home", str(home_copy))
+    assert out.returncode == 2
+    one_line(out.stderr, "unknown run 'no-such-run'")
+    out = cli("label", "x", "--step", "1", "--expect", "maybe", "--home", str(home_copy))
+    assert out.returncode == 2
+    one_line(out.stderr, "--expect", "maybe")
