@@ -154,7 +154,7 @@ def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[st
     cand = "run_id, step, attempt, candidate_id"
     return t.df(
         f"""
-        WITH l AS (SELECT * FROM labels),
+        WITH l AS (SELECT * FROM effective_labels),
         a AS (SELECT * FROM ({src_a}) WHERE ({cand}) IN (SELECT ({cand}) FROM l)),
         b AS (SELECT * FROM ({src_b}) WHERE ({cand}) IN (SELECT ({cand}) FROM l)),
         wa AS (SELECT {cand}, '' AS validator, {worst} AS verdict
@@ -184,14 +184,15 @@ def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[st
 
 
 def labels_summary(t: Traces) -> Any:
-    t.require("labels")
-    return t.df("SELECT source, expected_verdict, count(*) AS labels FROM labels GROUP BY ALL ORDER BY ALL")
+    """Labels of every source (scenario labels derived as a replay does) by source and verdict."""
+    t.require("runs")
+    return t.df("SELECT source, expected_verdict, count(*) AS labels FROM all_labels GROUP BY ALL ORDER BY ALL")
 
 
 def labels_count(t: Traces, source: str | None = None) -> int:
-    t.require("labels")
+    t.require("runs")
     where = "WHERE source = $source" if source else ""
-    (total,) = t.one(f"SELECT count(*) FROM labels {where}", {"source": source} if source else {})
+    (total,) = t.one(f"SELECT count(*) FROM all_labels {where}", {"source": source} if source else {})
     return int(total)
 
 
@@ -201,7 +202,8 @@ def labels_page(t: Traces, source: str | None = None, offset: int = 0, limit: in
     params: dict[str, Any] = {"source": source} if source else {}
     page = t.df(
         f"""SELECT created_at, run_id, step, attempt, candidate_id, validator, expected_verdict, source, note
-            FROM labels {where} ORDER BY created_at DESC, label_id DESC LIMIT $limit OFFSET $offset""",
+            FROM all_labels {where}
+            ORDER BY created_at DESC NULLS LAST, label_id DESC NULLS LAST, run_id, step, attempt, validator LIMIT $limit OFFSET $offset""",
         {**params, "limit": int(limit), "offset": int(offset)},
     )
     return int(total), page
@@ -209,7 +211,8 @@ def labels_page(t: Traces, source: str | None = None, offset: int = 0, limit: in
 
 def labels_csv(t: Traces) -> str:
     """Every label as CSV, for the export button."""
-    t.require("labels")
+    t.require("runs")
     frame = t.df("SELECT run_id, step, attempt, candidate_id, validator, expected_verdict, source, note, "
-                 "created_at FROM labels ORDER BY created_at, label_id")
+                 "created_at FROM all_labels ORDER BY created_at NULLS FIRST, label_id, run_id, step, attempt, "
+                 "validator")
     return frame.to_csv(index=False)

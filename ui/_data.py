@@ -55,6 +55,43 @@ Params = Sequence[Any] | dict[str, Any] | None
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 
+# Scenario labels are not rows of the labels table: the replay derives them
+# from each run's frozen scenario (``runs.spec_json`` → expect.decisions, see
+# loopledger.replay._labels), and so does this view, so the pages count the
+# same labels a replay does. ``effective_labels`` keeps the one label that
+# decides per decision: a person's over an importer's over a scenario's,
+# within a source the latest. The ``contains`` test skips the JSON parse for
+# the many runs that expect no decisions.
+_LABEL_VIEWS = """
+CREATE VIEW scenario_labels AS
+WITH expected AS (
+    SELECT run_id, unnest(json_extract(spec_json, '$.expect.decisions[*]')) AS d
+    FROM runs WHERE contains(spec_json, '"decisions":[{')
+), keyed AS (
+    SELECT run_id, TRY_CAST(d->>'step' AS BIGINT) AS step, coalesce(TRY_CAST(d->>'attempt' AS BIGINT), 1) AS attempt,
+           coalesce(d->>'validator', '') AS validator, d->>'verdict' AS expected_verdict
+    FROM expected
+)
+SELECT CAST(NULL AS BIGINT) AS label_id, k.run_id, k.step, k.attempt, c.candidate_id, k.validator,
+       k.expected_verdict, 'scenario' AS source, 'expect.decisions' AS note,
+       CAST(NULL AS TIMESTAMPTZ) AS created_at
+FROM keyed k JOIN candidates c ON c.run_id = k.run_id AND c.step = k.step AND c.attempt = k.attempt
+WHERE k.expected_verdict IN ('accept', 'repair', 'ask', 'reject');
+
+CREATE VIEW all_labels AS
+SELECT label_id, run_id, step, attempt, candidate_id, coalesce(validator, '') AS validator, expected_verdict,
+       source, note, created_at FROM labels
+UNION ALL BY NAME SELECT * FROM scenario_labels;
+
+CREATE VIEW effective_labels AS
+SELECT * FROM all_labels
+QUALIFY row_number() OVER (
+    PARTITION BY run_id, step, attempt, candidate_id, validator
+    ORDER BY CASE source WHEN 'human' THEN 2 WHEN 'import' THEN 1 ELSE 0 END DESC, label_id DESC NULLS LAST
+) = 1;
+"""
+
+
 class DataError(Exception):
     """The traces could not be read; the message is meant for the page."""
 
@@ -166,6 +203,7 @@ class Traces:
             empty = f"SELECT CAST(NULL AS VARCHAR) AS replay_dir, * FROM ({_empty_select(columns)})"
             body = " UNION ALL BY NAME ".join(parts) if parts else empty
             con.execute(f"CREATE VIEW replay_{table} AS {body}")
+        con.execute(_LABEL_VIEWS)
         return con
 
     def close(self) -> None:
@@ -182,7 +220,8 @@ class Traces:
 
     def df(self, sql: str, params: Params = None, cur: Any = None) -> Any:
         """A small result as a pandas DataFrame; DuckDB errors become :class:`CorruptData`."""
-        return self._run(sql, params, cur).df()
+        # Through Arrow: DuckDB's own pandas path warns on pandas 3.
+        return self._run(sql, params, cur).to_arrow_table().to_pandas()
 
     def rows(self, sql: str, params: Params = None, cur: Any = None) -> list[tuple[Any, ...]]:
         return self._run(sql, params, cur).fetchall()

@@ -263,7 +263,7 @@ def run_detail(t: Traces, run_id: str) -> dict[str, Any] | None:
         "diagnoses": t.df("SELECT step, detector, detector_version, pattern, evidence_json FROM loop_diagnoses "
                           "WHERE run_id = $r ORDER BY seq", p),
         "labels": t.df("SELECT step, attempt, candidate_id, validator, expected_verdict, source, note, created_at "
-                       "FROM labels WHERE run_id = $r ORDER BY created_at", p),
+                       "FROM all_labels WHERE run_id = $r ORDER BY created_at NULLS FIRST, step, attempt", p),
     }
 
 

@@ -1,0 +1,209 @@
+"""The pages' data functions against answers computed independently over
+the raw Parquet files, and their behaviour on empty, partial and corrupt
+data directories."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from loopledger.ui import _compare as c
+from loopledger.ui import _queries as q
+from loopledger.ui._data import TERMINAL_STATES, CorruptData, NoData, Traces, fingerprint
+from loopledger.ui._stats import wilson
+from ui_kit import SYNTHETIC_REPLAY, scalar, table
+
+
+@pytest.fixture
+def traces(recorded_home: Path) -> Traces:
+    return Traces(recorded_home)
+
+
+def test_overview_counts_match_the_runs_table(traces: Traces, recorded_home: Path) -> None:
+    runs = table(recorded_home, "runs")
+    got = q.overview(traces)["totals"]
+    assert got["runs"] == scalar(f"SELECT count(*) FROM {runs}") > 0
+    assert got["finished"] == scalar(f"SELECT count(*) FROM {runs} WHERE status IN {TERMINAL_STATES}")
+    assert got["succeeded"] == scalar(f"SELECT count(*) FROM {runs} WHERE status = 'SUCCEEDED'")
+    assert got["budget_stopped"] == scalar(f"SELECT count(*) FROM {runs} WHERE status = 'BUDGET_EXHAUSTED'")
+    looped = scalar(f"""SELECT count(*) FROM {runs} WHERE reason IN ('loop_detected', 'no_progress')
+                        OR run_id IN (SELECT run_id FROM {table(recorded_home, 'loop_diagnoses')})""")
+    assert got["looped"] == looped > 0
+    assert got["tokens_in"] == scalar(f"SELECT sum(tokens_in) FROM {runs}")
+    breakdown = q.overview(traces)["breakdowns"]["prompt_version"]
+    assert dict(zip(breakdown["value"], breakdown["runs"], strict=True)) == dict(
+        __import__("duckdb").sql(f"SELECT prompt_version, count(*) FROM {runs} GROUP BY 1").fetchall())
+
+
+def test_waiting_and_processing_time_follow_the_transitions(traces: Traces, recorded_home: Path) -> None:
+    events = pq.read_table(recorded_home / "traces" / "events", columns=["run_id", "seq", "ts", "to_state"])
+    versions = dict(__import__("duckdb").sql(
+        f"SELECT run_id, prompt_version FROM {table(recorded_home, 'runs')}").fetchall())
+    by_run: dict[str, list[tuple[int, object, str]]] = defaultdict(list)
+    for row in events.to_pylist():
+        if row["to_state"] is not None:
+            by_run[row["run_id"]].append((row["seq"], row["ts"], row["to_state"]))
+    expected: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for run_id, moves in by_run.items():
+        moves.sort()
+        for (_, start, state), (_, end, _) in zip(moves, moves[1:], strict=False):
+            waiting = state in ("WAITING_USER", "WAITING_TOOL")
+            expected[versions[run_id]][1 if waiting else 0] += (end - start).total_seconds()
+    got = q.time_split(traces).set_index("prompt_version")
+    for version, (processing, waiting) in expected.items():
+        assert got.at[version, "processing_s"] == pytest.approx(processing, rel=1e-6)
+        assert got.at[version, "waiting_s"] == pytest.approx(waiting, rel=1e-6, abs=1e-9)
+    assert sum(w for _, w in expected.values()) > 0, "the bundled scenarios include waits"
+
+
+def test_runs_filter_sort_and_pages(traces: Traces, recorded_home: Path) -> None:
+    runs = table(recorded_home, "runs")
+    flt = q.RunFilter(statuses=("FAILED",), prompt_versions=("v1",))
+    total = q.runs_count(traces, flt)
+    assert total == scalar(f"SELECT count(*) FROM {runs} WHERE status = 'FAILED' AND prompt_version = 'v1'") > 3
+    first_total, first = q.runs_page(traces, flt, "steps", True, 0, 3)
+    _, second = q.runs_page(traces, flt, "steps", True, 3, 3)
+    assert first_total == total and len(first) == 3
+    assert set(first["status"]) == {"FAILED"} and set(first["prompt_version"]) == {"v1"}
+    assert list(first["steps"]) == sorted(first["steps"], reverse=True)
+    assert first["steps"].min() >= second["steps"].max()
+    assert not set(first["run_id"]) & set(second["run_id"])
+    looping = q.RunFilter(detectors=("loop.oscillation",))
+    _, page = q.runs_page(traces, looping)
+    assert len(page) > 0 and all("loop.oscillation" in d for d in page["detectors"])
+    assert q.runs_count(traces, q.RunFilter(task="no-such-task")) == 0
+    with pytest.raises(ValueError):
+        q.runs_page(traces, flt, sort="run_id; DROP TABLE runs")
+
+
+def test_run_detail_holds_the_runs_records(traces: Traces, recorded_home: Path) -> None:
+    run_id = scalar(f"SELECT run_id FROM {table(recorded_home, 'loop_diagnoses')} ORDER BY run_id LIMIT 1")
+    detail = q.run_detail(traces, run_id)
+    assert detail is not None
+    assert len(detail["events"]) == scalar(f"SELECT count(*) FROM {table(recorded_home, 'events')} "
+                                           f"WHERE run_id = '{run_id}'")
+    assert list(detail["events"]["seq"]) == list(range(1, len(detail["events"]) + 1))
+    assert len(detail["validations"]) == scalar(f"SELECT count(*) FROM {table(recorded_home, 'validations')} "
+                                                f"WHERE run_id = '{run_id}'")
+    assert len(detail["diagnoses"]) >= 1
+    spans = detail["spans"]
+    assert spans["state"].iloc[-1] == detail["run"]["status"]
+    assert (spans["seconds"] >= 0).all()
+    body = q.artifact_body(traces, detail["candidates"]["context_artifact_id"].iloc[0])
+    assert body is not None and "messages" in json.loads(body) or body
+    assert q.run_detail(traces, "no-such-run") is None
+
+
+def test_diagnoses_summary_counts_failed_runs(traces: Traces, recorded_home: Path) -> None:
+    summary = q.diagnoses_summary(traces)
+    diag = table(recorded_home, "loop_diagnoses")
+    assert summary["findings"].sum() == scalar(f"SELECT count(*) FROM {diag}")
+    totals = q.diagnoses_totals(traces)
+    assert totals["runs_failed"] == scalar(
+        f"SELECT count(DISTINCT d.run_id) FROM {diag} d JOIN {table(recorded_home, 'runs')} r USING (run_id) "
+        "WHERE r.status NOT IN ('SUCCEEDED')")
+    total, page = q.diagnosis_findings(traces, "loop.repeated_call", None, 0, 10)
+    assert total == scalar(f"SELECT count(*) FROM {diag} WHERE detector = 'loop.repeated_call'") == len(page)
+
+
+def test_prompt_comparison_rates_and_intervals(traces: Traces, recorded_home: Path) -> None:
+    runs = table(recorded_home, "runs")
+    got = q.prompt_compare(traces, "v1", "v2")
+    for version in ("v1", "v2"):
+        k = scalar(f"SELECT count(*) FROM {runs} WHERE prompt_version = '{version}' AND status = 'SUCCEEDED'")
+        n = scalar(f"SELECT count(*) FROM {runs} WHERE prompt_version = '{version}' AND status IN "
+                   f"{TERMINAL_STATES}")  # rates are over finished runs; some runs wait on a person
+        rate = got["rates"][version]["success"]
+        assert (rate["k"], rate["n"]) == (k, n)
+        assert (rate["lo"], rate["hi"]) == pytest.approx(wilson(k, n))
+        assert rate["lo"] <= k / n <= rate["hi"]
+    assert got["steps"]["runs"].sum() == scalar(f"SELECT count(*) FROM {runs}")
+    assert got["cost"]["runs"].sum() == scalar(f"SELECT count(*) FROM {runs}")
+
+
+def test_wilson_interval_known_values() -> None:
+    assert wilson(0, 0) == (0.0, 1.0)
+    lo, hi = wilson(5, 10)
+    assert (round(lo, 4), round(hi, 4)) == (0.2366, 0.7634)
+    lo, hi = wilson(0, 10)
+    assert lo == 0.0 and round(hi, 4) == 0.2775
+    with pytest.raises(ValueError):
+        wilson(11, 10)
+
+
+def test_compare_recorded_with_a_hand_written_replay(traces: Traces, recorded_home: Path) -> None:
+    flips = scalar(f"SELECT count(*) FROM {table(recorded_home, 'validations')} WHERE validator = "
+                   "'completion_gate' AND verdict = 'accept' AND run_id LIKE '%.v2.%'")
+    got = c.compare_validators(traces, "recorded", SYNTHETIC_REPLAY)
+    assert got["used_diffs"]
+    assert got["totals"]["flips"] == got["totals"]["verdict_flips"] == flips > 0
+    assert got["confusion"].at["accept", "reject"] == flips
+    assert set(got["by_validator"]["validator"]) == {"completion_gate"}
+    assert (got["divergence"]["divergence_step"] >= 1).all()
+
+
+def test_the_diffs_shortcut_and_the_full_join_agree(traces: Traces, monkeypatch: pytest.MonkeyPatch) -> None:
+    for replay in c.sides(traces)[1:]:
+        fast = c.compare_validators(traces, "recorded", replay)
+        assert fast["used_diffs"], replay
+        monkeypatch.setattr(c, "_diffs_apply", lambda *_: False)
+        slow = c.compare_validators(traces, "recorded", replay)
+        monkeypatch.undo()
+        assert not slow["used_diffs"]
+        assert fast["totals"] == slow["totals"]
+        assert fast["confusion"].equals(slow["confusion"])
+        assert fast["by_validator"].equals(slow["by_validator"])
+
+
+def test_a_real_replay_compares_like_its_own_summary(traces: Traces, recorded_home: Path) -> None:
+    real = [s for s in c.sides(traces) if s not in ("recorded", SYNTHETIC_REPLAY)]
+    assert len(real) == 1
+    summary = __import__("duckdb").sql(
+        f"SELECT flips, runs_diverged, regressions, decisions FROM "
+        f"read_parquet('{recorded_home}/replays/{real[0]}/summary/*.parquet')").fetchone()
+    got = c.compare_validators(traces, "recorded", real[0])["totals"]
+    assert (got["flips"], got["runs_diverged"], got["regressions"], got["decisions"]) == summary
+
+
+def test_scenario_labels_are_derived_like_the_replay_does(traces: Traces, recorded_home: Path) -> None:
+    real = next(s for s in c.sides(traces) if s not in ("recorded", SYNTHETIC_REPLAY))
+    labels = __import__("duckdb").sql(
+        f"SELECT labels, labels_agreeing FROM read_parquet('{recorded_home}/replays/{real}/summary/*.parquet')"
+    ).fetchone()
+    summary = c.labels_summary(traces)
+    assert summary.loc[summary["source"] == "scenario", "labels"].sum() == labels[0] > 0
+    outcomes = c.compare_validators(traces, "recorded", real)["labels"]
+    assert len(outcomes) == labels[0]
+    assert (outcomes["outcome"].isin(["agrees", "fix"])).sum() == labels[1]
+
+
+def test_an_empty_home_says_so(tmp_path: Path) -> None:
+    empty = Traces(tmp_path)
+    with pytest.raises(NoData, match="No `runs` table"):
+        q.overview(empty)
+    assert c.sides(empty) == []
+    assert fingerprint(tmp_path) == fingerprint(tmp_path)
+
+
+def test_a_home_with_only_runs_still_answers(recorded_home: Path, tmp_path: Path) -> None:
+    shutil.copytree(recorded_home / "traces" / "runs", tmp_path / "traces" / "runs")
+    partial = Traces(tmp_path)
+    assert q.overview(partial)["totals"]["runs"] > 0
+    assert q.time_split(partial).empty
+    assert q.runs_count(partial, q.RunFilter(detectors=("loop.oscillation",))) == 0
+    with pytest.raises(NoData, match="loop_diagnoses"):
+        q.diagnoses_summary(partial)
+
+
+def test_a_corrupt_file_is_a_clear_error(recorded_home: Path, tmp_path: Path) -> None:
+    shutil.copytree(recorded_home / "traces", tmp_path / "traces")
+    before = fingerprint(tmp_path)
+    (tmp_path / "traces" / "runs" / "broken.parquet").write_bytes(b"not parquet at all")
+    assert fingerprint(tmp_path) != before
+    with pytest.raises(CorruptData, match="broken.parquet"):
+        q.overview(Traces(tmp_path))
