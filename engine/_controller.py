@@ -21,12 +21,16 @@ before it is dispatched, the outcome before the run ends.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
+from collections import OrderedDict
+from functools import lru_cache
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loopledger.validators import DecisionInput, Suite, Verdict
+from loopledger.canonical import Canonical
+from loopledger.validators import Context, DecisionInput, Suite, Verdict
 
 from . import _faults
 from ._backends import DemoBackend, Fault, ToolOutcome, ToolRequest
@@ -61,6 +65,16 @@ CONFIRM_SCHEMA = {
 EVIDENCE_CHECKS = frozenset({"completion_gate", "references"})
 STOP_CODES = {"protocol_error": "protocol_error", "loop_detected": "loop_detected", "no_progress": "no_progress"}
 
+#: Context artifacts kept in memory by id (they are immutable).
+CONTEXT_CACHE = 1024
+
+
+@lru_cache(maxsize=1)
+def _tools_snapshot() -> Canonical:
+    """The demo tool registry, serialised once for every context that embeds it."""
+    return Canonical(tool_registry_snapshot())
+
+
 PROMPTS = {
     "v1": "You are a careful operations agent. Use the tools to do the task; cite evidence for every claim.",
     "v2": "You are an operations agent. Plan first, call tools one at a time, and finish only with evidence.",
@@ -90,6 +104,8 @@ class Controller:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.secret = secret
+        self._contexts: OrderedDict[str, tuple[dict[str, Any], Context | None]] = OrderedDict()
+        self._cache_lock = threading.Lock()
         self.store = store
         self.backend = backend
         self.config_for = config_for
@@ -171,7 +187,12 @@ class Controller:
         if exhausted:
             self._finalize(view, "BUDGET_EXHAUSTED", exhausted)
             return
-        context = Artifact("context", self._context_body(view, config))
+        body = self._context_body(view, config)
+        context = Artifact("context", body)
+        plain = {**body, "tools": body["tools"].value}
+        self._remember(context.artifact_id, plain, Context(
+            messages=plain["messages"], tools=DEMO_TOOLS, policy=plain["policy"], contract=plain["contract"],
+            tenant=plain["tenant"], budget=plain["budget"]))
         self._move(
             view,
             State.MODEL_RUNNING,
@@ -237,7 +258,7 @@ class Controller:
             "retrieval": [
                 {"kind": e.kind, "subject": e.subject} for e in view.evidence.values()
             ],
-            "tools": tool_registry_snapshot(),
+            "tools": _tools_snapshot(),
             "policy": {"approval_required": [t.name for t in DEMO_TOOLS if t.requires_approval]},
             "contract": contract,
             "tenant": view.tenant,
@@ -249,7 +270,7 @@ class Controller:
     # -- MODEL_RUNNING ----------------------------------------------------------
 
     def _model_running(self, view: RunView, config: RunConfig) -> None:
-        context = self.store.get_artifact(view.context_id)
+        context = self._context(view.context_id)[0]
         request = ModelRequest(
             run_id=view.run_id,
             step=view.step,
@@ -318,8 +339,27 @@ class Controller:
     # -- VALIDATING -------------------------------------------------------------
 
     def decision_input(self, view: RunView) -> DecisionInput:
-        return decision_input(view, self.store.get_artifact(view.candidate_id),
-                              self.store.get_artifact(view.context_id))
+        body, parsed = self._context(view.context_id)
+        return decision_input(view, self.store.get_artifact(view.candidate_id), parsed or body)
+
+    # Context artifacts are immutable, so what this process built (or read)
+    # once can be reused by id: a step's model call and its validation do
+    # not re-read and re-parse the context it froze.
+
+    def _remember(self, context_id: str, body: dict[str, Any], parsed: Context | None) -> None:
+        with self._cache_lock:
+            self._contexts[context_id] = (body, parsed)
+            self._contexts.move_to_end(context_id)
+            while len(self._contexts) > CONTEXT_CACHE:
+                self._contexts.popitem(last=False)
+
+    def _context(self, context_id: str) -> tuple[dict[str, Any], Context | None]:
+        with self._cache_lock:
+            cached = self._contexts.get(context_id)
+        if cached is None:
+            cached = (self.store.get_artifact(context_id), None)
+            self._remember(context_id, *cached)
+        return cached
 
     def _validating(self, view: RunView, config: RunConfig) -> None:
         inp = self.decision_input(view)
@@ -399,6 +439,16 @@ class Controller:
             }
             for op in ops
         )
+        # The first operation that needs nobody's approval is marked as sent in
+        # the same commit that records it, and sent right after: a crash in
+        # between leaves it in flight, and the resumed run reconciles it.
+        first = ops[0] if self._sendable(ops[0], config) else None
+        if first is not None:
+            new_operations = (
+                {**new_operations[0], "status": "running", "dispatch_count": 1},
+            ) + new_operations[1:]
+            recorded["events"] = tuple(recorded["events"]) + (
+                NewEvent("operation_dispatched", {"operation_id": first.operation_id}),)
         payload_ops = [
             {"operation_id": op.operation_id, "idempotency_key": op.idempotency_key, "call_id": op.call_id,
              "tool": op.tool, "version": op.version, "arguments": op.arguments, "args_hash": op.args_hash,
@@ -413,6 +463,8 @@ class Controller:
             counters={"tool_calls": len(ops)},
             **recorded,
         )
+        if first is not None:
+            self._send(view, config, view.ops[first.operation_id])
 
     def _operation(self, view: RunView, index: int, call: Any) -> OpView:
         operation_id = f"{view.run_id}.s{view.step}.op{index}"
@@ -476,7 +528,7 @@ class Controller:
                                                     "schema": args.get("schema") or {}},
                             {}, operation=op)
             return
-        if op.tool in config.approval_required and not op.approved:
+        if not self._sendable(op, config):
             self._wait_user(view, config, "approval", {
                 "question": f"Approve {op.tool} with {op.arguments}?",
                 "operation_id": op.operation_id,
@@ -506,6 +558,14 @@ class Controller:
             operation_updates=({"operation_id": op.operation_id, "status": "running",
                                 "dispatch_count": op.dispatches + 1},),
         ))
+        self._send(view, config, op)
+
+    def _sendable(self, op: OpView, config: RunConfig) -> bool:
+        """Can go to its backend without a person first."""
+        return op.tool != "ask_user" and (op.tool not in config.approval_required or op.approved)
+
+    def _send(self, view: RunView, config: RunConfig, op: OpView) -> None:
+        """Send an operation already marked as dispatched, and record its result."""
         request = ToolRequest(
             operation_id=op.operation_id,
             idempotency_key=op.idempotency_key,
@@ -534,8 +594,12 @@ class Controller:
                 self._note(view, "dispatch_refused", op, "RATE_LIMIT", retry_after_s=wait)
                 self.sleep(wait)
                 return
-        self._record_result(view, op, outcome)
-        if outcome.outcome not in ("success", "background_accepted"):
+        if outcome.outcome in ("success", "background_accepted"):
+            # The step's last result closes the step in the same commit.
+            last = all(o.settled or o is op for o in view.step_ops())
+            self._record_result(view, op, outcome, close_step=last)
+        else:
+            self._record_result(view, op, outcome)
             self._cancel_rest(view)
 
     def _note(self, view: RunView, kind: str, op: OpView, code: str, **extra: Any) -> None:
@@ -552,7 +616,10 @@ class Controller:
     def _record_result(
         self, view: RunView, op: OpView, outcome: ToolOutcome, to: State | None = None,
         payload: dict[str, Any] | None = None, set_fields: dict[str, Any] | None = None,
+        close_step: bool = False,
     ) -> None:
+        """Commit the request's one terminal result (with ``close_step``, also
+        the move to READY that ends the step)."""
         artifacts: list[Artifact] = []
         result_id = None
         summary = None
@@ -575,12 +642,16 @@ class Controller:
             "result_artifact_id": result_id,
             "summary": summary,
         }
+        events = [NewEvent("operation_result", event)]
+        if close_step:
+            to = State.READY
+            events.append(NewEvent("step_closed", view.step_record(with_result=event).to_dict()))
         update = {"operation_id": op.operation_id, "status": outcome.status, "outcome": outcome.outcome,
                   "result_artifact_id": result_id, "work_id": outcome.work_id}
         self._commit(view, Commit(
             view.run_id, view.state_version, to,
             payload=payload or {},
-            events=(NewEvent("operation_result", event),),
+            events=tuple(events),
             artifacts=tuple(artifacts),
             operation_updates=(update,),
             set_fields=set_fields or {},

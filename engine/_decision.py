@@ -17,11 +17,13 @@ from loopledger.validators import Candidate, Context, DecisionInput, canonical_p
 from ._view import RunView
 
 
-def decision_input(view: RunView, candidate_body: Mapping[str, Any], context_body: Mapping[str, Any],
+def decision_input(view: RunView, candidate_body: Mapping[str, Any], context_body: Mapping[str, Any] | Context,
                    candidate_id: str | None = None) -> DecisionInput:
+    """``context_body`` is the context artifact's body, or the Context
+    already parsed from it (the live engine keeps the ones it built)."""
     candidate = Candidate(items=candidate_body["items"], finish_reason=candidate_body["finish_reason"],
                           candidate_id=candidate_id or view.candidate_id)
-    context = Context(
+    context = context_body if isinstance(context_body, Context) else Context(
         messages=context_body.get("messages", ()),
         tools=context_body.get("tools", ()),
         policy=context_body.get("policy", {}),

@@ -156,6 +156,8 @@ class Runner:
         unless ``wait_for_tools`` is False, until its background work is done)."""
         timers: list[tuple[float, str]] = []
         queue = list(run_ids)
+        # Runs driven side by side share fsyncs (see SQLRunStore.group_commit).
+        self.store.group_commit = concurrency > 1
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="run") as pool:
             running: dict[Future[Any], str] = {}
             while queue or running or timers:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from loopledger.canonical import canonical_json
@@ -123,6 +124,10 @@ class SQLRunStore:
     dialect = "sql"
 
     def __init__(self) -> None:
+        #: Group commit: concurrent callers' commits share one transaction and
+        #: one fsync; each caller still returns only once its commit is durable.
+        self.group_commit = False
+        self._group = _GroupCommitter(self)
         self._lock = threading.RLock()
         self._conn: Any = None
         self._update_cache: dict[tuple[Any, ...], str] = {}
@@ -287,6 +292,8 @@ class SQLRunStore:
 
     def commit(self, commit: Commit) -> CommitResult:
         _check_commit_shape(commit)
+        if self.group_commit:
+            return self._group.submit(commit)
         # The transaction is spelled out rather than taken from _write(): this
         # is the hottest path of the engine.
         with self._lock:
@@ -358,6 +365,30 @@ class SQLRunStore:
             raise StaleStateVersion(c.run_id, c.expected_version, -1)
         return CommitResult(c.run_id, target, new_version, last_seq + 1, seq), None
 
+    def _apply_group(self, slots: list[_Slot]) -> None:
+        """Apply many runs' commits in one transaction, one fsync: each in
+        its own savepoint, so a refused commit (a lost compare-and-set) is
+        undone alone and the others stand."""
+        with self._lock:
+            conn = self._conn
+            self._begin_write(conn)
+            try:
+                for slot in slots:
+                    conn.execute("SAVEPOINT one_commit")
+                    try:
+                        slot.result, slot.late = self._commit_txn(conn, slot.commit)
+                    except Exception as exc:  # noqa: BLE001 - handed to the caller that owns it
+                        conn.execute("ROLLBACK TO one_commit")
+                        slot.error = exc
+                    conn.execute("RELEASE one_commit")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        for slot in slots:
+            if slot.error is None:
+                _faults.after_commit()
+
     def _update_run_sql(self, counters: tuple[str, ...], fields: tuple[str, ...], terminal: bool) -> str:
         key = (counters, fields, terminal)
         sql = self._update_cache.get(key)
@@ -423,15 +454,26 @@ class SQLRunStore:
         self, conn: Any, run_id: str, seq: int, facts: Mapping[str, Sequence[Mapping[str, Any]]]
     ) -> None:
         for table, rows in facts.items():
+            # Rows that supply the same columns go in one executemany; omitted
+            # columns take the table's defaults instead of an explicit NULL.
+            batches: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
             for row in rows:
-                # Only the columns the row supplies, so omitted ones take the
-                # table's defaults instead of an explicit NULL.
-                columns = [c for c in FACT_COLUMNS[table] if c in row]
-                sql = (
-                    f"INSERT INTO {table} (run_id, {', '.join(columns)}, seq, schema_version)"
-                    f" VALUES ({', '.join('?' for _ in range(len(columns) + 3))})"
-                )
-                self._q(conn, sql, (run_id, *(_column_value(row, c) for c in columns), seq, SCHEMA_VERSION))
+                columns = tuple(c for c in FACT_COLUMNS[table] if c in row)
+                batches.setdefault(columns, []).append(
+                    (run_id, *(_column_value(row, c) for c in columns), seq, SCHEMA_VERSION))
+            for columns, values in batches.items():
+                conn.executemany(self._fact_sql(table, columns), values)
+
+    def _fact_sql(self, table: str, columns: tuple[str, ...]) -> str:
+        key = (table, columns)
+        sql = self._update_cache.get(key)
+        if sql is None:
+            sql = self._sql(
+                f"INSERT INTO {table} (run_id, {', '.join(columns)}, seq, schema_version)"
+                f" VALUES ({', '.join('?' for _ in range(len(columns) + 3))})"
+            )
+            self._update_cache[key] = sql
+        return sql
 
     def _write_operations(
         self, conn: Any, run_id: str, seq: int,
@@ -478,6 +520,57 @@ class SQLRunStore:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+@dataclass
+class _Slot:
+    commit: Commit
+    result: CommitResult | None = None
+    late: TerminalAlreadySet | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class _GroupCommitter:
+    """Leader/follower group commit. The first caller to find no transaction
+    in progress becomes the leader and applies every commit queued so far;
+    the others wait for their slot to be done. No thread of its own."""
+
+    def __init__(self, store: SQLRunStore) -> None:
+        self.store = store
+        self._cond = threading.Condition()
+        self._queue: list[_Slot] = []
+        self._leading = False
+
+    def submit(self, commit: Commit) -> CommitResult:
+        slot = _Slot(commit)
+        with self._cond:
+            self._queue.append(slot)
+            while not slot.done:
+                if self._leading:
+                    self._cond.wait()
+                    continue
+                self._leading = True
+                batch, self._queue = self._queue, []
+                self._cond.release()
+                try:
+                    self.store._apply_group(batch)
+                except BaseException as exc:
+                    for other in batch:
+                        other.error = other.error or exc
+                    raise
+                finally:
+                    self._cond.acquire()
+                    for other in batch:
+                        other.done = True
+                    self._leading = False
+                    self._cond.notify_all()
+        if slot.error is not None:
+            raise slot.error
+        if slot.late is not None:
+            raise slot.late
+        assert slot.result is not None
+        return slot.result
 
 
 def _column_value(row: Mapping[str, Any], column: str) -> Any:

@@ -261,16 +261,27 @@ class RunView:
     def pending_background(self) -> list[OpView]:
         return [op for op in self.ops.values() if op.outcome == "background_accepted" and not op.work_done]
 
-    def step_record(self) -> StepRecord:
+    def step_record(self, with_result: dict[str, Any] | None = None) -> StepRecord:
+        """The record of the step so far; ``with_result`` counts an
+        operation result that is about to be committed with it."""
         calls = tuple(f"{op.tool}:{op.args_hash}" for op in self.step_ops())
+        errors = tuple(self.step_errors)
+        new_evidence = len(self.evidence) - self.step_evidence_before
+        completed = self.step_completed
+        if with_result is not None:
+            if with_result.get("error_code"):
+                errors += (with_result["error_code"],)
+            fresh = {(e["kind"], e.get("subject")) for e in with_result.get("evidence", ())}
+            new_evidence += len(fresh - self.evidence.keys())
+            completed += with_result["outcome"] == "success"
         return StepRecord(
             run_id=self.run_id,
             step=self.step,
             states=tuple(self.step_states),
             calls=calls,
-            errors=tuple(self.step_errors),
-            new_evidence=len(self.evidence) - self.step_evidence_before,
-            completed_operations=self.step_completed,
+            errors=errors,
+            new_evidence=new_evidence,
+            completed_operations=completed,
         )
 
     def facts(self) -> RunFacts:

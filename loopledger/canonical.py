@@ -25,7 +25,7 @@ import json
 import math
 from typing import Any
 
-__all__ = ["CanonicalJSONError", "canonical_json", "canonical_bytes", "content_id", "loads"]
+__all__ = ["Canonical", "CanonicalJSONError", "canonical_json", "canonical_bytes", "content_id", "loads"]
 
 _encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
@@ -37,6 +37,18 @@ class CanonicalJSONError(ValueError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class Canonical:
+    """A value whose canonical JSON is computed once and then reused wherever
+    the value is embedded (a tool registry snapshot in every context, say).
+    It serialises exactly as the plain value would."""
+
+    __slots__ = ("value", "text")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.text = canonical_json(value)
 
 
 class _Refused(Exception):
@@ -72,6 +84,8 @@ def _write(value: Any, out: list[str]) -> None:
         _write_array(value, out)
     elif kind is float:
         out.append(_number(value))
+    elif kind is Canonical:
+        out.append(value.text)
     elif value is None:
         out.append("null")
     elif value is True:
