@@ -1,0 +1,191 @@
+"""Every page of the workbench through Streamlit's AppTest, on the recorded
+bundled scenarios: the figures shown are the data's (computed here with
+DuckDB over the raw files), interactions work, bad data is a message."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from loopledger.ui._data import TERMINAL_STATES
+from ui_kit import REPO, SYNTHETIC_REPLAY, scalar, table
+
+APP = str(REPO / "ui" / "app.py")
+
+
+def open_app(home: Path, monkeypatch: pytest.MonkeyPatch, page: str | None = None,
+             **query: str) -> AppTest:
+    monkeypatch.setenv("LOOPLEDGER_HOME", str(home))
+    at = AppTest.from_file(APP, default_timeout=60)
+    for key, value in query.items():
+        at.query_params[key] = value
+    at.run()
+    if page:
+        at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def frame_with(at: AppTest, *columns: str):
+    """The first data grid on the page that has these columns."""
+    for grid in at.dataframe:
+        if set(columns) <= set(grid.value.columns):
+            return grid.value
+    raise AssertionError(f"no grid with columns {columns}")
+
+
+def shown_total(at: AppTest) -> int:
+    """The "Showing a–b of N" line of a pager."""
+    for md in at.markdown:
+        found = re.search(r"of \*\*([\d,]+)\*\*", md.value)
+        if found:
+            return int(found.group(1).replace(",", ""))
+    raise AssertionError("no pager line on the page")
+
+
+def test_overview(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    at = open_app(recorded_home, ui_env)
+    runs = table(recorded_home, "runs")
+    total = scalar(f"SELECT count(*) FROM {runs}")
+    finished = scalar(f"SELECT count(*) FROM {runs} WHERE status IN {TERMINAL_STATES}")
+    ok = scalar(f"SELECT count(*) FROM {runs} WHERE status = 'SUCCEEDED'")
+    tokens = scalar(f"SELECT sum(tokens_in + tokens_out) FROM {runs}")
+    shown = metrics(at)
+    assert shown["Runs"] == f"{total:,}"
+    assert shown["Success rate"] == f"{100 * ok / finished:.1f}%"
+    assert shown["Tokens"] == f"{tokens:,}"
+    assert float(shown["Waiting (s)"].replace(",", "")) > 0
+    assert not at.error
+
+
+def test_runs_filter_and_open(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    at = open_app(recorded_home, ui_env, "_pages_runs.py")
+    runs = table(recorded_home, "runs")
+    assert shown_total(at) == scalar(f"SELECT count(*) FROM {runs}")
+    at.multiselect(key="runs_status").set_value(["FAILED"]).run()
+    at.multiselect(key="runs_version").set_value(["v2"]).run()
+    failed_v2 = scalar(f"SELECT count(*) FROM {runs} WHERE status = 'FAILED' AND prompt_version = 'v2'")
+    assert shown_total(at) == failed_v2
+    grid = frame_with(at, "run_id", "status", "tokens")
+    assert set(grid["status"]) == {"FAILED"} and len(grid) == min(failed_v2, 50)
+    at.text_input(key="runs_task").input("loop-oscillation").run()
+    assert shown_total(at) == 1
+    picked = at.selectbox(key="runs_pick").value
+    assert picked.startswith("loop-oscillation.v2.")
+    at.button(key="runs_open").click().run()
+    assert not at.exception
+    assert at.query_params["run_id"] == [picked] or at.query_params["run_id"] == picked
+
+
+def test_run_deep_link_shows_the_run(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    run_id = scalar(f"SELECT run_id FROM {table(recorded_home, 'loop_diagnoses')} ORDER BY run_id LIMIT 1")
+    at = open_app(recorded_home, ui_env, run_id=run_id)
+    row = __import__("duckdb").sql(f"SELECT status, reason, steps, tool_calls FROM {table(recorded_home, 'runs')} "
+                                   f"WHERE run_id = '{run_id}'").fetchone()
+    shown = metrics(at)
+    assert (shown["Status"], shown["Reason"], shown["Steps"], shown["Tool calls"]) == (
+        row[0], row[1], str(row[2]), str(row[3]))
+    assert [t.label for t in at.tabs][:5] == ["Candidates", "Decisions", "Operations", "Waits & replies",
+                                              "Loop diagnosis"]
+    decisions = frame_with(at, "validator_version", "verdict")
+    assert len(decisions) == scalar(f"SELECT count(*) FROM {table(recorded_home, 'validations')} "
+                                    f"WHERE run_id = '{run_id}'")
+    assert any(run_id in s.value for s in at.subheader)
+
+
+def test_run_page_for_an_unknown_run(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    at = open_app(recorded_home, ui_env, run_id="no-such-run")
+    assert any("No run `no-such-run`" in w.value for w in at.warning)
+
+
+def test_labelling_a_decision_from_the_run_page(writable_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    run_id = scalar(f"SELECT run_id FROM {table(writable_home, 'validations')} WHERE verdict = 'reject' "
+                    "ORDER BY run_id LIMIT 1")
+    at = open_app(writable_home, ui_env, run_id=run_id)
+    at.selectbox(key="label_pick").set_value(1)
+    at.radio(key="label_verdict").set_value("accept")
+    at.text_input(key="label_note").input("the gate was too strict")
+    at.button(key="FormSubmitter:label_form-Save label").click().run()
+    assert not at.exception and not at.error
+    assert any("Saved label" in s.value for s in at.success)
+    stored = __import__("duckdb").sql(
+        f"SELECT run_id, expected_verdict, source, note FROM {table(writable_home, 'labels')}").fetchall()
+    assert stored == [(run_id, "accept", "human", "the gate was too strict")]
+    at.switch_page("_pages_labels.py").run()
+    assert metrics(at)["Human"] == "1"
+
+
+def test_loop_diagnoses(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    at = open_app(recorded_home, ui_env, "_pages_diagnoses.py")
+    diag = table(recorded_home, "loop_diagnoses")
+    shown = metrics(at)
+    assert shown["Findings"] == f"{scalar(f'SELECT count(*) FROM {diag}'):,}"
+    assert shown["Runs with a finding"] == f"{scalar(f'SELECT count(DISTINCT run_id) FROM {diag}'):,}"
+    at.selectbox(key="diag_detector").set_value("loop.no_progress").run()
+    assert shown_total(at) == scalar(f"SELECT count(*) FROM {diag} WHERE detector = 'loop.no_progress'")
+    assert set(frame_with(at, "evidence_json", "detector", "status")["detector"]) == {"loop.no_progress"}
+
+
+def test_compare_validators_and_swap(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    at = open_app(recorded_home, ui_env, "_pages_validators.py")
+    flips = scalar(f"SELECT count(*) FROM {table(recorded_home, 'validations')} WHERE validator = "
+                   "'completion_gate' AND verdict = 'accept' AND run_id LIKE '%.v2.%'")
+    at.selectbox(key="cmp_a").set_value("recorded")
+    at.selectbox(key="cmp_b").set_value(SYNTHETIC_REPLAY).run()
+    assert metrics(at)["Flips"] == f"{flips:,}"
+    confusion = at.table[0].value
+    assert int(confusion.loc["accept", "reject"]) == flips
+    at.button(key="cmp_swap").click().run()
+    assert at.selectbox(key="cmp_a").value == SYNTHETIC_REPLAY
+    assert int(at.table[0].value.loc["reject", "accept"]) == flips
+    assert metrics(at)["Flips"] == f"{flips:,}"
+
+
+def test_compare_prompt_versions(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    at = open_app(recorded_home, ui_env, "_pages_prompts.py")
+    runs = table(recorded_home, "runs")
+    shown = at.table[0].value
+    for version in ("v1", "v2"):
+        k = scalar(f"SELECT count(*) FROM {runs} WHERE prompt_version = '{version}' AND status = 'SUCCEEDED'")
+        n = scalar(f"SELECT count(*) FROM {runs} WHERE prompt_version = '{version}' AND status IN "
+                   f"{TERMINAL_STATES}")
+        cell = shown.loc["Success rate", version]
+        assert cell.startswith(f"{100 * k / n:.1f}%") and cell.endswith(f"({k}/{n})")
+        total = scalar(f"SELECT count(*) FROM {runs} WHERE prompt_version = '{version}'")
+        assert shown.loc["Runs", version] == f"{total:,}"
+
+
+def test_labels_page_lists_scenario_labels(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    at = open_app(recorded_home, ui_env, "_pages_labels.py")
+    real = next(p.name for p in (recorded_home / "replays").iterdir() if p.name != SYNTHETIC_REPLAY)
+    labels = scalar(f"SELECT labels FROM read_parquet('{recorded_home}/replays/{real}/summary/*.parquet')")
+    assert metrics(at)["Labels"] == f"{labels:,}"
+    assert shown_total(at) == labels
+    assert at.get("download_button")
+
+
+@pytest.mark.parametrize("page", ["_pages_overview.py", "_pages_runs.py", "_pages_run.py", "_pages_diagnoses.py",
+                                  "_pages_validators.py", "_pages_prompts.py", "_pages_labels.py"])
+def test_every_page_on_an_empty_home_says_what_is_missing(tmp_path: Path, ui_env: pytest.MonkeyPatch,
+                                                          page: str) -> None:
+    at = open_app(tmp_path, ui_env, page)
+    assert at.info or at.warning, page
+    assert not at.error
+
+
+def test_a_corrupt_file_is_a_message(recorded_home: Path, tmp_path: Path, ui_env: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    shutil.copytree(recorded_home / "traces", tmp_path / "traces")
+    (tmp_path / "traces" / "runs" / "zz-broken.parquet").write_bytes(b"PAR1 garbage")
+    at = open_app(tmp_path, ui_env)
+    assert any("zz-broken.parquet" in e.value for e in at.error)
+    at.switch_page("_pages_runs.py").run()
+    assert not at.exception and at.error
