@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 HOME_DIR ?= loopledger-data
 
-.PHONY: demo test bench clean venv
+.PHONY: demo test bench clean venv browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,19 @@ venv: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/loopledger demo --home $(HOME_DIR)
 
-test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest
+# The UI tests drive a real headless Chromium: Debian's package, since a
+# browser download of the test tool's own cannot work here.
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+browser:
+	@if [ ! -x $(CHROMIUM) ]; then \
+		echo "installing Debian's chromium for the UI tests"; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
+
+test: $(VENV)/.installed-test browser
+	LOOPLEDGER_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
