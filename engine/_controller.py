@@ -616,10 +616,11 @@ class Controller:
     def _record_result(
         self, view: RunView, op: OpView, outcome: ToolOutcome, to: State | None = None,
         payload: dict[str, Any] | None = None, set_fields: dict[str, Any] | None = None,
-        close_step: bool = False,
+        close_step: bool = False, before: tuple[NewEvent, ...] = (),
     ) -> None:
         """Commit the request's one terminal result (with ``close_step``, also
-        the move to READY that ends the step)."""
+        the move to READY that ends the step; ``before``: events committed
+        with it, ahead of it)."""
         artifacts: list[Artifact] = []
         result_id = None
         summary = None
@@ -642,7 +643,7 @@ class Controller:
             "result_artifact_id": result_id,
             "summary": summary,
         }
-        events = [NewEvent("operation_result", event)]
+        events = [*before, NewEvent("operation_result", event)]
         if close_step:
             to = State.READY
             events.append(NewEvent("step_closed", view.step_record(with_result=event).to_dict()))
@@ -825,8 +826,9 @@ class Controller:
                                   result={"error": "NOT_EXECUTED", "confirmed_by": "person", **reply.answer},
                                   evidence=(), error_code="NOT_EXECUTED", retry_after_s=None, work_id=None,
                                   executed=False)
-        self._commit(view, Commit(view.run_id, view.state_version, None, events=tuple(events)))
-        self._record_result(view, op, outcome, to=State.TOOL_RUNNING,
+        # One commit: a reply consumed but not applied would leave the run
+        # waiting on a wait nobody can answer any more.
+        self._record_result(view, op, outcome, to=State.TOOL_RUNNING, before=tuple(events),
                             payload={"replied": waiting["wait_id"]}, set_fields={"waiting_json": None})
         if outcome.outcome != "success":
             self._cancel_rest(view)
