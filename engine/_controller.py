@@ -521,6 +521,12 @@ class Controller:
         if not pending:
             self._after_tools(view)
             return
+        if any(not o.in_flight for o in pending) and any(
+                o.settled and o.outcome not in ("success", "background_accepted") for o in view.step_ops()):
+            # A call before these failed and the process stopped before it
+            # cancelled the rest (a crash): cancel them now, never send them.
+            self._cancel_rest(view)
+            return
         op = pending[0]
         if op.tool == "ask_user" and not op.in_flight:
             args = op.arguments
