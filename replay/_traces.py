@@ -216,5 +216,7 @@ def read_partition(out: Path, relation: str, part: int) -> Any:
     files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
     if not files:
         return None
-    tables = [pq.read_table(f) for f in files]
+    # ParquetFile.read, not read_table: the latter loads pyarrow.dataset
+    # (and pandas with it), a second per worker for nothing.
+    tables = [pq.ParquetFile(f).read() for f in files]
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]

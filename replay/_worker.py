@@ -80,9 +80,18 @@ def _rows_by_run(table: Any) -> dict[str, list[dict[str, Any]]]:
     grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
     if table is None:
         return grouped
-    for row in table.to_pylist():
+    # Column by column: several times faster than Table.to_pylist().
+    names = table.column_names
+    columns = [table.column(n).to_pylist() for n in names]
+    for values in zip(*columns):
+        row = dict(zip(names, values))
         grouped[row["run_id"]].append(row)
     return grouped
+
+
+#: Event kinds whose payload the run view does not read (see RunView.apply):
+#: their JSON is not parsed.
+_UNREAD_PAYLOADS = frozenset({"decisions", "run_created", "late_event"})
 
 
 class _Partition:
@@ -160,7 +169,8 @@ def _evaluate_run(run: Mapping[str, Any], events: Sequence[Mapping[str, Any]], b
     from loopledger.engine import decision_input, validated_candidates
 
     folded = ({"kind": e["kind"], "to_state": e["to_state"], "step": e["step"], "attempt": e["attempt"],
-               "payload": json.loads(e["payload_json"]) if e["payload_json"] else {}} for e in events)
+               "payload": json.loads(e["payload_json"]) if e["payload_json"] and e["kind"] not in _UNREAD_PAYLOADS
+               else {}} for e in events)
     contexts: dict[str, Any] = {}
     out = []
     for view, candidate_id, context_id in validated_candidates(run, folded):
