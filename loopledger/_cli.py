@@ -380,6 +380,23 @@ def demo(
     console.print(f"{len(outcomes) - len(mismatched)} of {len(outcomes)} runs ended as their scenario expects.")
     console.print(f"Traces: {where.traces}")
     console.print("Inspect one run:  [bold]loopledger show RUN_ID --home " + str(where.root) + "[/]")
+    _demo_replay(console, where)
+
+
+def _demo_replay(console: Any, where: Any) -> None:
+    """Replay the demo runs under the bundled default and strict suites and print the flips."""
+    from loopledger.replay import replay_many
+    from loopledger.replay._report import flip_groups
+
+    results = replay_many(where.traces, ["default", "strict"], write_to=where.replays)
+    for name, result in results.items():
+        s = result.summary
+        console.print(f"Replay with suite [bold]{name}[/] ({s.replay_id}): {s.candidates} candidates, "
+                      f"{s.flips} flip(s) against the recorded decisions, {s.runs_diverged} run(s) diverged, "
+                      f"{s.regressions} regression(s)")
+        for (validator, old, new, _, _), kinds in flip_groups(result.diffs):
+            console.print(f"  {validator}: {old} -> {new} x{sum(kinds.values())}")
+    console.print("Open the workbench:  [bold]loopledger ui --home " + str(where.root) + "[/]")
 
 
 @app.command("replay")
