@@ -47,7 +47,11 @@ def _body() -> None:
         return
     page = page.copy()
     page.insert(0, "open", [run_url(r) for r in page["run_id"]])
-    st.dataframe(page, hide_index=True, column_config={"open": run_link_column("open")}, key="runs_table")
+    # Outcome first: the columns an analyst scans before opening a run.
+    order = ["open", "status", "reason", "task_id", "prompt_version", "detectors", "steps", "tool_calls",
+             "tokens", "cost_usd", "duration_s", "tenant", "model_route", "started_at", "ended_at"]
+    st.dataframe(page, hide_index=True, column_order=order, column_config={"open": run_link_column("run")},
+                 key="runs_table")
     open_run_picker(list(page["run_id"]), "runs")
 
 
