@@ -66,6 +66,9 @@ _STATEMENTS = {
 }
 
 RUN_FIELDS = tuple(RunRecord.__dataclass_fields__)
+
+#: Runs whose head a store remembers (see ``SQLRunStore._remember_head``).
+MAX_HEADS = 100_000
 EVENT_FIELDS = tuple(EventRecord.__dataclass_fields__)
 
 
@@ -131,6 +134,7 @@ class SQLRunStore:
         self._lock = threading.RLock()
         self._conn: Any = None
         self._update_cache: dict[tuple[Any, ...], str] = {}
+        self._heads: dict[str, tuple[int, State, int, int, int]] = {}
         self._stmt = {name: self._sql(sql) for name, sql in _STATEMENTS.items()}
         self._stmt["lock_run"] = self._sql(self._lock_run_sql())
 
@@ -198,6 +202,7 @@ class SQLRunStore:
             )
             self._insert_event(conn, new.run_id, 1, now, "run_created", None, INITIAL.value, 0, 0, 1, {})
             self._store_artifacts(conn, new.run_id, 1, now, new.artifacts)
+        self._remember_head(new.run_id, (1, INITIAL, 1, 0, 0))
         return self.get_run(new.run_id)
 
     def get_run(self, run_id: str) -> RunRecord:
@@ -311,11 +316,11 @@ class SQLRunStore:
         return result
 
     def _commit_txn(self, conn: Any, c: Commit) -> tuple[CommitResult, TerminalAlreadySet | None]:
-        row = conn.execute(self._stmt["lock_run"], (c.run_id,)).fetchone()
-        if row is None:
-            raise UnknownRun(c.run_id)
-        state = State(row[0])
-        version, last_seq, step, attempt = row[1], row[2], row[3], row[4]
+        head = self._heads.get(c.run_id)
+        remembered = head is not None and head[0] == c.expected_version
+        if not remembered:
+            head = self._read_head(conn, c.run_id)
+        version, state, last_seq, step, attempt = head
         now = now_us()
         if state in TERMINAL:
             return self._late_txn(conn, c, state, version, last_seq, step, attempt, now)
@@ -324,10 +329,30 @@ class SQLRunStore:
         target = c.to_state
         if target is not None and target not in ALLOWED[state]:
             raise TransitionNotAllowed(c.run_id, state.value, target.value)
-
+        final = target or state
         new_version = version + 1
         new_step = step if c.step is None else c.step
         new_attempt = attempt if c.attempt is None else c.attempt
+        seq = last_seq + (target is not None) + len(c.events)
+
+        # The compare-and-set comes first: when the head this store
+        # remembered is stale (another process moved the run), nothing has
+        # been written yet, and the run is read for the precise refusal.
+        terminal = final in TERMINAL
+        params: list[Any] = [final.value, new_version, seq, new_step, new_attempt, now]
+        params += c.counters.values()
+        params += (_column_value(c.set_fields, name) for name in c.set_fields)
+        if terminal:
+            params.append(now)
+        params += (c.run_id, version)
+        updated = conn.execute(self._update_run_sql(tuple(c.counters), tuple(c.set_fields), terminal), params)
+        if updated.rowcount != 1:
+            if remembered:
+                self._heads.pop(c.run_id, None)
+                return self._commit_txn(conn, c)
+            # Read under the write lock a moment ago: cannot happen; refuse loudly.
+            raise StaleStateVersion(c.run_id, c.expected_version, -1)
+
         seq = last_seq
         insert_event = self._stmt["insert_event"]
         if target is not None:
@@ -337,13 +362,11 @@ class SQLRunStore:
                 (c.run_id, seq, now, "transition", state.value, target.value, new_step, new_attempt,
                  new_version, canonical_json(c.payload), SCHEMA_VERSION),
             )
-        else:
-            target = state
         for event in c.events:
             seq += 1
             conn.execute(
                 insert_event,
-                (c.run_id, seq, now, event.kind, target.value, None, new_step, new_attempt,
+                (c.run_id, seq, now, event.kind, final.value, None, new_step, new_attempt,
                  new_version, canonical_json(event.payload), SCHEMA_VERSION),
             )
         if c.artifacts:
@@ -352,42 +375,26 @@ class SQLRunStore:
             self._insert_facts(conn, c.run_id, seq, c.facts)
         if c.new_operations or c.operation_updates:
             self._write_operations(conn, c.run_id, seq, c.new_operations, c.operation_updates)
+        self._remember_head(c.run_id, (new_version, final, seq, new_step, new_attempt))
+        return CommitResult(c.run_id, final, new_version, last_seq + 1, seq), None
 
-        terminal = target in TERMINAL
-        params: list[Any] = [target.value, new_version, seq, new_step, new_attempt, now]
-        params += c.counters.values()
-        params += (_column_value(c.set_fields, name) for name in c.set_fields)
-        if terminal:
-            params.append(now)
-        params += (c.run_id, version)
-        updated = conn.execute(self._update_run_sql(tuple(c.counters), tuple(c.set_fields), terminal), params)
-        if updated.rowcount != 1:  # cannot happen under the write lock; refuse loudly if it does
-            raise StaleStateVersion(c.run_id, c.expected_version, -1)
-        return CommitResult(c.run_id, target, new_version, last_seq + 1, seq), None
+    def _read_head(self, conn: Any, run_id: str) -> tuple[int, State, int, int, int]:
+        row = conn.execute(self._stmt["lock_run"], (run_id,)).fetchone()
+        if row is None:
+            raise UnknownRun(run_id)
+        head = (int(row[1]), State(row[0]), int(row[2]), int(row[3]), int(row[4]))
+        self._remember_head(run_id, head)
+        return head
 
-    def _apply_group(self, slots: list[_Slot]) -> None:
-        """Apply many runs' commits in one transaction, one fsync: each in
-        its own savepoint, so a refused commit (a lost compare-and-set) is
-        undone alone and the others stand."""
-        with self._lock:
-            conn = self._conn
-            self._begin_write(conn)
-            try:
-                for slot in slots:
-                    conn.execute("SAVEPOINT one_commit")
-                    try:
-                        slot.result, slot.late = self._commit_txn(conn, slot.commit)
-                    except Exception as exc:  # noqa: BLE001 - handed to the caller that owns it
-                        conn.execute("ROLLBACK TO one_commit")
-                        slot.error = exc
-                    conn.execute("RELEASE one_commit")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        for slot in slots:
-            if slot.error is None:
-                _faults.after_commit()
+    def _remember_head(self, run_id: str, head: tuple[int, State, int, int, int]) -> None:
+        """What this store last saw of a run: it spares the read before a
+        commit. Never trusted alone: the commit's compare-and-set checks it."""
+        if head[1] in TERMINAL:
+            self._heads.pop(run_id, None)
+            return
+        if len(self._heads) >= MAX_HEADS:
+            self._heads.pop(next(iter(self._heads)))
+        self._heads[run_id] = head
 
     def _update_run_sql(self, counters: tuple[str, ...], fields: tuple[str, ...], terminal: bool) -> str:
         key = (counters, fields, terminal)
