@@ -308,6 +308,7 @@ class SQLRunStore:
                 result, late = self._commit_txn(conn, commit)
             except BaseException:
                 conn.execute("ROLLBACK")
+                self._heads.pop(commit.run_id, None)
                 raise
             conn.execute("COMMIT")
         _faults.after_commit()
@@ -395,6 +396,32 @@ class SQLRunStore:
         if len(self._heads) >= MAX_HEADS:
             self._heads.pop(next(iter(self._heads)))
         self._heads[run_id] = head
+
+    def _apply_group(self, slots: list[_Slot]) -> None:
+        """Apply many runs' commits in one transaction, one fsync: each in
+        its own savepoint, so a refused commit (a lost compare-and-set) is
+        undone alone and the others stand."""
+        with self._lock:
+            conn = self._conn
+            self._begin_write(conn)
+            try:
+                for slot in slots:
+                    conn.execute("SAVEPOINT one_commit")
+                    try:
+                        slot.result, slot.late = self._commit_txn(conn, slot.commit)
+                    except Exception as exc:  # noqa: BLE001 - handed to the caller that owns it
+                        conn.execute("ROLLBACK TO one_commit")
+                        self._heads.pop(slot.commit.run_id, None)
+                        slot.error = exc
+                    conn.execute("RELEASE one_commit")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                self._heads.clear()
+                raise
+            conn.execute("COMMIT")
+        for slot in slots:
+            if slot.error is None:
+                _faults.after_commit()
 
     def _update_run_sql(self, counters: tuple[str, ...], fields: tuple[str, ...], terminal: bool) -> str:
         key = (counters, fields, terminal)
