@@ -97,7 +97,8 @@ def test_retries_reuse_the_context_and_never_merge_attempts(recorded) -> None:
     import sqlite3
 
     journal = sqlite3.connect(home / "journal.sqlite")
-    run_id = next(line["run_id"] for line in lines if line["task_id"] == "model-truncated-then-ok")
+    run_id = next(line["run_id"] for line in lines
+                  if line["task_id"] == "model-truncated-then-ok" and ".v1." in line["run_id"])
     rows = journal.execute(
         "SELECT step, attempt, finish_reason, context_artifact_id, items_json FROM candidates"
         " WHERE run_id = ? ORDER BY step, attempt", (run_id,)).fetchall()
