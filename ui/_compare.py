@@ -148,15 +148,18 @@ def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[st
     """Each labelled decision with both sides' verdicts and whether ``b``
     is a regression (the label agreed with ``a``, not with ``b``), a fix
     (the reverse), or neither. A label with an empty validator judges the
-    candidate as a whole, whose verdict is its worst validator's."""
+    candidate as a whole, whose verdict is its worst validator's. Both
+    sides are narrowed to the labelled candidates first, by a semi join
+    (a tuple ``IN`` was several times slower on millions of decisions)."""
     severity = "CASE verdict " + " ".join(f"WHEN '{v}' THEN {i}" for i, v in enumerate(VERDICTS)) + " END"
     worst = "CASE max_s " + " ".join(f"WHEN {i} THEN '{v}'" for i, v in enumerate(VERDICTS)) + " END"
     cand = "run_id, step, attempt, candidate_id"
     return t.df(
         f"""
         WITH l AS (SELECT * FROM effective_labels),
-        a AS (SELECT * FROM ({src_a}) WHERE ({cand}) IN (SELECT ({cand}) FROM l)),
-        b AS (SELECT * FROM ({src_b}) WHERE ({cand}) IN (SELECT ({cand}) FROM l)),
+        lc AS (SELECT DISTINCT {cand} FROM l),
+        a AS (SELECT x.* FROM ({src_a}) x SEMI JOIN lc USING ({cand})),
+        b AS (SELECT x.* FROM ({src_b}) x SEMI JOIN lc USING ({cand})),
         wa AS (SELECT {cand}, '' AS validator, {worst} AS verdict
                FROM (SELECT {cand}, max({severity}) AS max_s FROM a GROUP BY ALL)),
         wb AS (SELECT {cand}, '' AS validator, {worst} AS verdict
