@@ -11,6 +11,10 @@ the candidate has not produced errors or progress yet.
 
 from __future__ import annotations
 
+import copy
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from ._detectors import Detector, Finding, NoProgress, Oscillation, RepeatedCall, RepeatedError
@@ -24,11 +28,65 @@ def _candidate_step(inp: DecisionInput) -> StepRecord:
     return StepRecord(run_id=inp.run_id, step=inp.step, calls=calls)
 
 
-def _run(det: Detector, inp: DecisionInput, with_candidate: bool) -> Finding | None:
-    last: Finding | None = None
-    for rec in inp.facts.history:
-        for f in det.observe(rec):
-            last = f
+class _Prefixes:
+    """Detector states after a run's finished steps, kept between candidates.
+
+    Each candidate of a run sees the same history as the one before plus the
+    steps since, so feeding only those steps into a copy of the remembered
+    state gives exactly what feeding the whole history would, at constant
+    cost per step instead of a cost that grows with the run. The remembered
+    prefix is compared with the candidate's history before it is used (a
+    cheap identity check when the caller reuses the records), so a different
+    history under the same run id never borrows another's state. Only a
+    cache: the decision is a function of the input alone.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._entries: OrderedDict[tuple[str, str], tuple[tuple[StepRecord, ...], Detector, Finding | None]] = (
+            OrderedDict()
+        )
+        self._lock = threading.Lock()
+
+    def fed(self, key: str, inp: DecisionInput, make: Callable[[], Detector]) -> tuple[Detector, Finding | None]:
+        """A detector fed the whole history, and the last finding it made."""
+        history = inp.facts.history
+        if len(history) <= SHORT_HISTORY:
+            # Replaying a few steps costs less than copying a remembered state.
+            det, last = make(), None
+            for rec in history:
+                for f in det.observe(rec):
+                    last = f
+            return det, last
+        slot = (key, inp.run_id)
+        with self._lock:
+            entry = self._entries.get(slot)
+        det, last, start = None, None, 0
+        if entry is not None:
+            prefix, state, found = entry
+            if len(prefix) <= len(history) and history[: len(prefix)] == prefix:
+                det, last, start = copy.deepcopy(state), found, len(prefix)
+        if det is None:
+            det = make()
+        for rec in history[start:]:
+            for f in det.observe(rec):
+                last = f
+        with self._lock:
+            self._entries[slot] = (tuple(history), copy.deepcopy(det), last)
+            self._entries.move_to_end(slot)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return det, last
+
+
+#: Histories up to this long are replayed from scratch, not remembered.
+SHORT_HISTORY = 32
+
+_PREFIXES = _Prefixes()
+
+
+def _run(make: Callable[[], Detector], key: str, inp: DecisionInput, with_candidate: bool) -> Finding | None:
+    det, last = _PREFIXES.fed(key, inp, make)
     if with_candidate:
         for f in det.observe(_candidate_step(inp)):
             last = f
@@ -48,7 +106,8 @@ def repeated_call(*, threshold: int = 3):
     RepeatedCall(threshold=threshold)  # validates the params now, not per candidate
 
     def check(inp: DecisionInput) -> list[Issue]:
-        return _issue("loop_detected", _run(RepeatedCall(threshold=threshold), inp, True), "loop.repeated_call")
+        found = _run(lambda: RepeatedCall(threshold=threshold), f"repeated_call:{threshold}", inp, True)
+        return _issue("loop_detected", found, "loop.repeated_call")
 
     return check
 
@@ -59,7 +118,8 @@ def repeated_error(*, threshold: int = 3):
     RepeatedError(threshold=threshold)
 
     def check(inp: DecisionInput) -> list[Issue]:
-        return _issue("loop_detected", _run(RepeatedError(threshold=threshold), inp, False), "loop.repeated_error")
+        found = _run(lambda: RepeatedError(threshold=threshold), f"repeated_error:{threshold}", inp, False)
+        return _issue("loop_detected", found, "loop.repeated_error")
 
     return check
 
@@ -70,7 +130,8 @@ def no_progress(*, window: int = 5):
     NoProgress(window=window)
 
     def check(inp: DecisionInput) -> list[Issue]:
-        return _issue("no_progress", _run(NoProgress(window=window), inp, False), "loop.no_progress")
+        found = _run(lambda: NoProgress(window=window), f"no_progress:{window}", inp, False)
+        return _issue("no_progress", found, "loop.no_progress")
 
     return check
 
@@ -88,9 +149,11 @@ def oscillation(*, period: int = 2, cycles: int = 3, channels: tuple[str, ...] =
         # candidate's step has not finished visiting its states).
         found = None
         if with_calls:
-            found = _run(Oscillation(period=period, cycles=cycles, channels=("calls",)), inp, True)
+            found = _run(lambda: Oscillation(period=period, cycles=cycles, channels=("calls",)),
+                         f"oscillation:calls:{period}:{cycles}", inp, True)
         if found is None and with_states:
-            found = _run(Oscillation(period=period, cycles=cycles, channels=("states",)), inp, False)
+            found = _run(lambda: Oscillation(period=period, cycles=cycles, channels=("states",)),
+                         f"oscillation:states:{period}:{cycles}", inp, False)
         return _issue("loop_detected", found, "loop.oscillation")
 
     return check

@@ -62,3 +62,35 @@ def test_oscillation_rejects_a_candidate_that_closes_the_cycle():
     d = osc(make_input([call("orders.get_order", {"order_id": "ORD-1043"})], facts={"history": hist}))
     assert (d.code, d.evidence["pattern"]) == ("loop_detected", "oscillation_calls")
     assert osc(make_input([call("orders.get_order", {"order_id": "ORD-1044"})], facts={"history": hist})).code == "ok"
+
+
+def test_remembered_history_prefix_gives_the_same_decisions_as_a_full_replay() -> None:
+    """Loop validators remember detector states between a run's candidates;
+    on long random histories every decision equals one made from scratch."""
+    import random
+
+    from loopledger.validators import Candidate, DecisionInput, RunFacts, StepRecord, load_suite
+    from loopledger.validators import _loop_validators as loop_validators
+
+    suite = load_suite("default")
+    rng = random.Random(7)
+    for trial in range(8):
+        history: list[StepRecord] = []
+        for step in range(1, 90):
+            calls = (rng.choice(["a:1", "b:2", "c:3"]),) if rng.random() < 0.8 else ()
+            errors = (rng.choice(["E1", "E2"]),) if rng.random() < 0.1 else ()
+            history.append(StepRecord(run_id=f"run-{trial}", step=step, states=("READY", "MODEL_RUNNING"),
+                                      calls=calls, errors=errors, new_evidence=int(rng.random() < 0.3)))
+            inp = DecisionInput(run_id=f"run-{trial}", step=step + 1, attempt=1,
+                                candidate=Candidate(items=[], finish_reason="stop"),
+                                facts=RunFacts(history=tuple(history)))
+            remembered = [d for d in suite.evaluate(inp).decisions if d.validator.startswith("loop.")]
+            loop_validators._PREFIXES._entries.clear()
+            fresh = [d for d in suite.evaluate(inp).decisions if d.validator.startswith("loop.")]
+            assert remembered == fresh, (trial, step)
+    # A different history under the same run id never borrows the remembered state.
+    other = tuple(StepRecord(run_id="run-0", step=s, calls=("z:9",)) for s in range(1, 60))
+    inp = DecisionInput(run_id="run-0", step=60, attempt=1, candidate=Candidate(items=[], finish_reason="stop"),
+                        facts=RunFacts(history=other))
+    codes = {d.validator: d.code for d in suite.evaluate(inp).decisions}
+    assert codes["loop.repeated_call"] == "loop_detected"
