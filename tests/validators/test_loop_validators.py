@@ -89,8 +89,8 @@ def test_remembered_history_prefix_gives_the_same_decisions_as_a_full_replay() -
             fresh = [d for d in suite.evaluate(inp).decisions if d.validator.startswith("loop.")]
             assert remembered == fresh, (trial, step)
     # A different history under the same run id never borrows the remembered state.
-    other = tuple(StepRecord(run_id="run-0", step=s, calls=("z:9",)) for s in range(1, 60))
+    other = tuple(StepRecord(run_id="run-0", step=s, errors=("E9",)) for s in range(1, 60))
     inp = DecisionInput(run_id="run-0", step=60, attempt=1, candidate=Candidate(items=[], finish_reason="stop"),
                         facts=RunFacts(history=other))
     codes = {d.validator: d.code for d in suite.evaluate(inp).decisions}
-    assert codes["loop.repeated_call"] == "loop_detected"
+    assert codes["loop.repeated_error"] == "loop_detected"
