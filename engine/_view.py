@@ -68,6 +68,19 @@ class OpView:
     def settled(self) -> bool:
         return self.outcome in TERMINAL_OUTCOMES
 
+    def model(self) -> Operation:
+        """The validators' view of this operation, rebuilt only when it changed
+        (a long run's facts must not cost more at every step)."""
+        key = (self.outcome, self.error_code, self.work_id, self.work_done)
+        cached = self.__dict__.get("_model")
+        if cached is None or cached[0] != key:
+            model = Operation(operation_id=self.operation_id, tool=self.tool, tool_version=self.version,
+                              step=self.step, args_hash=self.args_hash, outcome=self.outcome,
+                              error_code=self.error_code, work_id=self.work_id, work_done=self.work_done)
+            cached = (key, model)
+            self.__dict__["_model"] = cached
+        return cached[1]
+
 
 @dataclass
 class RunView:
@@ -291,12 +304,7 @@ class RunView:
                     for op in self.pending_background()]
         return RunFacts(
             evidence=tuple(self.evidence.values()),
-            operations=tuple(
-                Operation(operation_id=op.operation_id, tool=op.tool, tool_version=op.version, step=op.step,
-                          args_hash=op.args_hash, outcome=op.outcome, error_code=op.error_code,
-                          work_id=op.work_id, work_done=op.work_done)
-                for op in self.ops.values()
-            ),
+            operations=tuple(op.model() for op in self.ops.values()),
             pending=tuple(pending),
             error_codes=tuple(self.error_codes),
             history=tuple(self.history),
