@@ -788,7 +788,7 @@ class Controller:
         if digest != waiting["token_hash"]:
             raise ReplyRejected(run_id, "bad token", "not the token issued for this wait")
         if now_us() >= claims.expires_at_us:
-            self._expire_if_due(view)
+            self.drive(run_id)  # ends the run EXPIRED, through FINALIZING
             raise ReplyRejected(run_id, "expired", f"the wait expired at {waiting['expires_at']}")
         check_answer(run_id, waiting, reply)
         self._accept_reply(view, waiting, digest, reply)

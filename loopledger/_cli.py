@@ -301,6 +301,8 @@ def reply(
             view = runner.controller.reply(run_id, token, Reply(approve=True if approve else (False if deny else None),
                                                                 answer=value))
         except ReplyRejected as exc:
+            if exc.reason == "expired":
+                runner.recorder.flush()  # the rejection ended the run EXPIRED
             _err(f"rejected: {exc.reason}" + (f": {exc.detail}" if exc.detail else ""))
             raise typer.Exit(EXIT_FAILED) from None
         except UnknownRun as exc:
