@@ -40,7 +40,7 @@ from ._model import ModelAdapter, ModelRequest, ScriptExhausted, collect
 from ._records import Artifact, Commit, NewEvent, RunRecord
 from ._results import reduce_result
 from ._scenario import Scenario
-from ._errors import StaleStateVersion
+from ._errors import StaleStateVersion, TerminalAlreadySet
 from ._states import State, TERMINAL
 from ._store import SQLRunStore
 from ._waits import Reply, ReplyRejected, TokenClaims, check_answer, issue_token, read_token, token_hash
@@ -791,7 +791,13 @@ class Controller:
             self.drive(run_id)  # ends the run EXPIRED, through FINALIZING
             raise ReplyRejected(run_id, "expired", f"the wait expired at {waiting['expires_at']}")
         check_answer(run_id, waiting, reply)
-        self._accept_reply(view, waiting, digest, reply)
+        try:
+            self._accept_reply(view, waiting, digest, reply)
+        except (StaleStateVersion, TerminalAlreadySet):
+            # Another reply (or a cancel) moved the run between the checks
+            # and the commit: the compare-and-set refused this one.
+            raise ReplyRejected(run_id, "stale state version",
+                                "the run moved on while the reply was checked") from None
         return self.drive(run_id)
 
     def _accept_reply(self, view: RunView, waiting: dict[str, Any], digest: str, reply: Reply) -> None:
