@@ -113,6 +113,8 @@ class RunView:
     consumed_tokens: set[str] = field(default_factory=set)
     replies: int = 0
     cancel_requested: bool = False
+    #: Operations whose background work was accepted and has not completed.
+    background_open: dict[str, None] = field(default_factory=dict)
     #: The resume token of a wait this process just began; never stored.
     new_token: str | None = None
     # Facts of the step in progress, for its StepRecord.
@@ -227,6 +229,8 @@ class RunView:
         op.error_code = p.get("error_code")
         op.work_id = p.get("work_id") or op.work_id
         op.in_flight = op.unknown = False
+        if op.outcome == "background_accepted" and not op.work_done:
+            self.background_open[op.operation_id] = None
         self._error(op.error_code)
         if op.outcome == "success":
             self.step_completed += 1
@@ -237,9 +241,10 @@ class RunView:
             )
 
     def _work_completed(self, p: dict[str, Any]) -> None:
-        for op in self.ops.values():
+        for op in [self.ops[op_id] for op_id in self.background_open]:
             if op.work_id == p["work_id"]:
                 op.work_done = True
+                self.background_open.pop(op.operation_id, None)
                 self._add_evidence(p.get("evidence", ()), op.operation_id)
                 if p.get("error_code"):
                     self._error(p["error_code"])
@@ -266,13 +271,21 @@ class RunView:
     # -- what the loop asks of it ------------------------------------------
 
     def step_ops(self) -> list[OpView]:
-        return [op for op in self.ops.values() if op.step == self.step]
+        # Operations are recorded in step order: the current step's are the
+        # last ones, so this does not walk the whole run.
+        found: list[OpView] = []
+        for op in reversed(self.ops.values()):
+            if op.step != self.step:
+                break
+            found.append(op)
+        found.reverse()
+        return found
 
     def unsettled_ops(self) -> list[OpView]:
         return [op for op in self.step_ops() if not op.settled]
 
     def pending_background(self) -> list[OpView]:
-        return [op for op in self.ops.values() if op.outcome == "background_accepted" and not op.work_done]
+        return [self.ops[op_id] for op_id in self.background_open]
 
     def step_record(self, with_result: dict[str, Any] | None = None) -> StepRecord:
         """The record of the step so far; ``with_result`` counts an
@@ -298,7 +311,9 @@ class RunView:
         )
 
     def facts(self) -> RunFacts:
-        pending = [Pending(kind="operation", id=op.operation_id, tool=op.tool) for op in self.ops.values()
+        # Only the current step can hold an unsettled operation: a step is
+        # closed only once each of its requests has its terminal result.
+        pending = [Pending(kind="operation", id=op.operation_id, tool=op.tool) for op in self.step_ops()
                    if not op.settled]
         pending += [Pending(kind="background", id=op.work_id or op.operation_id, tool=op.tool)
                     for op in self.pending_background()]
