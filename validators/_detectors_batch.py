@@ -91,6 +91,16 @@ def _token(col: str) -> pl.Expr:
     return pl.when(n == 1).then(pl.col(col).list.first()).when(n > 1).then(pl.col(col).list.join("|"))
 
 
+def _hashed_token(col: str) -> pl.Expr:
+    """A step's token as a 64-bit hash of its list, null when empty. States
+    lists have several entries on every step, and hashing them costs a
+    fraction of joining them into strings; steps are only ever compared with
+    a neighbour (one step or ``period`` steps back), where a 64-bit collision
+    is out of reach. The strings of a finding's evidence are built from the
+    lists themselves, for the few rows that hold one."""
+    return pl.when(pl.col(col).list.len() > 0).then(pl.col(col).hash())
+
+
 def _same_as_previous(col: str) -> pl.Expr:
     # null (a step without a token) never equals anything, as in streaming.
     return ((pl.col(col) == pl.col(col).shift(1)) & ~pl.col("_new_run")).fill_null(False)
@@ -179,15 +189,20 @@ def _oscillation(lf: pl.LazyFrame, period: int, cycles: int, channels: Iterable[
         was = (pl.col("_holds").shift(1) & ~pl.col("_new_run")).fill_null(False)
         # The cycle is the last `period` tokens; a holding row has at least
         # `period` matches behind it, so they all belong to its run.
-        cycle = [tok.shift(period - 1 - j).alias(f"_c{j}") for j in range(period)]
+        hashed = channel == "states"
+        token = _hashed_token(channel) if hashed else _token(channel)
+        source = pl.col(channel) if hashed else tok
+        cycle = [source.shift(period - 1 - j).alias(f"_c{j}") for j in range(period)]
         query = (
-            lf.select(_RUN, "step", "_idx", "_new_run", "_run_start", _token(channel).alias("_tok"))
+            lf.select(_RUN, "step", "_idx", "_new_run", "_run_start", channel, token.alias("_tok"))
             .with_columns(match.alias("_match"))
             .with_columns(holds.alias("_holds"))
             .with_columns(was.alias("_was"), *cycle)
             .filter(pl.col("_holds") & ~pl.col("_was"))
             .select(_RUN, "step", *[f"_c{j}" for j in range(period)])
         )
+        if hashed:
+            query = query.with_columns(pl.col(f"_c{j}").list.join("|") for j in range(period))
 
         def rows(df: pl.DataFrame, channel: str = channel) -> list[Raw]:
             return [
