@@ -8,6 +8,7 @@ are imported inside the commands that need them, so ``--help`` is instant.
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -62,6 +63,11 @@ def guarded(fn: F) -> F:
             raise typer.Exit(EXIT_FAILED) from None
         except OSError as exc:
             _err(f"{exc.filename or 'I/O'}: {exc.strerror or exc}")
+            raise typer.Exit(EXIT_INFRA) from None
+        except sqlite3.Error as exc:
+            # The journal or a backend database failed under us (disk full,
+            # corruption, a lock held too long): infrastructure, not input.
+            _err(f"database: {exc}")
             raise typer.Exit(EXIT_INFRA) from None
 
     return wrapper  # type: ignore[return-value]
