@@ -26,6 +26,8 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import quick_flag, report  # noqa: E402
 from bench_journal_commit import bench_bare  # noqa: E402
 
+import loopledger.engine._controller as controller_mod  # noqa: E402
+import loopledger.engine._records as records_mod  # noqa: E402
+import loopledger.engine._runner as runner_mod  # noqa: E402
+import loopledger.engine._store as store_mod  # noqa: E402
+import loopledger.validators._suite as suite_mod  # noqa: E402
 from loopledger.engine._backends import ToolOutcome, ToolRequest, WorkStatus  # noqa: E402
 from loopledger.engine._home import Home  # noqa: E402
 from loopledger.engine._runner import Runner  # noqa: E402
@@ -157,7 +164,75 @@ def bench_dir() -> Any:
     return tempfile.TemporaryDirectory(dir=os.environ.get("LOOPLEDGER_BENCH_DIR"))
 
 
+@contextmanager
+def timed_calls(targets: tuple[tuple[str, Any, str], ...]) -> Iterator[dict[str, float]]:
+    """Wrap ``owner.attr`` of each target with a timer; yields label -> seconds
+    (inclusive; a nested call of the same label counts once)."""
+    totals = {label: 0.0 for label, _, _ in targets}
+    totals.update({label + "_cpu": 0.0 for label, _, _ in targets})
+    saved = []
+    for label, owner, attr in targets:
+        inner = getattr(owner, attr)
+        saved.append((owner, attr, inner))
+        depth = [0]
+
+        def wrapper(*args: Any, __inner: Any = inner, __label: str = label, __depth: list[int] = depth,
+                    **kwargs: Any) -> Any:
+            __depth[0] += 1
+            start, cpu = time.perf_counter(), time.process_time()
+            try:
+                return __inner(*args, **kwargs)
+            finally:
+                __depth[0] -= 1
+                if __depth[0] == 0:
+                    totals[__label] += time.perf_counter() - start
+                    totals[__label + "_cpu"] += time.process_time() - cpu
+
+        setattr(owner, attr, wrapper)
+    try:
+        yield totals
+    finally:
+        for owner, attr, inner in reversed(saved):
+            setattr(owner, attr, inner)
+
+
+@contextmanager
+def commits_by_kind() -> Iterator[dict[str, list[float]]]:
+    """Journal commits grouped by target state: kind -> [count, wall s, CPU s]."""
+    kinds: dict[str, list[float]] = {}
+    inner = store_mod.SQLRunStore.commit
+
+    def commit(self: Any, c: Any) -> Any:
+        start, cpu = time.perf_counter(), time.process_time()
+        try:
+            return inner(self, c)
+        finally:
+            entry = kinds.setdefault(c.to_state.value if c.to_state is not None else "(events only)", [0, 0.0, 0.0])
+            entry[0] += 1
+            entry[1] += time.perf_counter() - start
+            entry[2] += time.process_time() - cpu
+
+    store_mod.SQLRunStore.commit = commit  # type: ignore[method-assign]
+    try:
+        yield kinds
+    finally:
+        store_mod.SQLRunStore.commit = inner  # type: ignore[method-assign]
+
+
 # --- engine_overhead -------------------------------------------------------------
+
+#: Where a transition's time goes (inclusive wall time, measured in an extra,
+#: untimed pass so the wrappers do not touch the reported figure).
+SPLIT: tuple[tuple[str, Any, str], ...] = (
+    ("journal_commit", store_mod.SQLRunStore, "commit"),
+    ("suite_evaluate", suite_mod.Suite, "evaluate"),
+    ("decision_input", controller_mod.Controller, "decision_input"),
+    ("context_body", controller_mod.Controller, "_context_body"),
+    ("artifact_hashing", records_mod, "canonical_json"),
+    ("model_collect", controller_mod, "collect"),
+    ("run_load", controller_mod.Controller, "load"),
+    ("run_config", runner_mod, "config_for"),
+)
 
 
 def run_sequential(home: Path, runs: int) -> dict[str, Any]:
@@ -193,6 +268,8 @@ def main() -> None:
             res["us"] = res["wall"] / res["transitions"] * 1e6
             if best is None or res["us"] < best["us"]:
                 best = res
+        with timed_calls(SPLIT) as parts, commits_by_kind() as kinds:
+            split_run = run_sequential(Path(tmp) / "split", runs)
     assert best is not None
     baseline = min(bares)
     if set(best["states"]) != {"SUCCEEDED"}:
@@ -206,6 +283,21 @@ def main() -> None:
         "io_wait_us_per_transition": round((best["wall"] - best["cpu"]) / t * 1e6, 1),
         "bare_commit_us": round(baseline, 1),
     }
+    st = split_run["transitions"]
+    known = {name: secs / st * 1e6 for name, secs in parts.items() if not name.endswith("_cpu")}
+    split["journal_commit_cpu_us"] = round(parts["journal_commit_cpu"] / st * 1e6, 1)
+    split["split_pass_cpu_us"] = round(split_run["cpu"] / st * 1e6, 1)
+    # Disjoint: the commit, and Python work outside it (decision_input and
+    # artifact hashing run outside commits; suite_evaluate outside both).
+    split["split_pass_wall_us"] = round(split_run["wall"] / st * 1e6, 1)
+    for name, us in known.items():
+        split[f"{name}_us"] = round(us, 1)
+    split["other_us"] = round(split_run["wall"] / st * 1e6 - sum(known.values()), 1)
+    print("split pass, us per transition: " + ", ".join(f"{k} {v:.1f}" for k, v in known.items())
+          + f", other {split['other_us']:.1f} (of {split['split_pass_wall_us']:.1f}); CPU "
+          f"{split['split_pass_cpu_us']:.1f}, of which in commits {split['journal_commit_cpu_us']:.1f}")
+    print("journal commits by target state (count per run, wall us, CPU us each): " + ", ".join(
+        f"{k} {n / (runs + 1):.0f} x {w / n * 1e6:.0f}/{c / n * 1e6:.0f}" for k, (n, w, c) in sorted(kinds.items())))
     print(f"{runs} runs, {t} transitions, {best['commits']} commits; "
           f"{split['wall_us_per_transition']} us/transition wall, {split['cpu_us_per_transition']} us CPU, "
           f"{split['commits_per_transition']} commits/transition; bare commit {baseline:.1f} us")
