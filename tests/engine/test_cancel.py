@@ -1,0 +1,165 @@
+"""``loopledger cancel``: pending work is cancelled, then the run ends
+``CANCELLED``, or ``CANCEL_UNKNOWN`` where a backend cannot confirm the stop;
+a run that already ended, or that does not exist, is refused (exit 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from invariants import all_violations
+from loopledger.engine._home import Home
+from loopledger.engine._runner import Runner
+from loopledger.engine._scenario import load_scenario
+from loopledger.engine._states import State
+
+CLI = [sys.executable, "-c", "from loopledger._cli import main; main()"]
+
+DEPLOY = """\
+id: cancel-deploy
+contract:
+  goal: Deploy checkout 1.5.0
+  required_evidence: ["deployed:checkout"]
+  allowed_tools: [deploy.service]
+model:
+  - tool_calls: [{name: deploy.service, arguments: {service: checkout, version: 1.5.0}}]
+  - final: Deployed.
+    claims: [{text: deployed, evidence: ["deployed:checkout"]}]
+"""
+
+
+def export_scenario(delay_s: float) -> str:
+    """The model starts an export and answers at once: the run waits for the
+    export in WAITING_TOOL (docs/tools.md: from 60 s on, the batch cluster
+    cannot confirm a cancel)."""
+    return f"""\
+id: cancel-export-{int(delay_s)}
+contract:
+  goal: Export the yearly report
+  required_evidence: [report_ready]
+  allowed_tools: [reports.export]
+model:
+  - tool_calls: [{{name: reports.export, arguments: {{query: yearly, delay_s: {delay_s}}}}}]
+  - final: The yearly report is ready.
+    claims: [{{text: ready, evidence: [report_ready]}}]
+"""
+
+
+def cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    return subprocess.run([*CLI, *args, "--home", str(home)], capture_output=True, text=True, timeout=120, env=env)
+
+
+def run_state(home: Path, run_id: str) -> tuple[str, str]:
+    conn = sqlite3.connect(home / "journal.sqlite")
+    return conn.execute("SELECT state, reason FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+
+
+def events(home: Path, run_id: str, kind: str) -> list[dict[str, Any]]:
+    conn = sqlite3.connect(home / "journal.sqlite")
+    rows = conn.execute("SELECT payload_json FROM events WHERE run_id = ? AND kind = ? ORDER BY seq", (run_id, kind))
+    return [json.loads(p) for (p,) in rows]
+
+
+def waiting_for_export(tmp_path: Path, home: Path, delay_s: float) -> str:
+    """A run left in WAITING_TOOL, as ``loopledger resume`` leaves one whose
+    background work is still running."""
+    path = tmp_path / "export.yaml"
+    path.write_text(export_scenario(delay_s))
+    runner = Runner(Home.resolve(home))
+    try:
+        run_id = runner.create(load_scenario(path), "v1")
+        runner.drive_all([run_id], wait_for_tools=False)
+        assert runner.store.get_run(run_id).state is State.WAITING_TOOL
+    finally:
+        runner.close()
+    return run_id
+
+
+def test_cancel_a_run_waiting_for_approval(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    path = tmp_path / "deploy.yaml"
+    path.write_text(DEPLOY)
+    started = cli("run", str(path), "--json", home=home)
+    assert started.returncode == 0, started.stderr
+    run_id = json.loads(started.stdout)["run_id"]
+    assert run_state(home, run_id) == ("WAITING_USER", "waiting_for_approval")
+
+    proc = cli("cancel", run_id, home=home)
+    assert proc.returncode == 0, proc.stderr
+    assert "CANCELLED" in proc.stdout
+    assert run_state(home, run_id) == ("CANCELLED", "cancelled")
+    (result,) = events(home, run_id, "operation_result")
+    assert (result["outcome"], result["error_code"]) == ("cancelled", "CANCELLED")
+    conn = sqlite3.connect(home / "journal.sqlite")
+    assert conn.execute("SELECT outcome, dispatch_count FROM operations WHERE run_id = ?",
+                        (run_id,)).fetchall() == [("cancelled", 0)]
+    assert conn.execute("SELECT waiting_json FROM runs WHERE run_id = ?", (run_id,)).fetchone() == (None,)
+    backend = sqlite3.connect(home / "demo_backend.sqlite")
+    assert backend.execute("SELECT COUNT(*) FROM deliveries").fetchone() == (0,)
+    assert len(events(home, run_id, "cancel_requested")) == 1
+    assert all_violations(home) == []
+
+    # Already terminal: refused, and nothing is written.
+    again = cli("cancel", run_id, home=home)
+    assert again.returncode == 1
+    assert "already ended" in again.stderr and "CANCELLED" in again.stderr and "Traceback" not in again.stderr
+    assert len(events(home, run_id, "cancel_requested")) == 1
+
+
+def test_cancel_of_long_background_work_that_cannot_confirm_its_stop_is_cancel_unknown(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run_id = waiting_for_export(tmp_path, home, 120)
+    proc = cli("cancel", run_id, home=home)
+    assert proc.returncode == 0, proc.stderr
+    assert run_state(home, run_id) == ("CANCEL_UNKNOWN", "cancelled")
+    (done,) = events(home, run_id, "work_completed")
+    assert done["state"] == "cancel_unconfirmed"
+    conn = sqlite3.connect(home / "journal.sqlite")
+    # The model's early answer went through FINALIZING into WAITING_TOOL; the
+    # cancel's is the last entry into FINALIZING, naming what nobody could stop.
+    (payload,) = conn.execute(
+        "SELECT payload_json FROM events WHERE run_id = ? AND kind = 'transition' AND to_state = 'FINALIZING'"
+        " ORDER BY seq DESC LIMIT 1", (run_id,)).fetchone()
+    assert json.loads(payload)["unconfirmed"] == [done["operation_id"]]
+    assert json.loads(payload)["status"] == "CANCEL_UNKNOWN"
+    backend = sqlite3.connect(home / "demo_backend.sqlite")
+    state, requested = backend.execute("SELECT state, cancel_requested_at FROM work WHERE work_id = ?",
+                                       (done["work_id"],)).fetchone()
+    assert state == "running" and requested is not None, "the batch cluster only queued the cancel"
+    assert all_violations(home) == []
+
+
+def test_cancel_of_short_background_work_stops_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run_id = waiting_for_export(tmp_path, home, 30)
+    proc = cli("cancel", run_id, home=home)
+    assert proc.returncode == 0, proc.stderr
+    assert run_state(home, run_id) == ("CANCELLED", "cancelled")
+    (done,) = events(home, run_id, "work_completed")
+    assert done["state"] == "cancelled"
+    backend = sqlite3.connect(home / "demo_backend.sqlite")
+    assert backend.execute("SELECT state FROM work WHERE work_id = ?", (done["work_id"],)).fetchone() == ("cancelled",)
+    assert all_violations(home) == []
+
+
+def test_cancel_of_a_finished_run_and_of_an_unknown_run_exit_1(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    scenario = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "happy-read-file.yaml"
+    started = cli("run", str(scenario), "--json", home=home)
+    assert started.returncode == 0, started.stderr
+    line = json.loads(started.stdout)
+    assert line["status"] == "SUCCEEDED"
+    finished = cli("cancel", line["run_id"], home=home)
+    assert finished.returncode == 1 and "already ended" in finished.stderr
+    assert run_state(home, line["run_id"]) == ("SUCCEEDED", "completed")
+    assert events(home, line["run_id"], "cancel_requested") == []
+
+    unknown = cli("cancel", "no-such-run", home=home)
+    assert unknown.returncode == 1
+    assert "no-such-run" in unknown.stderr and "Traceback" not in unknown.stderr

@@ -1,0 +1,442 @@
+"""Every recovery action and fault kind, end to end through ``loopledger run``
+on small scenario files, checked in the journal and the demo backends'
+``deliveries`` (sends that reached a side-effecting tool) and ``executions``
+(real side effects); then bad scenario files, refused before anything is
+recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crash_kit import no_sleep, resume_everything, run_child
+from invariants import all_violations
+from loopledger.engine._home import Home
+from loopledger.engine._runner import Runner
+from loopledger.engine._scenario import load_scenario
+
+CLI = [sys.executable, "-c", "from loopledger._cli import main; main()"]
+
+
+def cli(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    merged = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    merged.update(env or {})
+    return subprocess.run([*CLI, *args, "--home", str(home)], capture_output=True, text=True, timeout=120,
+                          env=merged)
+
+
+class Recorded:
+    """One scenario run through ``loopledger run --json``, and what it left."""
+
+    def __init__(self, tmp_path: Path, text: str, env: dict[str, str] | None = None) -> None:
+        self.home = tmp_path / "home"
+        path = tmp_path / "scenario.yaml"
+        path.write_text(text)
+        proc = cli("run", str(path), "--json", home=self.home, env=env)
+        assert proc.returncode == 0, proc.stderr
+        (self.line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+        self.run_id = self.line["run_id"]
+        self.journal = sqlite3.connect(self.home / "journal.sqlite")
+        self.backend = sqlite3.connect(self.home / "demo_backend.sqlite")
+
+    @property
+    def outcome(self) -> tuple[str, str]:
+        return self.line["status"], self.line["reason"]
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        rows = self.journal.execute("SELECT payload_json FROM events WHERE run_id = ? AND kind = ? ORDER BY seq",
+                                    (self.run_id, kind))
+        return [json.loads(p) for (p,) in rows]
+
+    def operations(self) -> list[dict[str, Any]]:
+        cursor = self.journal.execute(
+            "SELECT operation_id, tool, idempotency_key, outcome, dispatch_count FROM operations"
+            " WHERE run_id = ? ORDER BY operation_id", (self.run_id,))
+        return [dict(zip(("operation_id", "tool", "key", "outcome", "dispatches"), row)) for row in cursor]
+
+    def deliveries(self, key: str) -> int:
+        return self.backend.execute("SELECT COUNT(*) FROM deliveries WHERE idempotency_key = ?", (key,)).fetchone()[0]
+
+    def executions(self, key: str) -> int:
+        return self.backend.execute("SELECT COUNT(*) FROM executions WHERE idempotency_key = ?", (key,)).fetchone()[0]
+
+    def artifact(self, artifact_id: str) -> Any:
+        (body,) = self.journal.execute("SELECT body FROM artifacts WHERE artifact_id = ?", (artifact_id,)).fetchone()
+        return json.loads(body)
+
+    def context(self, step: int) -> dict[str, Any]:
+        (context_id,) = self.journal.execute(
+            "SELECT DISTINCT context_artifact_id FROM candidates WHERE run_id = ? AND step = ?",
+            (self.run_id, step)).fetchone()
+        return self.artifact(context_id)
+
+    def transitions(self) -> list[tuple[str, str, dict[str, Any]]]:
+        rows = self.journal.execute(
+            "SELECT from_state, to_state, payload_json FROM events WHERE run_id = ? AND kind = 'transition'"
+            " ORDER BY seq", (self.run_id,))
+        return [(f, t, json.loads(p)) for f, t, p in rows]
+
+    def model_steps(self) -> int:
+        return self.journal.execute("SELECT COUNT(DISTINCT step) FROM candidates WHERE run_id = ?",
+                                    (self.run_id,)).fetchone()[0]
+
+
+def refund_with(fault: str, then: str = "", budgets: str = "") -> str:
+    return f"""\
+id: recovery-{fault.replace('_', '-')}
+contract:
+  goal: Refund order ORD-1044 in full
+  allowed_tools: [payments.refund]
+{budgets}faults:
+  - {{tool: payments.refund, call: 1, kind: {fault}}}
+model:
+  - tool_calls: [{{name: payments.refund, arguments: {{order_id: ORD-1044, amount: 25.0}}}}]
+{then or '''  - final: Refund of 25.00 issued for ORD-1044.
+    claims: [{text: refunded, evidence: ["refund_confirmed:ORD-1044"]}]
+'''}"""
+
+
+GAVE_UP = """\
+  - final: The refund of ORD-1044 could not be made.
+"""
+
+
+# -- recovery actions by error code ------------------------------------------------------
+
+
+def test_permission_denied_is_not_retried(tmp_path: Path) -> None:
+    r = Recorded(tmp_path, refund_with("permission_denied", then=GAVE_UP))
+    assert r.outcome == ("SUCCEEDED", "completed")
+    (op,) = r.operations()
+    assert (op["outcome"], op["dispatches"]) == ("permission_denied", 1)
+    assert r.deliveries(op["key"]) == 1 and r.executions(op["key"]) == 0
+    assert [s for _, s, _ in r.transitions()].count("RECONCILING") == 0
+    (result,) = r.events("operation_result")
+    assert result["error_code"] == "PERMISSION_DENIED"
+    # The denial reaches the model, which answers without trying again.
+    tool_messages = [m for m in r.context(2)["messages"] if m.get("role") == "tool"]
+    assert [m["outcome"] for m in tool_messages] == ["permission_denied"]
+    assert all_violations(r.home) == []
+
+
+def test_rate_limit_is_backed_off_by_the_runtime_and_the_model_sees_nothing(tmp_path: Path) -> None:
+    r = Recorded(tmp_path, refund_with("rate_limit", budgets="budgets: {deadline_s: 60}\n"))
+    assert r.outcome == ("SUCCEEDED", "completed")
+    (op,) = r.operations()
+    assert (op["outcome"], op["dispatches"]) == ("success", 2)
+    assert r.deliveries(op["key"]) == 2, "the refused send and the one after the back-off"
+    assert r.executions(op["key"]) == 1
+    (refused,) = r.events("dispatch_refused")
+    assert refused["error_code"] == "RATE_LIMIT" and refused["retry_after_s"] > 0
+    (result,) = r.events("operation_result")
+    assert result["outcome"] == "success"
+    # One model call per step, and the next step's context holds only the success.
+    assert r.model_steps() == 2
+    messages = r.context(2)["messages"]
+    assert "RATE_LIMIT" not in json.dumps(messages)
+    assert [m["outcome"] for m in messages if m.get("role") == "tool"] == ["success"]
+    assert all_violations(r.home) == []
+
+
+def test_rate_limit_with_no_time_left_fails_the_operation_instead_of_sleeping(tmp_path: Path) -> None:
+    # The engine's clock is pinned: no time passes, and the deadline (10 ms)
+    # is shorter than the back-off the provider asks for (50 ms).
+    pinned = {"LOOPLEDGER_NOW": "2026-11-29T12:00:00+00:00"}
+    r = Recorded(tmp_path, refund_with("rate_limit", then=GAVE_UP, budgets="budgets: {deadline_s: 0.01}\n"),
+                 env=pinned)
+    assert r.outcome == ("SUCCEEDED", "completed")
+    (op,) = r.operations()
+    assert (op["outcome"], op["dispatches"]) == ("failed", 1)
+    assert r.deliveries(op["key"]) == 1 and r.executions(op["key"]) == 0
+    assert r.events("dispatch_refused") == []
+    (result,) = r.events("operation_result")
+    assert result["error_code"] == "RATE_LIMIT"
+    assert [m["outcome"] for m in r.context(2)["messages"] if m.get("role") == "tool"] == ["failed"]
+    assert all_violations(r.home) == []
+
+
+STATE_CONFLICT = """\
+id: recovery-state-conflict
+contract:
+  goal: Change the address of ORD-1045 to 9 Elm St
+  required_evidence: ["address_updated:ORD-1045"]
+  allowed_tools: [orders.get_order, orders.update_address]
+faults:
+  - {tool: orders.update_address, call: 1, kind: state_conflict}
+model:
+  - tool_calls: [{name: orders.update_address, arguments: {order_id: ORD-1045, expected_version: 1,
+                  address: {street: 9 Elm St, city: Springfield, zip: "12345"}}}]
+  - tool_calls: [{name: orders.update_address, arguments: {order_id: ORD-1045, expected_version: 1,
+                  address: {street: 9 Elm St, city: Springfield, zip: "12345"}}}]
+  - final: ORD-1045 now ships to 9 Elm St.
+    claims: [{text: updated, evidence: ["address_updated:ORD-1045"]}]
+"""
+
+
+def test_state_conflict_gives_the_model_the_conflict_and_the_current_version(tmp_path: Path) -> None:
+    r = Recorded(tmp_path, STATE_CONFLICT)
+    assert r.outcome == ("SUCCEEDED", "completed")
+    first, second = r.operations()
+    assert (first["outcome"], first["dispatches"]) == ("failed", 1)
+    assert r.executions(first["key"]) == 0 and r.executions(second["key"]) == 1
+    (conflict,) = [m for m in r.context(2)["messages"] if m.get("role") == "tool"]
+    assert conflict["tool"] == "orders.update_address" and conflict["outcome"] == "failed"
+    content = conflict["content"]["result"]
+    assert content["error"] == "STATE_CONFLICT"
+    assert (content["order_id"], content["current_version"]) == ("ORD-1045", 1)
+    assert all_violations(r.home) == []
+
+
+UNKNOWN_CODES = """\
+id: recovery-unknown-codes
+contract:
+  goal: Find the order of customer 77
+  required_evidence: [order_found]
+  allowed_tools: [orders.get_order]
+model:
+  - tool_calls: [{name: orders.get_order, arguments: {order_id: ORD-9001}}]
+  - tool_calls: [{name: orders.get_order, arguments: {order_id: ORD-9002}}]
+  - tool_calls: [{name: orders.get_order, arguments: {order_id: ORD-9003}}]
+  - tool_calls: [{name: orders.get_order, arguments: {order_id: ORD-9004}}]
+  - tool_calls: [{name: orders.get_order, arguments: {order_id: ORD-9005}}]
+  - tool_calls: [{name: orders.get_order, arguments: {order_id: ORD-9006}}]
+"""
+
+
+def test_other_error_codes_go_to_the_model_a_bounded_number_of_times(tmp_path: Path) -> None:
+    r = Recorded(tmp_path, UNKNOWN_CODES)
+    assert r.outcome == ("FAILED", "loop_detected")
+    ops = r.operations()
+    assert {op["outcome"] for op in ops} == {"failed"}
+    # Each error went back to the model in the next step's context ...
+    for step in range(2, r.model_steps() + 1):
+        tool_messages = [m for m in r.context(step)["messages"] if m.get("role") == "tool"]
+        assert [m["content"]["result"]["error"] for m in tool_messages] == ["NOT_FOUND"]
+    # ... until the repeated-error detector stopped the run, before the script ran out.
+    assert len(ops) < 6
+    (diagnosis,) = r.journal.execute("SELECT detector FROM loop_diagnoses WHERE run_id = ?", (r.run_id,)).fetchall()
+    assert diagnosis == ("loop.repeated_error",)
+    assert all_violations(r.home) == []
+
+
+# -- fault kinds -------------------------------------------------------------------------
+
+
+def test_timeout_before_commit_is_reconciled_and_resent_exactly_once(tmp_path: Path) -> None:
+    r = Recorded(tmp_path, refund_with("timeout_before_commit"))
+    assert r.outcome == ("SUCCEEDED", "completed")
+    (op,) = r.operations()
+    assert (op["outcome"], op["dispatches"]) == ("success", 2)
+    assert r.deliveries(op["key"]) == 2 and r.executions(op["key"]) == 1
+    moves = r.transitions()
+    reconciled = [p for _, t, p in moves if t == "TOOL_RUNNING" and "resend" in p]
+    assert reconciled == [{"resend": op["operation_id"], "executed": False}]
+    assert [t for _, t, _ in moves].count("RECONCILING") == 1
+    assert all_violations(r.home) == []
+
+
+def test_timeout_after_commit_is_reconciled_without_a_resend(tmp_path: Path) -> None:
+    r = Recorded(tmp_path, refund_with("timeout_after_commit"))
+    assert r.outcome == ("SUCCEEDED", "completed")
+    (op,) = r.operations()
+    assert (op["outcome"], op["dispatches"]) == ("success", 1)
+    assert r.deliveries(op["key"]) == 1 and r.executions(op["key"]) == 1
+    moves = r.transitions()
+    assert [t for _, t, _ in moves].count("RECONCILING") == 1
+    assert not any("resend" in p for _, _, p in moves)
+    assert any(p.get("reconciled") == op["operation_id"] and p.get("executed") for _, _, p in moves)
+    (result,) = r.events("operation_result")
+    assert result["evidence"] == [{"kind": "refund_confirmed", "subject": "ORD-1044"}]
+    assert all_violations(r.home) == []
+
+
+TESTS_FAIL = """\
+id: recovery-tests-fail
+contract:
+  goal: Run the unit tests
+  allowed_tools: [tests.run]
+faults:
+  - {tool: tests.run, call: 1, kind: fails}
+model:
+  - tool_calls: [{name: tests.run, arguments: {suite: unit}}]
+  - final: Three unit tests fail.
+"""
+
+
+def test_fails_is_a_failed_outcome_with_a_reduced_log_and_the_full_log_kept(tmp_path: Path) -> None:
+    r = Recorded(tmp_path, TESTS_FAIL)
+    assert r.outcome == ("SUCCEEDED", "completed")
+    (op,) = r.operations()
+    assert op["outcome"] == "failed"
+    (result,) = r.events("operation_result")
+    assert (result["outcome"], result["error_code"], result["evidence"]) == ("failed", "TESTS_FAILED", [])
+    summary = result["summary"]
+    assert summary["full_artifact"] == result["result_artifact_id"]
+    assert summary["summary"]["failed"] == 3 and len(summary["failures"]) == 3
+    full = r.artifact(result["result_artifact_id"])
+    assert full["operation_id"] == op["operation_id"]
+    log = full["result"]["log"]
+    assert summary["log_lines"] == len(log.splitlines()) > 1000
+    assert len(json.dumps(summary)) < 4096 < len(log)
+    # The model is given the summary, not the log.
+    (message,) = [m for m in r.context(2)["messages"] if m.get("role") == "tool"]
+    assert message["content"] == summary
+    assert all_violations(r.home) == []
+
+
+def test_crash_after_dispatch_kills_the_process_and_resume_reconciles_one_execution(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    path = tmp_path / "crash.yaml"
+    path.write_text(refund_with("crash_after_dispatch"))
+    died = cli("run", str(path), "--json", home=home)
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    resumed = cli("resume", "--json", home=home)
+    assert resumed.returncode == 0, resumed.stderr
+    (line,) = [json.loads(x) for x in resumed.stdout.splitlines()]
+    assert (line["status"], line["reason"]) == ("SUCCEEDED", "completed")
+    journal = sqlite3.connect(home / "journal.sqlite")
+    ((key, outcome, dispatches),) = journal.execute(
+        "SELECT idempotency_key, outcome, dispatch_count FROM operations").fetchall()
+    assert (outcome, dispatches) == ("success", 1)
+    backend = sqlite3.connect(home / "demo_backend.sqlite")
+    assert backend.execute("SELECT COUNT(*) FROM executions WHERE idempotency_key = ?", (key,)).fetchone() == (1,)
+    assert backend.execute("SELECT COUNT(*) FROM deliveries WHERE idempotency_key = ?", (key,)).fetchone() == (1,)
+    whys = [json.loads(p).get("why") for (p,) in journal.execute(
+        "SELECT payload_json FROM events WHERE kind = 'transition' AND to_state = 'RECONCILING'")]
+    assert whys == ["in_flight_at_restart"]
+    assert all_violations(home) == []
+
+
+# -- several tool calls in one candidate ---------------------------------------------------
+
+SEQUENTIAL = """\
+id: recovery-sequential
+contract:
+  goal: Write two notes and look an order up
+  allowed_tools: [workspace.write_file, orders.get_order]
+model:
+  - tool_calls:
+      - {name: workspace.write_file, arguments: {path: notes/a.txt, content: first}}
+      - {name: workspace.write_file, arguments: {path: notes/b.txt, content: second}}
+      - {name: orders.get_order, arguments: {order_id: ORD-1046}}
+  - final: Both notes are written.
+"""
+
+FIRST_FAILS = """\
+id: recovery-first-fails
+contract:
+  goal: Refund ORD-1047 and note it
+  allowed_tools: [orders.get_order, payments.refund, workspace.write_file]
+model:
+  - tool_calls:
+      - {name: orders.get_order, arguments: {order_id: ORD-2001}}
+      - {name: payments.refund, arguments: {order_id: ORD-1047, amount: 25.0}}
+      - {name: workspace.write_file, arguments: {path: notes/refund.txt, content: refunded}}
+  - final: Nothing was refunded; the lookup was denied.
+"""
+
+
+def test_calls_of_one_candidate_run_in_order(tmp_path: Path) -> None:
+    r = Recorded(tmp_path, SEQUENTIAL)
+    assert r.outcome == ("SUCCEEDED", "completed")
+    ops = r.operations()
+    assert [op["outcome"] for op in ops] == ["success"] * 3
+    dispatched = [e["operation_id"] for e in r.events("operation_dispatched")]
+    results = [e["operation_id"] for e in r.events("operation_result")]
+    assert dispatched == results == [op["operation_id"] for op in ops]
+    written = r.backend.execute("SELECT idempotency_key FROM executions WHERE run_id = ? ORDER BY rowid",
+                                (r.run_id,)).fetchall()
+    assert [k for (k,) in written] == [ops[0]["key"], ops[1]["key"]]
+
+
+def test_after_a_failed_call_the_later_calls_are_cancelled_never_sent(tmp_path: Path) -> None:
+    r = Recorded(tmp_path, FIRST_FAILS)
+    assert r.outcome == ("SUCCEEDED", "completed")
+    lookup, refund, note = r.operations()
+    assert (lookup["outcome"], lookup["dispatches"]) == ("permission_denied", 1)
+    for op in (refund, note):
+        assert (op["outcome"], op["dispatches"]) == ("cancelled", 0)
+        assert r.deliveries(op["key"]) == 0 and r.executions(op["key"]) == 0
+    codes = {e["operation_id"]: e["error_code"] for e in r.events("operation_result")}
+    assert codes[refund["operation_id"]] == codes[note["operation_id"]] == "PRECEDING_CALL_FAILED"
+    assert [e["operation_id"] for e in r.events("operation_dispatched")] == [lookup["operation_id"]]
+    assert all_violations(r.home) == []
+
+
+def test_after_a_failed_call_a_crash_at_any_commit_never_sends_the_later_calls(tmp_path: Path) -> None:
+    path = tmp_path / "first-fails.yaml"
+    path.write_text(FIRST_FAILS)
+    scenario = load_scenario(path)
+    home = tmp_path / "home"
+    killed, commits = run_child(home, scenario, 10**9)
+    assert not killed and commits.isdigit(), commits
+    for n in range(1, int(commits) + 1):
+        killed, report = run_child(home, scenario, n)
+        assert killed, f"commit {n}: {report}"
+        runner = Runner(Home.resolve(home), auto_reply=False, sleep=no_sleep)
+        try:
+            resume_everything(runner)
+        finally:
+            runner.close()
+        assert all_violations(home) == [], f"commit {n}"
+    backend = sqlite3.connect(home / "demo_backend.sqlite")
+    sent = backend.execute("SELECT DISTINCT tool FROM deliveries").fetchall()
+    assert sent == [], "neither the refund nor the note ever reached a backend"
+    journal = sqlite3.connect(home / "journal.sqlite")
+    states = journal.execute("SELECT state, COUNT(*) FROM runs GROUP BY state").fetchall()
+    assert states == [("SUCCEEDED", int(commits) + 1)]
+    outcomes = journal.execute("SELECT tool, outcome, COUNT(*) FROM operations GROUP BY tool, outcome").fetchall()
+    assert sorted(outcomes) == [("orders.get_order", "permission_denied", int(commits) + 1),
+                                ("payments.refund", "cancelled", int(commits) + 1),
+                                ("workspace.write_file", "cancelled", int(commits) + 1)]
+
+
+# -- bad scenario files --------------------------------------------------------------------
+
+GOOD = """\
+id: good
+contract: {goal: Look ORD-1001 up, allowed_tools: [orders.get_order]}
+model:
+  - final: done
+"""
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("id: bad\nmodel: [{final: done}]\n", "contract"),
+    ("id: bad\ncontract: {allowed_tools: [orders.get_order]}\n", "contract.goal"),
+    ("id: bad\ncontract: {goal: g}\nbudgets: {max_steps: ten}\n", "budgets.max_steps"),
+    ("id: bad\ncontract: {goal: g, allowed_tools: [orders.get_order, orders.delete_all]}\n",
+     "contract.allowed_tools[1]"),
+    ("id: bad\ncontract: {goal: g}\nfaults: [{tool: payments.refnud, call: 1, kind: rate_limit}]\n",
+     "faults[0].tool"),
+    ("id: bad\ncontract: {goal: g}\nfaults: [{tool: payments.refund, kind: meteor_strike}]\n", "faults[0].kind"),
+    ("id: bad\ncontract: {goal: g\nmodel: [\n", "line"),
+    ("- just\n- a list\n", "mapping"),
+])
+def test_a_bad_scenario_file_exits_2_with_one_line_and_records_nothing(tmp_path: Path, text: str,
+                                                                      field: str) -> None:
+    folder = tmp_path / "scenarios"
+    folder.mkdir()
+    (folder / "a-good.yaml").write_text(GOOD)
+    bad = folder / "b-bad.yaml"
+    bad.write_text(text)
+    home = tmp_path / "home"
+    for target in (bad, folder):  # alone, and next to a good file that must not run either
+        proc = cli("run", str(target), home=home)
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, proc.stderr
+        assert str(bad) in lines[0] and field in lines[0], lines[0]
+        assert "Traceback" not in proc.stderr
+        journal = home / "journal.sqlite"
+        if journal.exists():
+            assert sqlite3.connect(journal).execute("SELECT COUNT(*) FROM runs").fetchone() == (0,)

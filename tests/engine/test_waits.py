@@ -1,0 +1,437 @@
+"""Durable waits for a person, through the command line: ``run --json``
+shows the resume token once, ``reply`` delivers a decision or an answer,
+``resume`` leaves waits alone until they expire.
+
+Every reply is checked for the run, the wait and state version, the token's
+signature, expiry and the answer's schema; a token is consumed once, even
+by two processes replying at the same moment.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from invariants import all_violations
+from loopledger.engine._waits import TokenClaims, issue_token
+
+CLI = [sys.executable, "-c", "from loopledger._cli import main; main()"]
+
+DEPLOY = """\
+id: wait-deploy
+description: a deploy needs a person's approval
+contract:
+  goal: Deploy checkout 1.5.0
+  required_evidence: ["deployed:checkout"]
+  allowed_tools: [deploy.service]
+  wait_ttl_s: 3600
+model:
+  - tool_calls: [{name: deploy.service, arguments: {service: checkout, version: 1.5.0}}]
+  - final: checkout 1.5.0 is deployed.
+    claims: [{text: deployed, evidence: ["deployed:checkout"]}]
+"""
+
+DEPLOY_DENIED = """\
+id: wait-deploy-denied
+description: the deploy is denied; the model replans and reports that nothing changed
+contract:
+  goal: Deploy checkout 1.5.0 if a person approves it
+  allowed_tools: [deploy.service]
+model:
+  - tool_calls: [{name: deploy.service, arguments: {service: checkout, version: 1.5.0}}]
+  - final: The deploy of checkout 1.5.0 was not approved; nothing changed.
+"""
+
+DEPLOY_TWICE = """\
+id: wait-deploy-twice
+description: two deploys, each waiting for its own approval
+contract:
+  goal: Deploy checkout 1.4.2, then 1.4.3
+  required_evidence: ["deployed:checkout"]
+  allowed_tools: [deploy.service]
+model:
+  - tool_calls: [{name: deploy.service, arguments: {service: checkout, version: 1.4.2}}]
+  - tool_calls: [{name: deploy.service, arguments: {service: checkout, version: 1.4.3}}]
+  - final: checkout 1.4.3 is deployed.
+    claims: [{text: deployed, evidence: ["deployed:checkout"]}]
+"""
+
+QUESTION = """\
+id: wait-question
+description: the agent asks which order; the answer must fit the schema
+contract:
+  goal: Refund the order the customer names
+  required_evidence: [user_answer]
+  allowed_tools: [ask_user]
+model:
+  - tool_calls:
+      - name: ask_user
+        arguments:
+          question: Which order should be refunded?
+          schema: {type: object, properties: {order_id: {type: string, pattern: "^ORD-[0-9]{4}$"}},
+                   required: [order_id], additionalProperties: false}
+  - final: The customer named the order.
+    claims: [{text: answered, evidence: [user_answer]}]
+"""
+
+
+def cli(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    merged = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    merged.update(env or {})
+    return subprocess.run([*CLI, *args, "--home", str(home)], capture_output=True, text=True, timeout=120,
+                          env=merged)
+
+
+def start(tmp_path: Path, home: Path, text: str, name: str = "s") -> dict[str, Any]:
+    """``loopledger run FILE --json``: the run's one line."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    proc = cli("run", str(path), "--json", home=home)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    return line
+
+
+def reply(home: Path, run_id: str, token: str, *flags: str, env: dict[str, str] | None = None):
+    return cli("reply", run_id, "--token", token, *flags, "--json", home=home, env=env)
+
+
+def journal(home: Path) -> sqlite3.Connection:
+    return sqlite3.connect(home / "journal.sqlite")
+
+
+def state(home: Path, run_id: str) -> tuple[str, str]:
+    return journal(home).execute("SELECT state, reason FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+
+
+def events(home: Path, run_id: str, kind: str) -> list[dict[str, Any]]:
+    rows = journal(home).execute(
+        "SELECT payload_json FROM events WHERE run_id = ? AND kind = ? ORDER BY seq", (run_id, kind))
+    return [json.loads(p) for (p,) in rows]
+
+
+def executions(home: Path, run_id: str, tool: str) -> int:
+    conn = sqlite3.connect(home / "demo_backend.sqlite")
+    return conn.execute("SELECT COUNT(*) FROM executions WHERE run_id = ? AND tool = ?", (run_id, tool)).fetchone()[0]
+
+
+def claims_of(token: str) -> TokenClaims:
+    body = token.split(".", 1)[0]
+    raw = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    return TokenClaims(raw["r"], raw["w"], raw["v"], raw["e"])
+
+
+def rejected(proc: subprocess.CompletedProcess[str], reason: str) -> None:
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert f"rejected: {reason}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
+
+
+def test_a_valid_approval_is_accepted_once_and_the_run_finishes(tmp_path: Path, home: Path) -> None:
+    line = start(tmp_path, home, DEPLOY)
+    w = line["waiting"]
+    assert (line["status"], line["reason"], w["kind"]) == ("WAITING_USER", "waiting_for_approval", "approval")
+    assert w["approval_id"] and w["expires_at"] and w["resume_token"]
+    assert executions(home, line["run_id"], "deploy.service") == 0, "nothing runs before the approval"
+
+    ok = reply(home, line["run_id"], w["resume_token"], "--approve")
+    assert ok.returncode == 0, ok.stderr
+    (done,) = [json.loads(x) for x in ok.stdout.splitlines()]
+    assert (done["status"], done["reason"]) == ("SUCCEEDED", "completed")
+    assert executions(home, line["run_id"], "deploy.service") == 1
+
+    rejected(reply(home, line["run_id"], w["resume_token"], "--approve"), "already used")
+    assert len(events(home, line["run_id"], "reply_accepted")) == 1
+    assert executions(home, line["run_id"], "deploy.service") == 1
+    assert all_violations(home) == []
+
+
+def test_forged_tokens_are_rejected_and_the_run_still_waits(tmp_path: Path, home: Path) -> None:
+    line = start(tmp_path, home, DEPLOY)
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+    body, mac = token.split(".")
+    flipped = f"{body}.{mac[:-1]}{'0' if mac[-1] != '0' else '1'}"
+    rejected(reply(home, run_id, flipped, "--approve"), "bad token")
+    other_secret = issue_token(b"not this home's secret" * 2, claims_of(token))
+    assert other_secret != token
+    rejected(reply(home, run_id, other_secret, "--approve"), "bad token")
+    rejected(reply(home, run_id, "garbage", "--approve"), "bad token")
+    # Claims changed (a later expiry) without the secret: the signature no longer matches.
+    longer = claims_of(token)
+    raw = {"r": longer.run_id, "w": longer.wait_id, "v": longer.state_version, "e": longer.expires_at_us + 10**12}
+    tampered = base64.urlsafe_b64encode(json.dumps(raw, sort_keys=True, separators=(",", ":")).encode())
+    rejected(reply(home, run_id, f"{tampered.decode().rstrip('=')}.{mac}", "--approve"), "bad token")
+
+    assert state(home, run_id) == ("WAITING_USER", "waiting_for_approval")
+    assert events(home, run_id, "reply_accepted") == []
+    # The genuine token still works.
+    assert reply(home, run_id, token, "--approve").returncode == 0
+    assert state(home, run_id) == ("SUCCEEDED", "completed")
+
+
+def test_a_token_of_another_run_is_rejected(tmp_path: Path, home: Path) -> None:
+    first = start(tmp_path, home, DEPLOY, "a")
+    second = start(tmp_path, home, DEPLOY, "b")
+    assert first["run_id"] != second["run_id"]
+    rejected(reply(home, second["run_id"], first["waiting"]["resume_token"], "--approve"), "wrong run")
+    assert state(home, second["run_id"])[0] == "WAITING_USER"
+    assert state(home, first["run_id"])[0] == "WAITING_USER"
+    assert executions(home, first["run_id"], "deploy.service") == 0
+    assert reply(home, "no-such-run", first["waiting"]["resume_token"], "--approve").returncode == 1
+
+
+def test_an_expired_wait_rejects_the_reply_and_the_run_ends_expired(tmp_path: Path, home: Path) -> None:
+    line = start(tmp_path, home, DEPLOY)
+    run_id, w = line["run_id"], line["waiting"]
+    later = (datetime.fromisoformat(w["expires_at"]) + timedelta(seconds=1)).isoformat()
+    rejected(reply(home, run_id, w["resume_token"], "--approve", env={"LOOPLEDGER_NOW": later}), "expired")
+    assert state(home, run_id) == ("EXPIRED", "expired")
+    (result,) = events(home, run_id, "operation_result")
+    assert (result["outcome"], result["error_code"]) == ("permission_denied", "WAIT_EXPIRED")
+    assert executions(home, run_id, "deploy.service") == 0
+    assert all_violations(home) == []
+
+
+def test_replies_to_a_run_that_waited_twice(tmp_path: Path, home: Path) -> None:
+    line = start(tmp_path, home, DEPLOY_TWICE)
+    run_id, first = line["run_id"], line["waiting"]
+    approved = reply(home, run_id, first["resume_token"], "--approve")
+    assert approved.returncode == 0, approved.stderr
+    (again,) = [json.loads(x) for x in approved.stdout.splitlines()]
+    second = again["waiting"]
+    assert again["status"] == "WAITING_USER" and second["kind"] == "approval"
+    # A new plan never reuses an approval: the second deploy has its own.
+    assert second["approval_id"] != first["approval_id"] and second["resume_token"] != first["resume_token"]
+    assert claims_of(second["resume_token"]).state_version > claims_of(first["resume_token"]).state_version
+
+    # The first token after the second wait began: it was consumed, and the
+    # run has moved past its state version; the reply is refused either way.
+    rejected(reply(home, run_id, first["resume_token"], "--approve"), "already used")
+    assert state(home, run_id) == ("WAITING_USER", "waiting_for_approval")
+    assert executions(home, run_id, "deploy.service") == 1
+    assert reply(home, run_id, second["resume_token"], "--approve").returncode == 0
+    assert state(home, run_id) == ("SUCCEEDED", "completed")
+    assert executions(home, run_id, "deploy.service") == 2
+
+
+def test_a_token_whose_wait_the_run_has_left_is_stale(tmp_path: Path, home: Path) -> None:
+    line = start(tmp_path, home, DEPLOY)
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+    assert cli("cancel", run_id, home=home).returncode == 0
+    rejected(reply(home, run_id, token, "--approve"), "stale state version")
+    assert state(home, run_id) == ("CANCELLED", "cancelled")
+    assert executions(home, run_id, "deploy.service") == 0
+
+
+def test_an_answer_must_fit_the_question_schema(tmp_path: Path, home: Path) -> None:
+    line = start(tmp_path, home, QUESTION)
+    run_id, w = line["run_id"], line["waiting"]
+    assert (w["kind"], w["approval_id"]) == ("user", None)
+    token = w["resume_token"]
+    for bad in ('{"order": "the last one"}', '{"order_id": "1032"}', '"ORD-1032"',
+                '{"order_id": "ORD-1032", "extra": 1}'):
+        rejected(reply(home, run_id, token, "--answer", bad), "answer not matching the expected schema")
+    rejected(reply(home, run_id, token, "--approve"), "answer not matching the expected schema")
+    assert state(home, run_id) == ("WAITING_USER", "waiting_for_user")
+    assert events(home, run_id, "reply_accepted") == []
+
+    ok = reply(home, run_id, token, "--answer", '{"order_id": "ORD-1032"}')
+    assert ok.returncode == 0, ok.stderr
+    assert state(home, run_id) == ("SUCCEEDED", "completed")
+    (accepted,) = events(home, run_id, "reply_accepted")
+    assert accepted["answer"] == {"order_id": "ORD-1032"}
+    (result,) = events(home, run_id, "operation_result")
+    assert result["outcome"] == "success" and result["evidence"][0]["kind"] == "user_answer"
+
+
+@pytest.mark.parametrize("flags", [
+    ("--approve", "--answer", '{"a": 1}'),
+    ("--approve", "--deny"),
+    (),
+    ("--answer", "{not json"),
+])
+def test_bad_reply_flags_exit_2_and_change_nothing(tmp_path: Path, home: Path, flags: tuple[str, ...]) -> None:
+    line = start(tmp_path, home, QUESTION)
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+    proc = reply(home, run_id, token, *flags)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert state(home, run_id) == ("WAITING_USER", "waiting_for_user")
+    # The token was not spent by the bad input.
+    assert reply(home, run_id, token, "--answer", '{"order_id": "ORD-1001"}').returncode == 0
+
+
+def test_resume_leaves_waits_alone_until_they_expire(tmp_path: Path, home: Path) -> None:
+    line = start(tmp_path, home, DEPLOY)
+    run_id, w = line["run_id"], line["waiting"]
+    before = journal(home).execute("SELECT state_version FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+
+    proc = cli("resume", "--json", home=home)
+    assert proc.returncode == 0, proc.stderr
+    (still,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert (still["status"], still["reason"]) == ("WAITING_USER", "waiting_for_approval")
+    assert still["waiting"]["resume_token"] is None, "the token is shown once, when the wait begins"
+    assert still["waiting"]["approval_id"] == w["approval_id"]
+    after = journal(home).execute("SELECT state_version FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    assert after == before, "resume committed nothing for a wait that has not expired"
+
+    later = (datetime.fromisoformat(w["expires_at"]) + timedelta(minutes=1)).isoformat()
+    proc = cli("resume", "--json", home=home, env={"LOOPLEDGER_NOW": later})
+    assert proc.returncode == 0, proc.stderr
+    (expired,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert (expired["status"], expired["reason"]) == ("EXPIRED", "expired")
+    (result,) = events(home, run_id, "operation_result")
+    assert (result["outcome"], result["error_code"]) == ("permission_denied", "WAIT_EXPIRED")
+    rejected(reply(home, run_id, w["resume_token"], "--approve"), "stale state version")
+    assert executions(home, run_id, "deploy.service") == 0
+    assert all_violations(home) == []
+
+
+def test_the_approval_binds_the_operation_and_its_canonical_arguments(tmp_path: Path, home: Path) -> None:
+    line = start(tmp_path, home, DEPLOY)
+    run_id, w = line["run_id"], line["waiting"]
+    conn = journal(home)
+    (waiting_json,) = conn.execute("SELECT waiting_json FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    waiting = json.loads(waiting_json)
+    assert waiting["approval_id"] == w["approval_id"] == waiting["wait_id"]
+    assert waiting["expires_at"] == w["expires_at"]
+    ((op_id, tool, version, args_json, policy),) = conn.execute(
+        "SELECT operation_id, tool, tool_version, canonical_args_json, policy_decision FROM operations"
+        " WHERE run_id = ?", (run_id,)).fetchall()
+    assert waiting["operation_id"] == op_id and policy == "approval_required"
+    (body,) = conn.execute("SELECT body FROM artifacts WHERE artifact_id = ? AND kind = 'question'",
+                           (waiting["question_id"],)).fetchone()
+    question = json.loads(body)
+    assert question["kind"] == "approval"
+    assert question["operation_id"] == op_id
+    assert (question["tool"], question["tool_version"]) == (tool, version) == ("deploy.service", "v2")
+    assert question["canonical_arguments"] == json.loads(args_json) == {"service": "checkout", "version": "1.5.0"}
+    assert question["actor"] == "acme" and question["scope"]["tenant"] == "acme"
+    assert question["reason"] == "Deploy checkout 1.5.0" and "policy_version" in question
+    # The token is bound to this wait and the state version the run waits at.
+    claims = claims_of(w["resume_token"])
+    assert (claims.run_id, claims.wait_id, claims.state_version) == (run_id, waiting["wait_id"],
+                                                                     waiting["state_version"])
+    # The journal keeps only the token's hash.
+    assert w["resume_token"].encode() not in (home / "journal.sqlite").read_bytes()
+
+    assert reply(home, run_id, w["resume_token"], "--approve").returncode == 0
+    (accepted,) = events(home, run_id, "reply_accepted")
+    assert (accepted["operation_id"], accepted["decision"], accepted["wait_id"]) == (op_id, "approve",
+                                                                                     waiting["wait_id"])
+    assert accepted["state_version"] == waiting["state_version"] and accepted["actor"] == "acme"
+
+
+def test_a_denial_is_the_operations_result_and_the_model_replans(tmp_path: Path, home: Path) -> None:
+    line = start(tmp_path, home, DEPLOY_DENIED)
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+    proc = reply(home, run_id, token, "--deny")
+    assert proc.returncode == 0, proc.stderr
+    assert state(home, run_id) == ("SUCCEEDED", "completed")
+    (result,) = events(home, run_id, "operation_result")
+    assert (result["outcome"], result["error_code"]) == ("permission_denied", "APPROVAL_DENIED")
+    assert executions(home, run_id, "deploy.service") == 0
+    conn = journal(home)
+    assert conn.execute("SELECT outcome FROM operations WHERE run_id = ?", (run_id,)).fetchall() == [
+        ("permission_denied",)]
+    # The model was asked again, in a new step whose context carries the denial.
+    steps = [row[0] for row in conn.execute(
+        "SELECT step FROM candidates WHERE run_id = ? ORDER BY step", (run_id,))]
+    assert steps == [1, 2]
+    (context_id,) = conn.execute(
+        "SELECT context_artifact_id FROM candidates WHERE run_id = ? AND step = 2", (run_id,)).fetchone()
+    (body,) = conn.execute("SELECT body FROM artifacts WHERE artifact_id = ?", (context_id,)).fetchone()
+    tool_messages = [m for m in json.loads(body)["messages"] if m.get("role") == "tool"]
+    assert [(m["tool"], m["outcome"]) for m in tool_messages] == [("deploy.service", "permission_denied")]
+    assert all_violations(home) == []
+
+
+def test_waiting_time_is_recorded_apart_from_processing_time(tmp_path: Path, home: Path) -> None:
+    line = start(tmp_path, home, DEPLOY)
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+    conn = journal(home)
+    (entered_us,) = conn.execute(
+        "SELECT ts FROM events WHERE run_id = ? AND kind = 'transition' AND to_state = 'WAITING_USER'",
+        (run_id,)).fetchone()
+    # The person answers 40 minutes later (the engine's clock is pinned to then).
+    answered = datetime.fromtimestamp(entered_us / 1e6).astimezone() + timedelta(minutes=40)
+    assert reply(home, run_id, token, "--approve", env={"LOOPLEDGER_NOW": answered.isoformat()}).returncode == 0
+
+    rows = conn.execute("SELECT seq, ts, kind, from_state, to_state FROM events WHERE run_id = ? ORDER BY seq",
+                        (run_id,)).fetchall()
+    waited = processed = 0
+    for (_, ts, _, _, _), (_, next_ts, kind, from_state, _) in zip(rows, rows[1:]):
+        if kind == "transition" and from_state == "WAITING_USER":
+            waited += next_ts - ts
+        else:
+            processed += next_ts - ts
+    left = [r for r in rows if r[2] == "transition" and r[3] == "WAITING_USER"]
+    assert len(left) == 1 and left[0][1] - entered_us == 40 * 60 * 1_000_000
+    assert waited == 40 * 60 * 1_000_000, "the time between entering and leaving WAITING_USER is the wait"
+    assert processed == (rows[-1][1] - rows[0][1]) - waited
+    assert processed < waited
+
+
+def test_two_replies_with_one_token_at_once_exactly_one_is_accepted(tmp_path: Path, home: Path) -> None:
+    line = start(tmp_path, home, DEPLOY)
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    cmd = [*CLI, "reply", run_id, "--token", token, "--approve", "--home", str(home)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    codes = sorted(code for code, _, _ in outs)
+    assert codes == [0, 1], outs
+    (loser,) = [err for code, _, err in outs if code == 1]
+    assert "rejected" in loser and "Traceback" not in loser
+    assert len(events(home, run_id, "reply_accepted")) == 1
+    assert executions(home, run_id, "deploy.service") == 1
+    assert state(home, run_id) == ("SUCCEEDED", "completed")
+    assert all_violations(home) == []
+
+
+def test_a_reply_that_loses_the_race_after_its_checks_is_rejected_as_stale(
+        tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interleaving the two processes above may or may not hit, made
+    certain: reply A passes every check, reply B is accepted, then A's
+    commit meets the moved state version and A is refused."""
+    from loopledger.engine import _controller
+    from loopledger.engine._home import Home
+    from loopledger.engine._runner import Runner
+    from loopledger.engine._waits import Reply, ReplyRejected
+
+    line = start(tmp_path, home, DEPLOY)
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+    first, second = (Runner(Home.resolve(home), auto_reply=False) for _ in range(2))
+    real_check = _controller.check_answer
+
+    def check_then_lose(*args: Any) -> None:
+        real_check(*args)
+        monkeypatch.setattr(_controller, "check_answer", real_check)
+        second.controller.reply(run_id, token, Reply(approve=True))  # B wins meanwhile
+
+    monkeypatch.setattr(_controller, "check_answer", check_then_lose)
+    try:
+        with pytest.raises(ReplyRejected) as refused:
+            first.controller.reply(run_id, token, Reply(approve=True))
+        assert refused.value.reason == "stale state version"
+        assert second.store.get_run(run_id).state.value == "SUCCEEDED"
+    finally:
+        first.close()
+        second.close()
+    assert len(events(home, run_id, "reply_accepted")) == 1
+    assert executions(home, run_id, "deploy.service") == 1
