@@ -1,4 +1,29 @@
 """Bundled scenarios and suites, demo tool backends' seed data, and
-importers of external trace formats."""
+importers of external trace formats.
 
-__all__: list[str] = []
+    from loopledger.datasets import import_traces
+
+    result = import_traces("tau2", ["runs/"], home="loopledger-data")
+    result.runs, result.skipped
+
+Formats: ``tau-bench``, ``tau2`` (gzipped too), ``openai-jsonl``,
+``toolbench``; see docs/importers.md for how each maps onto the trace tables.
+"""
+
+from ._import_model import ERROR_CODES, Conversation, ImportInputError, Message, ToolCall, ToolResult, error_code
+from ._import_run import FORMATS, FileImport, ImportResult, import_traces, read_conversations
+
+__all__ = [
+    "ERROR_CODES",
+    "FORMATS",
+    "Conversation",
+    "FileImport",
+    "ImportInputError",
+    "ImportResult",
+    "Message",
+    "ToolCall",
+    "ToolResult",
+    "error_code",
+    "import_traces",
+    "read_conversations",
+]

@@ -488,6 +488,31 @@ def ui(
     os.execve(sys.executable, cmd, env)
 
 
+@app.command("import")
+@guarded
+def import_cmd(
+    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="tau-bench | tau2 | openai-jsonl | toolbench.")],
+    paths: Annotated[list[Path], typer.Argument(metavar="PATH...", help="Files, or folders searched for them.")],
+    tools: Annotated[Path | None, typer.Option("--tools", help="Tool catalogue (OpenAI tools JSON) for every file.")] = None,
+    decide: Annotated[str | None, typer.Option(
+        "--decide", help="Also record this suite's decisions, computed at import, as the runs' baseline.")] = None,
+    home: HomeOption = None,
+) -> None:
+    """Convert external agent traces into the trace tables: one run per
+    conversation, a candidate per assistant message, an operation per tool
+    call, the reward as a column and as import labels. Exit 0 done, 2 bad
+    input (file, record and reason; nothing written)."""
+    from loopledger.datasets import import_traces
+
+    where = _home(home)
+    result = import_traces(fmt, paths, home=where.root, tools=tools, decide=decide)
+    for f in result.files:
+        typer.echo(f"{f.path}: {f.runs} runs ({f.skipped} already imported), {f.candidates} candidates, "
+                   f"{f.operations} tool calls ({f.failed_operations} failed), {f.user_tool_calls} user tool calls")
+    typer.echo(f"imported {result.runs} runs into {where.root} ({result.skipped} skipped); "
+               f"next: loopledger replay --suite default --home {where.root}")
+
+
 def main() -> None:
     try:
         app()

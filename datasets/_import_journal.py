@@ -1,0 +1,376 @@
+"""A conversation → the journal, through the same commits the controller makes.
+
+Imported runs are written as the engine would have recorded them, so the
+recorder exports them into the same tables and the replay folds them with
+the engine's own :func:`~loopledger.engine.validated_candidates`. Each
+assistant message is one step (attempt 1):
+
+    READY -> MODEL_RUNNING         the context artifact (messages since the
+                                   previous context, tools, policy, contract)
+    MODEL_RUNNING -> VALIDATING    the candidate, its ``candidates`` row,
+                                   ``candidate_recorded``
+    then, by what followed it in the transcript:
+    tool calls   VALIDATING -> TOOL_RUNNING (the operations), one commit per
+                 result (``operation_dispatched`` + ``operation_result``); the
+                 last closes the step (``step_closed``) -> READY
+    text, then the user spoke
+                 VALIDATING -> WAITING_USER; the user's messages (and tau2's
+                 user-side tool calls, as ``user_tool_call`` events) are the
+                 reply: WAITING_USER -> READY with ``reply_accepted``. Like the
+                 engine's own waits, this step has no ``step_closed``.
+    text, then the agent again
+                 VALIDATING -> READY, step closed
+    the last message
+                 ... -> FINALIZING (step closed) -> the terminal state, with
+                 the reward set and an ``import`` label on this candidate
+
+A run view is folded along, exactly as the controller folds its commits,
+so step records are computed by the engine's code, and ``decide`` (a suite)
+judges each candidate on the same ``decision_input`` a replay rebuilds.
+
+Why not ``store.create_run`` and ``store.commit``: each is its own
+transaction with an fsync (about 4 ms here), and a file's runs must land
+all together or not at all. So a file is one transaction: the store's
+``_write`` owns it and ``_commit_txn`` does each commit inside it (the
+store's own split between a public method and its ``_txn`` worker). The run
+row and the label rows are the two inserts the store offers no ``_txn``
+form of; they are the same statements as ``create_run`` and ``add_label``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loopledger.canonical import Canonical, canonical_json, content_id
+from loopledger.engine import SCHEMA_VERSION, Artifact, Commit, NewEvent, RunView, State, decision_input, now_us
+from loopledger.engine._results import reduce_result
+from loopledger.engine._store import _check_commit_shape
+
+from ._import_model import NO_RESULT, Conversation, Message, Outcome, ToolResult, outcome_of
+from ._import_tau import pair_results
+
+#: How a source's termination maps onto the engine's terminal states.
+TERMINATIONS: dict[str, tuple[str, str]] = {
+    "user_stop": ("SUCCEEDED", "completed"),
+    "agent_stop": ("SUCCEEDED", "completed"),
+    "completed": ("SUCCEEDED", "completed"),
+    "max_steps": ("BUDGET_EXHAUSTED", "max_steps"),
+    "too_many_errors": ("FAILED", "tool_failed"),
+    "gave_up": ("FAILED", "model_error"),
+}
+UNKNOWN_TERMINATION = ("FAILED", "model_error")
+#: Characters of a user-side tool result kept in its event (the full text is in the context).
+EVENT_TEXT = 300
+
+
+@dataclass(frozen=True)
+class Step:
+    """One assistant message and what the transcript says followed it."""
+
+    before: tuple[Message, ...]  # messages since the previous step's candidate (its results included)
+    candidate: Message
+    results: tuple[ToolResult | None, ...]  # one per tool call, paired
+    after: tuple[Message, ...]  # user turn (and the user's tool calls) before the next candidate
+
+
+def steps_of(conv: Conversation) -> tuple[list[Step], tuple[Message, ...]]:
+    """The transcript cut into steps; also the messages before the first
+    assistant message (the first context)."""
+    msgs = conv.messages
+    positions = [i for i, m in enumerate(msgs) if m.role == "assistant"]
+    steps: list[Step] = []
+    for k, at in enumerate(positions):
+        end = positions[k + 1] if k + 1 < len(positions) else len(msgs)
+        calls = msgs[at].tool_calls
+        # The agent's results directly follow its message; the user's own
+        # tool calls and results (tau2) come later, in the user's turn.
+        j = at + 1
+        results: list[ToolResult] = []
+        while j < end and len(results) < len(calls) and msgs[j].role == "tool" and msgs[j].requestor != "user":
+            results.append(msgs[j].result)  # type: ignore[arg-type]
+            j += 1
+        paired = tuple(pair_results(calls, results)) if calls else ()
+        before = msgs[: at] if k == 0 else ()
+        steps.append(Step(before, msgs[at], paired, msgs[j:end]))
+    return steps, msgs[: positions[0]] if positions else msgs
+
+
+def _goal(conv: Conversation) -> str:
+    return next((m.content for m in conv.messages if m.role == "user" and m.content), "") or ""
+
+
+class RunWriter:
+    """Writes one conversation inside an open write transaction."""
+
+    def __init__(self, store: Any, conn: Any, conv: Conversation, suite: Any = None) -> None:
+        self.store, self.conn, self.conv, self.suite = store, conn, conv, suite
+        self.run_id = conv.run_id
+        self.prompt_version = conv.prompt_version  # a hash of the system prompt: computed once
+        self.version = 1
+        self.view = RunView.blank(self.run_id, conv.source, self.prompt_version, conv.model)
+        self.contract = {"goal": _goal(conv), "required_evidence": [], "allowed_tools": None,
+                         "forbidden_paths": [], "wait_ttl_s": None, "version": 1}
+        self.previous_context: str | None = None
+        self.last_candidate: tuple[int, str] | None = None
+        self.stats = {"candidates": 0, "operations": 0, "user_tool_calls": 0, "failed": 0}
+
+    # -- journal primitives ---------------------------------------------------------
+
+    def _create(self) -> None:
+        """The run row and its ``run_created`` event (``store.create_run``'s statements)."""
+        conv, now = self.conv, now_us()
+        spec = {"imported": {"format": conv.source, "file": conv.file, "record": conv.record,
+                             "source_id": conv.source_id, "termination": conv.termination,
+                             "reward": conv.reward, "metadata": dict(conv.metadata)},
+                "contract": self.contract}
+        self.conn.execute(
+            "INSERT INTO runs (run_id, thread_id, task_id, tenant, prompt_version, model_route,"
+            " state, state_version, last_seq, step, attempt, started_at, updated_at, spec_json,"
+            " schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, 1, 1, 0, 0, ?, ?, ?, ?)",
+            (self.run_id, self.run_id, conv.task_id, conv.source, self.prompt_version, conv.model,
+             State.READY.value, now, now, canonical_json(spec), SCHEMA_VERSION),
+        )
+        self.store._insert_event(self.conn, self.run_id, 1, now, "run_created", None, State.READY.value,
+                                 0, 0, 1, {"imported": conv.source})
+
+    def _commit(self, to: State | None, *, step: int | None = None, attempt: int | None = None,
+                payload: dict[str, Any] | None = None, events: Sequence[NewEvent] = (), **fields: Any) -> None:
+        commit = Commit(self.run_id, self.version, to, step, attempt, payload or {}, tuple(events), **fields)
+        _check_commit_shape(commit)
+        result, _late = self.store._commit_txn(self.conn, commit)
+        self.version = result.state_version
+        # The controller's fold of a commit (Controller._commit).
+        view = self.view
+        step = view.step if step is None else step
+        attempt = view.attempt if attempt is None else attempt
+        if to is not None:
+            view.apply("transition", to.value, step, attempt, dict(commit.payload))
+        for event in commit.events:
+            view.apply(event.kind, None, step, attempt, dict(event.payload))
+        view.step, view.attempt = step, attempt
+
+    def _label(self, step: int, candidate_id: str, expected: str, note: str) -> None:
+        """An ``import`` label (``store.add_label``'s statement)."""
+        self.conn.execute(
+            "INSERT INTO labels (run_id, step, attempt, candidate_id, validator, expected_verdict,"
+            " source, note, created_at, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (self.run_id, step, 1, candidate_id, "", expected, "import", note, now_us(), SCHEMA_VERSION),
+        )
+
+    # -- the run ------------------------------------------------------------------------
+
+    def write(self) -> dict[str, int]:
+        steps, first = steps_of(self.conv)
+        self._create()
+        pending = [m.context_form() for m in first]
+        for index, step in enumerate(steps, start=1):
+            last = index == len(steps)
+            pending = self._step(index, step, pending + [m.context_form() for m in step.before], last)
+        self._finish()
+        return self.stats
+
+    def _context(self, messages: list[dict[str, Any]]) -> Artifact:
+        view = self.view
+        return Artifact("context", {
+            "previous_context": self.previous_context,
+            "messages": messages,
+            "memory": {},
+            "retrieval": [{"kind": e.kind, "subject": e.subject} for e in view.evidence.values()],
+            "tools": self.conv.tools,
+            "policy": {"approval_required": []},
+            "contract": self.contract,
+            "tenant": self.conv.source,
+            "model_route": self.conv.model,
+            "prompt_version": self.prompt_version,
+            "budget": {},
+        })
+
+    def _step(self, number: int, step: Step, messages: list[dict[str, Any]], last: bool) -> list[dict[str, Any]]:
+        """Write one step; return the messages the next context starts with."""
+        conv, msg = self.conv, step.candidate
+        context = self._context(messages)
+        self._commit(State.MODEL_RUNNING, step=number, attempt=1, payload={"context_id": context.artifact_id},
+                     artifacts=(context,))
+        self.previous_context = context.artifact_id
+        items: list[dict[str, Any]] = []
+        if msg.content and msg.content.strip():
+            items.append({"type": "text", "text": msg.content})
+        for call in msg.tool_calls:
+            item: dict[str, Any] = {"type": "tool_call", "call_id": call.call_id, "name": call.name, "version": None}
+            if call.arguments is not None:
+                item["arguments"] = call.arguments
+            else:
+                item["raw_arguments"] = call.raw_arguments
+            items.append(item)
+        finish = "tool_calls" if msg.tool_calls else "stop"
+        # The items go into the candidate, its row and its event: serialised once.
+        shared = Canonical(items)
+        body = {"items": shared, "finish_reason": finish, "context_id": context.artifact_id, "step": number,
+                "attempt": 1, "prompt_version": self.prompt_version, "model_route": conv.model}
+        candidate = Artifact("candidate", body)
+        cid = candidate.artifact_id
+        row = {"step": number, "attempt": 1, "candidate_id": cid, "context_artifact_id": context.artifact_id,
+               "finish_reason": finish, "items_json": shared.text, "prompt_version": self.prompt_version,
+               "model_route": conv.model, "tokens_in": msg.tokens_in, "tokens_out": msg.tokens_out,
+               "cost_usd": msg.cost_usd}
+        self._commit(State.VALIDATING, payload={"candidate_id": cid}, artifacts=(candidate,),
+                     facts={"candidates": (row,)},
+                     counters={"model_attempts": 1, "tokens_in": msg.tokens_in, "tokens_out": msg.tokens_out,
+                               "cost_usd": msg.cost_usd},
+                     events=(NewEvent("candidate_recorded", {"candidate_id": cid, "items": shared}),))
+        self.stats["candidates"] += 1
+        self.last_candidate = (number, cid)
+        recorded = self._decide({**body, "items": items}, context.body, cid)
+        if msg.tool_calls:
+            self._tools(number, step, recorded, last)
+        elif last:
+            final = Artifact("final", {"items": shared, "candidate_id": cid})
+            self._finalize(recorded, artifacts=(final,), extra={"final_id": final.artifact_id},
+                           tail=step.after)
+        elif any(m.role == "user" for m in step.after):
+            self._wait_and_reply(msg, step.after, recorded)
+        else:
+            # The agent spoke and then went on without the user: a new step.
+            self._close(State.READY, {"continued": True}, recorded)
+        next_messages = [msg.context_form()]
+        next_messages += [Message("tool", r.content, result=r).context_form() for r in step.results if r]
+        return next_messages + [m.context_form() for m in step.after]
+
+    def _decide(self, body: dict[str, Any], context: dict[str, Any], cid: str) -> dict[str, Any]:
+        """With a suite: its decisions, recorded as the controller records
+        them (``validations`` rows and a ``decisions`` event), marked as
+        computed at import. Without one: nothing (see docs/importers.md)."""
+        if self.suite is None:
+            return {}
+        plain = {**context, "tools": context["tools"].value}
+        result = self.suite.evaluate(decision_input(self.view, body, plain, cid))
+        rows = tuple({"step": self.view.step, "attempt": self.view.attempt, "candidate_id": cid,
+                      "validator": d.validator, "validator_version": d.validator_version,
+                      "suite_version": result.suite_version, "verdict": d.verdict.value, "code": d.code,
+                      "message": d.message, "evidence_json": d.evidence} for d in result.decisions)
+        summary = NewEvent("decisions", {
+            "suite_version": result.suite_version, "verdict": result.verdict.value, "computed_at": "import",
+            "blocking": [{"validator": d.validator, "code": d.code, "verdict": d.verdict.value}
+                         for d in result.blocking]})
+        return {"facts": {"validations": rows}, "events": (summary,)}
+
+    def _tools(self, number: int, step: Step, recorded: dict[str, Any], last: bool) -> None:
+        view, run_id = self.view, self.run_id
+        ops = []
+        for index, call in enumerate(step.candidate.tool_calls, start=1):
+            arguments = call.arguments if call.arguments is not None else {"raw_arguments": call.raw_arguments}
+            args_hash = content_id(arguments)
+            key = hashlib.sha256(f"{run_id}|{number}|{call.call_id}|{call.name}:{args_hash}|{index}".encode()
+                                 ).hexdigest()[:32]
+            ops.append({"operation_id": f"{run_id}.s{number}.op{index}", "idempotency_key": key,
+                        "call_id": call.call_id, "tool": call.name, "version": None, "arguments": arguments,
+                        "args_hash": args_hash, "step": number})
+        new_operations = tuple({"operation_id": op["operation_id"], "step": number, "call_id": op["call_id"],
+                                "tool": op["tool"], "tool_version": None, "idempotency_key": op["idempotency_key"],
+                                "canonical_args_json": op["arguments"], "policy_decision": "allow",
+                                "status": "accepted", "outcome": None, "dispatch_count": 0} for op in ops)
+        self._commit(State.TOOL_RUNNING, payload={"operations": ops}, new_operations=new_operations,
+                     counters={"tool_calls": len(ops)}, facts=recorded.get("facts", {}),
+                     events=tuple(recorded.get("events", ())))
+        self.stats["operations"] += len(ops)
+        for i, (op, call, result) in enumerate(zip(ops, step.candidate.tool_calls, step.results)):
+            outcome: Outcome = NO_RESULT if result is None else outcome_of(call, result)
+            self.stats["failed"] += outcome.outcome != "success"
+            artifacts: tuple[Artifact, ...] = ()
+            result_id = summary = None
+            if result is not None:
+                full = Artifact("tool_result", {"operation_id": op["operation_id"], "tool": op["tool"],
+                                                "result": result.content})
+                artifacts, result_id = (full,), full.artifact_id
+                summary = {**reduce_result(op["tool"], result.content), "full_artifact": result_id}
+            event = {"operation_id": op["operation_id"], "tool": op["tool"], "outcome": outcome.outcome,
+                     "status": outcome.status, "error_code": outcome.error_code,
+                     "evidence": list(outcome.evidence), "work_id": None, "result_artifact_id": result_id,
+                     "summary": summary}
+            events = [NewEvent("operation_dispatched", {"operation_id": op["operation_id"]}),
+                      NewEvent("operation_result", event)]
+            update = {"operation_id": op["operation_id"], "status": outcome.status, "outcome": outcome.outcome,
+                      "dispatch_count": 1, "result_artifact_id": result_id}
+            if i + 1 < len(ops):
+                self._commit(None, events=events, artifacts=artifacts, operation_updates=(update,))
+                continue
+            # The last result closes the step, as the controller's does.
+            # (A dispatch changes nothing a step record counts.)
+            record = view.step_record(with_result=event).to_dict()
+            events.append(NewEvent("step_closed", record))
+            if last:
+                status, reason = self._terminal()
+                self._commit(State.FINALIZING, payload={"status": status, "reason": reason}, events=events,
+                             artifacts=artifacts, operation_updates=(update,))
+            else:
+                self._commit(State.READY, events=events, artifacts=artifacts, operation_updates=(update,))
+        if last:
+            self._tail(step.after)
+
+    def _wait_and_reply(self, msg: Message, after: tuple[Message, ...], recorded: dict[str, Any]) -> None:
+        wait_id = f"{self.run_id}.w{self.version + 1}"
+        waiting = {"kind": "user", "wait_id": wait_id, "approval_id": None, "operation_id": None,
+                   "question": (msg.content or "")[:500], "schema": {}, "imported": True}
+        self._commit(State.WAITING_USER, payload={"waiting": waiting},
+                     set_fields={"reason": "waiting_for_user", "waiting_json": waiting},
+                     facts=recorded.get("facts", {}), events=tuple(recorded.get("events", ())))
+        said = "\n".join(m.content for m in after if m.role == "user" and m.content)
+        events = [NewEvent("reply_accepted", {"wait_id": wait_id, "kind": "user", "token_hash": f"import:{wait_id}",
+                                              "operation_id": None, "actor": "user", "message": said,
+                                              "imported": True})]
+        events += self._user_tool_events(after)
+        self._commit(State.READY, payload={"replied": wait_id}, events=events, set_fields={"waiting_json": None})
+
+    def _user_tool_events(self, messages: Sequence[Message]) -> list[NewEvent]:
+        """tau2's simulated user calls tools on its own device: kept as
+        events marked ``requestor: user``, never as the agent's operations."""
+        events = []
+        for k, m in enumerate(messages):
+            if m.role != "user" or not m.tool_calls:
+                continue
+            results = [r.result for r in messages[k + 1:] if r.role == "tool" and r.result is not None]
+            for call, result in zip(m.tool_calls, pair_results(m.tool_calls, results[: len(m.tool_calls)])):
+                outcome = NO_RESULT if result is None else outcome_of(call, result)
+                events.append(NewEvent("user_tool_call", {
+                    "requestor": "user", "call_id": call.call_id, "tool": call.name, "arguments": call.arguments,
+                    "outcome": outcome.outcome, "error_code": outcome.error_code,
+                    "result": None if result is None else result.content[:EVENT_TEXT]}))
+                self.stats["user_tool_calls"] += 1
+        return events
+
+    def _close(self, to: State, payload: dict[str, Any], recorded: dict[str, Any],
+               artifacts: tuple[Artifact, ...] = ()) -> None:
+        events = tuple(recorded.get("events", ())) + (NewEvent("step_closed", self.view.step_record().to_dict()),)
+        self._commit(to, payload=payload, events=events, facts=recorded.get("facts", {}), artifacts=artifacts)
+
+    def _terminal(self) -> tuple[str, str]:
+        return TERMINATIONS.get(self.conv.termination, UNKNOWN_TERMINATION)
+
+    def _finalize(self, recorded: dict[str, Any], artifacts: tuple[Artifact, ...] = (),
+                  extra: dict[str, Any] | None = None, tail: tuple[Message, ...] = ()) -> None:
+        status, reason = self._terminal()
+        self._close(State.FINALIZING, {"status": status, "reason": reason, **(extra or {})}, recorded, artifacts)
+        self._tail(tail)
+
+    def _tail(self, tail: tuple[Message, ...]) -> None:
+        """What the transcript holds after the last candidate (the user's
+        ``###STOP###``, the user's last tool calls): kept as an event."""
+        if not tail:
+            return
+        events = [NewEvent("transcript_tail", {"messages": [m.context_form() for m in tail]})]
+        events += self._user_tool_events(tail)
+        self._commit(None, events=events)
+
+    def _finish(self) -> None:
+        status, reason = self._terminal()
+        reward = self.conv.reward
+        self._commit(State(status), payload={"reason": reason},
+                     set_fields={"reason": reason, "reward": reward, "waiting_json": None})
+        if reward is not None and self.last_candidate is not None and reward in (0.0, 1.0):
+            step, cid = self.last_candidate
+            expected = "accept" if reward == 1.0 else "reject"
+            self._label(step, cid, expected, f"{self.conv.source} reward {reward:g}: the final answer "
+                                             f"{'met' if reward == 1.0 else 'did not meet'} the task")

@@ -1,0 +1,268 @@
+"""What every importer produces: a source-neutral conversation.
+
+Each format module (``_import_tau``, ``_import_openai``) reads its files into
+:class:`Conversation` objects and nothing else; ``_import_journal`` turns a
+conversation into journal commits. Keeping the middle plain means a format's
+quirks are handled once, where the format is read, and the journal side
+never guesses about a source.
+
+Errors::
+
+    BadInput (loopledger.engine)
+    └── ImportInputError      a file, record and reason; ``loopledger import`` exits 2
+
+The mappings every format shares live here too: a tool catalogue to the
+validators' ``ToolSpec`` shape, a tool result to an outcome with a
+normalised error code, and a successful result to evidence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from loopledger.canonical import Canonical
+from loopledger.engine import BadInput
+
+
+class ImportInputError(BadInput):
+    """An input file that cannot be imported. ``record`` names the record
+    (``record 12``, ``line 3``, ``simulations[4]``), ``reason`` what was
+    expected."""
+
+    code = "import_input"
+
+    def __init__(self, file: str, record: str | None, reason: str) -> None:
+        super().__init__(f"{file}: {record}" if record else file, reason)
+        self.file = file
+        self.record = record
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call as the source wrote it. ``arguments`` when they parsed as an
+    object, else ``raw_arguments`` (the text received)."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any] | None
+    raw_arguments: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool's answer. ``error`` is the source's own flag (tau2), None when
+    the source has none and the content decides."""
+
+    content: str
+    error: bool | None = None
+    call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of the transcript, OpenAI-shaped.
+
+    ``requestor`` is ``user`` for tau2's tool calls made by the simulated
+    user (and their results): they are kept in the transcript, marked, and
+    never become the agent's operations."""
+
+    role: str  # system | user | assistant | tool
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    result: ToolResult | None = None  # role tool
+    requestor: str = "assistant"
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+
+    def context_form(self) -> dict[str, Any]:
+        """The message as a context artifact holds it (plain JSON, small:
+        provider ``raw_data`` and the like are left out)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.call_id, "name": c.name,
+                 **({"arguments": c.arguments} if c.arguments is not None else {"raw_arguments": c.raw_arguments})}
+                for c in self.tool_calls
+            ]
+        if self.result is not None:
+            out["tool_call_id"] = self.result.call_id
+            if self.result.name:
+                out["name"] = self.result.name
+            if self.result.error is not None:
+                out["error"] = self.result.error
+        if self.requestor != "assistant":
+            out["requestor"] = self.requestor
+        return out
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One run of an external agent, ready to be written as a journal run."""
+
+    source: str  # the format: tau-bench, tau2, openai-jsonl, toolbench
+    file: str  # the file's name (not its path: the run id must not depend on where it lies)
+    record: str  # where in the file: "record 3", "simulations[12]", "line 7"
+    source_id: str  # the source's own id of the run (unique within the source)
+    task_id: str
+    model: str
+    system_prompt: str  # the policy/system text; its hash is the prompt_version
+    messages: tuple[Message, ...]
+    tools: Canonical  # ToolSpec dicts, serialised once per catalogue
+    reward: float | None
+    #: How the source says the run ended: ``completed``, ``max_steps``, ...
+    termination: str = "completed"
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        # Deterministic, so importing the same file twice finds the runs
+        # already there instead of duplicating them.
+        digest = hashlib.sha256(f"{self.source}|{self.file}|{self.source_id}".encode()).hexdigest()[:16]
+        return f"{self.source}-{digest}"
+
+    @property
+    def prompt_version(self) -> str:
+        return "sha256:" + hashlib.sha256(self.system_prompt.encode()).hexdigest()[:12]
+
+
+# --- tool catalogues ----------------------------------------------------------------
+
+
+def tool_specs(entries: Sequence[Any], read_only: Mapping[str, bool] | None = None,
+               where: str = "tools") -> list[dict[str, Any]]:
+    """OpenAI ``tools`` entries (``{"type": "function", "function": {...}}``)
+    or legacy ``functions`` entries (``{name, parameters}``) → ToolSpec dicts.
+    ``read_only``: tool name → True for tools that only read (tau2's
+    ``tool_types``), used by the permission checks."""
+    specs = []
+    for i, entry in enumerate(entries):
+        fn = entry.get("function", entry) if isinstance(entry, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ImportInputError(where, f"[{i}]", "a tool needs a name (OpenAI tools or functions format)")
+        schema = fn.get("parameters") or {"type": "object"}
+        if not isinstance(schema, dict):
+            raise ImportInputError(where, f"[{i}]", "parameters must be a JSON Schema object")
+        specs.append({"name": fn["name"], "version": None, "schema": _standard_schema(schema),
+                      "read_only": bool((read_only or {}).get(fn["name"], False))})
+    return specs
+
+
+def _standard_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """ToolBench schemas list ``optional`` beside ``required``: not JSON
+    Schema; dropped so the schema validator reads a standard schema."""
+    if "optional" in schema and isinstance(schema.get("optional"), list):
+        return {k: v for k, v in schema.items() if k != "optional"}
+    return schema
+
+
+def read_only_map(tool_types: Any) -> dict[str, bool]:
+    """tau2's ``tool_types`` (name → ``read``/``write``/``generic``)."""
+    if not isinstance(tool_types, dict):
+        return {}
+    return {name: str(kind).lower() == "read" for name, kind in tool_types.items()}
+
+
+# --- outcomes, error codes, evidence ------------------------------------------------
+
+#: Error text → normalised code, first match wins (docs/importers.md lists them).
+#: Ordered from specific to general: "Tool x not found" is an unknown tool,
+#: not a missing record.
+ERROR_CODES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (code, re.compile(pattern, re.IGNORECASE))
+    for code, pattern in (
+        ("UNKNOWN_TOOL", r"unknown tool|tool .* not found|no such function|not a valid tool"),
+        ("INVALID_ARGUMENTS", r"validation error|invalid|missing .*argument|required|unexpected keyword"
+                              r"|argument|not a valid|must be"),
+        ("TIMEOUT", r"time(d)? ?out"),
+        ("INSUFFICIENT_FUNDS", r"not enough balance|balance is not enough|insufficient"),
+        ("UNAVAILABLE", r"not available|not enough seats|sold out|no seats|unavailable"),
+        ("PAYMENT_MISMATCH", r"does not add up|amount .* (mismatch|incorrect)"),
+        ("NOT_FOUND", r"not found|does not exist|no such"),
+        ("NOT_PERMITTED", r"cannot|can't|not allowed|not permitted|only .* can|is not eligible|already"),
+        ("RATE_LIMIT", r"rate limit|too many requests"),
+        ("PROVIDER_ERROR", r"message error|http|connection|server error|status code"),
+        ("EXECUTION_ERROR", r"executing|exception|traceback"),
+    )
+)
+GENERIC_ERROR = "TOOL_ERROR"
+
+
+def error_code(text: str) -> str:
+    """The normalised code of an error message (``TOOL_ERROR`` when no rule matches)."""
+    body = text[len("Error:"):] if text.startswith("Error:") else text
+    for code, pattern in ERROR_CODES:
+        if pattern.search(body):
+            return code
+    return GENERIC_ERROR
+
+
+#: Arguments that name what a call is about, in order of preference.
+SUBJECT_KEYS = ("reservation_id", "order_id", "user_id", "flight_number", "customer_id", "line_id",
+                "phone_number", "id", "query")
+
+
+def evidence_subject(arguments: Mapping[str, Any] | None) -> str | None:
+    """The subject of a successful call's evidence: a known id argument,
+    else the first ``*_id`` argument, else the first string argument."""
+    if not arguments:
+        return None
+    for key in SUBJECT_KEYS:
+        value = arguments.get(key)
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            return str(value)
+    for key, value in arguments.items():
+        if key.endswith("_id") and isinstance(value, (str, int)) and not isinstance(value, bool):
+            return str(value)
+    for value in arguments.values():
+        if isinstance(value, str):
+            return value[:200]
+    return None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A tool result as the engine records it."""
+
+    outcome: str  # success | failed | unknown_outcome
+    status: str  # succeeded | failed | unknown
+    error_code: str | None
+    evidence: tuple[dict[str, Any], ...]
+
+
+#: A call the transcript never answered (the run ended first).
+NO_RESULT = Outcome("unknown_outcome", "unknown", "NO_RESULT", ())
+
+
+def outcome_of(call: ToolCall, result: ToolResult) -> Outcome:
+    """The source's ``error`` flag decides when it has one; otherwise a
+    result whose text starts with ``Error`` (tau-bench), or a ToolBench
+    result whose ``error`` field is not empty, is a failure."""
+    failed = result.error
+    text = result.content
+    if failed is None:
+        failed = text.lstrip().startswith("Error") or _toolbench_error(text) is not None
+    if failed:
+        return Outcome("failed", "failed", error_code(_toolbench_error(text) or text), ())
+    subject = evidence_subject(call.arguments)
+    return Outcome("success", "succeeded", None, ({"kind": call.name, "subject": subject},))
+
+
+def _toolbench_error(text: str) -> str | None:
+    """ToolBench results are ``{"error": "...", "response": "..."}``; a
+    non-empty ``error`` is the failure's message."""
+    if not text.startswith('{"error": "') or text.startswith('{"error": ""'):
+        return None
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    error = value.get("error") if isinstance(value, dict) else None
+    return str(error) if error else None
