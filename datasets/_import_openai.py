@@ -72,6 +72,10 @@ def read_toolbench(path: Path, tools: Path | None = None) -> list[Conversation]:
     file = str(path)
     data = read_json(path)
     answer = data.get("answer_generation") if isinstance(data, dict) else None
+    if isinstance(answer, dict) and answer.get("valid_data") is False and "train_messages" not in answer:
+        # ToolBench marks answers it could not turn into a message path
+        # (2 of its 15 examples): nothing the agent decided is recorded.
+        return []
     if not isinstance(answer, dict) or not isinstance(answer.get("train_messages"), list) \
             or not answer["train_messages"]:
         raise ImportInputError(file, None, "expected a ToolBench answer file with answer_generation.train_messages")

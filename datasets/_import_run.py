@@ -71,7 +71,7 @@ def read_conversations(fmt: str, paths: Iterable[str | os.PathLike[str]],
     out = []
     for path in expand([Path(p) for p in paths], patterns):
         conversations = reader(path, tools_path)
-        if not conversations:
+        if not conversations and fmt != "toolbench":  # toolbench: see read_toolbench
             raise ImportInputError(str(path), None, f"no runs in this file; is it {fmt}?")
         for conv in conversations:
             if not any(m.role == "assistant" for m in conv.messages):

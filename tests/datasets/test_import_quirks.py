@@ -1,0 +1,249 @@
+"""Quirks and bad input, on small files written by the tests (no external data needed)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from import_kit import cli, table
+
+from loopledger.datasets import ImportInputError, error_code, import_traces
+
+TOOLS = {"tools": [
+    {"type": "function", "function": {"name": "get_order", "parameters": {
+        "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}},
+    {"type": "function", "function": {"name": "cancel_order", "parameters": {
+        "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}},
+], "tool_types": {"get_order": "read", "cancel_order": "write"}}
+
+
+def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+def _tau_bench_file(tmp: Path) -> Path:
+    """Two calls reuse the id ``call_1``: the first succeeds, the second fails."""
+    traj = [
+        {"role": "system", "content": "policy"},
+        {"role": "user", "content": "cancel order A"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("call_1", "get_order", {"order_id": "A"})]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "get_order", "content": '{"status": "paid"}'},
+        {"role": "assistant", "content": None, "tool_calls": [_call("call_1", "cancel_order", {"order_id": "A"})]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "cancel_order", "content": "Error: order A not found"},
+        {"role": "assistant", "content": "I could not cancel it."},
+        {"role": "user", "content": "ok ###STOP###"},
+    ]
+    (tmp / "tools").mkdir()
+    (tmp / "tools" / "shop_tools.json").write_text(json.dumps(TOOLS))
+    (tmp / "runs").mkdir()
+    path = tmp / "runs" / "gpt-4o-shop.json"
+    path.write_text(json.dumps([{"task_id": 7, "trial": 0, "reward": 0.0, "info": {}, "traj": traj}]))
+    return path
+
+
+def test_reused_call_id_is_matched_by_position(tmp_path: Path) -> None:
+    path = _tau_bench_file(tmp_path)
+    result = import_traces("tau-bench", [path], home=tmp_path / "home")
+    assert result.runs == 1
+    ops = sorted(table(tmp_path / "home", "operations"), key=lambda o: o["step"])
+    assert [(o["tool"], o["outcome"]) for o in ops] == [("get_order", "success"), ("cancel_order", "failed")]
+    events = [json.loads(e["payload_json"]) for e in table(tmp_path / "home", "events") if e["kind"] == "operation_result"]
+    assert [e["error_code"] for e in events] == [None, "NOT_FOUND"]
+    assert events[0]["evidence"] == [{"kind": "get_order", "subject": "A"}]
+    (run,) = table(tmp_path / "home", "runs")
+    assert (run["status"], run["reason"], run["reward"], run["tool_calls"]) == ("SUCCEEDED", "completed", 0.0, 2)
+    (label,) = table(tmp_path / "home", "labels")
+    assert (label["expected_verdict"], label["source"], label["step"]) == ("reject", "import", 3)
+
+
+def test_importing_twice_adds_nothing(tmp_path: Path) -> None:
+    path = _tau_bench_file(tmp_path)
+    import_traces("tau-bench", [path], home=tmp_path / "home")
+    again = import_traces("tau-bench", [path], home=tmp_path / "home")
+    assert (again.runs, again.skipped) == (0, 1)
+    assert len(table(tmp_path / "home", "runs")) == 1
+    assert len(table(tmp_path / "home", "labels")) == 1
+
+
+def _jsonl(tmp: Path, *records: dict[str, Any], name: str = "chats.jsonl") -> Path:
+    path = tmp / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_parallel_calls_are_matched_by_id_whatever_their_order(tmp_path: Path) -> None:
+    messages = [
+        {"role": "user", "content": "check A and B"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("c1", "get_order", {"order_id": "A"}),
+                                                              _call("c2", "get_order", {"order_id": "B"})]},
+        {"role": "tool", "tool_call_id": "c2", "content": "Error: order B not found"},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"status": "paid"}'},
+        {"role": "assistant", "content": "A is paid; B does not exist."},
+    ]
+    path = _jsonl(tmp_path, {"messages": messages, "tools": TOOLS["tools"],
+                             "metadata": {"id": "x1", "model": "gpt-4.1", "reward": 1}})
+    import_traces("openai-jsonl", [path], home=tmp_path / "home")
+    ops = {o["call_id"]: o for o in table(tmp_path / "home", "operations")}
+    assert (ops["c1"]["outcome"], ops["c2"]["outcome"]) == ("success", "failed")
+    assert ops["c1"]["step"] == ops["c2"]["step"] == 1
+    (run,) = table(tmp_path / "home", "runs")
+    assert (run["model_route"], run["reward"], run["tenant"]) == ("gpt-4.1", 1.0, "openai-jsonl")
+    (candidate, final) = sorted(table(tmp_path / "home", "candidates"), key=lambda c: c["step"])
+    items = json.loads(candidate["items_json"])
+    assert [i["call_id"] for i in items] == ["c1", "c2"] and candidate["finish_reason"] == "tool_calls"
+    assert json.loads(final["items_json"]) == [{"type": "text", "text": "A is paid; B does not exist."}]
+
+
+def test_legacy_function_call_shape(tmp_path: Path) -> None:
+    messages = [
+        {"role": "system", "content": "You can call functions."},
+        {"role": "user", "content": "get A"},
+        {"role": "assistant", "content": None, "function_call": {"name": "get_order", "arguments": "{\"order_id\": \"A\"}"}},
+        {"role": "function", "name": "get_order", "content": "{\"error\": \"Timeout error...\", \"response\": \"\"}"},
+        {"role": "assistant", "content": None, "function_call": {"name": "get_order", "arguments": "{\"order_id\": "}},
+        {"role": "function", "name": "get_order", "content": "{\"error\": \"\", \"response\": \"paid\"}"},
+        {"role": "assistant", "content": "A is paid."},
+    ]
+    path = _jsonl(tmp_path, {"messages": messages, "functions": [t["function"] for t in TOOLS["tools"]]})
+    import_traces("openai-jsonl", [path], home=tmp_path / "home")
+    ops = sorted(table(tmp_path / "home", "operations"), key=lambda o: o["step"])
+    assert [(o["tool"], o["outcome"]) for o in ops] == [("get_order", "failed"), ("get_order", "success")]
+    results = [json.loads(e["payload_json"]) for e in table(tmp_path / "home", "events") if e["kind"] == "operation_result"]
+    assert results[0]["error_code"] == "TIMEOUT"
+    second = sorted(table(tmp_path / "home", "candidates"), key=lambda c: c["step"])[1]
+    (item,) = json.loads(second["items_json"])
+    assert item["raw_arguments"] == "{\"order_id\": " and "arguments" not in item
+
+
+def test_tau2_user_tool_calls_are_kept_and_marked(tmp_path: Path) -> None:
+    def msg(role: str, **kw: Any) -> dict[str, Any]:
+        return {"role": role, "content": kw.pop("content", ""), "turn_idx": 0, "timestamp": None, **kw}
+
+    sim = {"id": "s1", "task_id": "t1", "trial": 0, "termination_reason": "user_stop", "reward_info": {"reward": 1.0},
+           "messages": [
+               msg("assistant", content="Hi!"),
+               msg("user", content="my phone has no signal"),
+               msg("assistant", tool_calls=[{"id": "a1", "name": "get_order", "arguments": {"order_id": "A"},
+                                             "requestor": "assistant"}]),
+               msg("tool", id="a1", content="{}", requestor="assistant", error=False),
+               msg("assistant", content="Please toggle airplane mode."),
+               msg("user", tool_calls=[{"id": "u1", "name": "toggle_airplane_mode", "arguments": {},
+                                        "requestor": "user"}]),
+               msg("tool", id="u1", content="Airplane mode off", requestor="user", error=False),
+               msg("user", content="done, it works"),
+               msg("assistant", content="Great."),
+           ]}
+    data = {"info": {"environment_info": {"domain_name": "shop", "policy": "be nice"},
+                     "agent_info": {"llm": "xai/grok-3"}}, "tasks": [{"id": "t1"}], "simulations": [sim]}
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "shop_tools.json").write_text(json.dumps(TOOLS))
+    (tmp_path / "sims").mkdir()
+    path = tmp_path / "sims" / "run.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    result = import_traces("tau2", [path], home=tmp_path / "home")
+    assert result.files[0].user_tool_calls == 1
+    assert [o["tool"] for o in table(tmp_path / "home", "operations")] == ["get_order"]
+    (event,) = [json.loads(e["payload_json"]) for e in table(tmp_path / "home", "events") if e["kind"] == "user_tool_call"]
+    assert (event["requestor"], event["tool"], event["outcome"]) == ("user", "toggle_airplane_mode", "success")
+    (run,) = table(tmp_path / "home", "runs")
+    assert (run["model_route"], run["task_id"], run["steps"]) == ("xai/grok-3", "shop/t1", 4)
+
+
+@pytest.mark.parametrize("text, code", [
+    ("Error: flight HAT001 not available on date 2024-05-01", "UNAVAILABLE"),
+    ("Error: payment amount does not add up, total price is 300", "PAYMENT_MISMATCH"),
+    ("Error: gift card balance is not enough", "INSUFFICIENT_FUNDS"),
+    ("Error: Reservation ABC123 not found", "NOT_FOUND"),
+    ("Error: certificate cannot be used to update reservation", "NOT_PERMITTED"),
+    ("Error: Tool foo not found", "UNKNOWN_TOOL"),
+    ("Error: 1 validation error for BookReservation", "INVALID_ARGUMENTS"),
+    ("Error: something odd", "TOOL_ERROR"),
+])
+def test_error_codes(text: str, code: str) -> None:
+    assert error_code(text) == code
+
+
+# --- bad input -----------------------------------------------------------------------
+
+
+def _bad(tmp: Path, fmt: str, *paths: Path, extra: tuple[str, ...] = ()) -> str:
+    result = cli("import", fmt, *map(str, paths), "--home", str(tmp / "home"), *extra)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+def _runs_in_journal(home: Path) -> int:
+    journal = home / "journal.sqlite"
+    if not journal.exists():
+        return 0
+    with sqlite3.connect(journal) as conn:
+        return conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+
+
+def test_another_format_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = _tau_bench_file(tmp_path)
+    err = _bad(tmp_path, "tau2", path)
+    assert str(path) in err and "tau2 Results" in err
+    assert _runs_in_journal(tmp_path / "home") == 0
+
+
+def test_truncated_gzip_is_refused(tmp_path: Path) -> None:
+    whole = gzip.compress(json.dumps({"simulations": []}).encode() * 50)
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    err = _bad(tmp_path, "tau2", path)
+    assert str(path) in err
+
+
+def test_unknown_role_names_the_line_and_record(tmp_path: Path) -> None:
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    bad = {"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}]}
+    path = _jsonl(tmp_path, good, bad)
+    err = _bad(tmp_path, "openai-jsonl", path)
+    assert "line 2" in err and "messages[1]" in err and "'robot'" in err
+
+
+def test_a_bad_file_among_good_ones_writes_nothing(tmp_path: Path) -> None:
+    good = _jsonl(tmp_path, {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+                  name="a.jsonl")
+    bad = tmp_path / "b.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assis')
+    err = _bad(tmp_path, "openai-jsonl", good, bad)
+    assert str(bad) in err and "line 1" in err
+    assert _runs_in_journal(tmp_path / "home") == 0
+
+
+def test_a_failure_while_writing_a_file_rolls_the_whole_file_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopledger.datasets import _import_journal
+
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    path = _jsonl(tmp_path, {**chat, "metadata": {"id": "1"}}, {**chat, "metadata": {"id": "2"}})
+    original = _import_journal.RunWriter._finish
+    calls = {"n": 0}
+
+    def failing(self: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("disk full")
+        original(self)
+
+    monkeypatch.setattr(_import_journal.RunWriter, "_finish", failing)
+    with pytest.raises(OSError):
+        import_traces("openai-jsonl", [path], home=tmp_path / "home")
+    assert _runs_in_journal(tmp_path / "home") == 0
+    monkeypatch.setattr(_import_journal.RunWriter, "_finish", original)
+    assert import_traces("openai-jsonl", [path], home=tmp_path / "home").runs == 2
+
+
+def test_unknown_format_and_missing_tools(tmp_path: Path) -> None:
+    with pytest.raises(ImportInputError, match="unknown format"):
+        import_traces("csv", [tmp_path], home=tmp_path / "home")
+    path = _tau_bench_file(tmp_path)
+    (tmp_path / "tools" / "shop_tools.json").unlink()
+    err = _bad(tmp_path, "tau-bench", path)
+    assert "no tool catalogue" in err and "--tools" in err
