@@ -36,11 +36,13 @@ from . import _faults
 from ._backends import DemoBackend, Fault, ToolOutcome, ToolRequest
 from ._clock import from_us, now_us
 from ._decision import decision_input
-from ._model import ModelAdapter, ModelRequest, ScriptExhausted, collect
+from ._conversation import conversation
+from ._model import Collected, ModelAdapter, ModelRequest, ScriptExhausted, StreamError, collect
+from ._prompts import load_prompt
 from ._records import Artifact, Commit, NewEvent, RunRecord
 from ._results import reduce_result
 from ._scenario import Scenario
-from ._errors import StaleStateVersion, TerminalAlreadySet
+from ._errors import ModelError, StaleStateVersion, TerminalAlreadySet
 from ._states import State, TERMINAL
 from ._store import SQLRunStore
 from ._waits import Reply, ReplyRejected, TokenClaims, check_answer, issue_token, read_token, token_hash
@@ -73,12 +75,6 @@ CONTEXT_CACHE = 1024
 def _tools_snapshot() -> Canonical:
     """The demo tool registry, serialised once for every context that embeds it."""
     return Canonical(tool_registry_snapshot())
-
-
-PROMPTS = {
-    "v1": "You are a careful operations agent. Use the tools to do the task; cite evidence for every claim.",
-    "v2": "You are an operations agent. Plan first, call tools one at a time, and finish only with evidence.",
-}
 
 
 @dataclass
@@ -244,11 +240,15 @@ class Controller:
         whole conversation, and a step's cost does not grow with it."""
         scenario = config.scenario
         if view.context_id is None:
+            prompt = load_prompt(view.prompt_version)
+            prompt_hash = prompt.sha256
             messages = [
-                {"role": "system", "content": PROMPTS.get(view.prompt_version, PROMPTS["v1"])},
+                {"role": "system", "content": prompt.text},
                 {"role": "user", "content": scenario.contract.goal},
             ]
         else:
+            # The prompt was read once, at step 1: an edited file never changes a run midway.
+            prompt_hash = self._context(view.context_id)[0].get("prompt_hash")
             messages = view.pending_messages
         contract = scenario.contract.model_dump(mode="json")
         return {
@@ -264,6 +264,7 @@ class Controller:
             "tenant": view.tenant,
             "model_route": view.model_route,
             "prompt_version": view.prompt_version,
+            "prompt_hash": prompt_hash,
             "budget": self._remaining(view, config),
         }
 
@@ -278,12 +279,16 @@ class Controller:
             attempt_index=int(view.counters["model_attempts"]),
             prompt_version=view.prompt_version,
             context=context,
+            conversation=lambda: conversation(view.context_id, lambda cid: self._context(cid)[0]),
         )
         try:
             collected = collect(config.model.stream(request))
         except ScriptExhausted as exc:
             self._finalize(view, "FAILED", "model_error", detail=str(exc))
             return
+        except ModelError as exc:  # an adapter that raises instead of yielding StreamError
+            collected = Collected([], "error", error=StreamError(str(exc), exc.code, exc.retryable,
+                                                                  exc.retry_after_s))
         body = {
             "items": collected.items,
             "finish_reason": collected.finish_reason,
@@ -291,8 +296,12 @@ class Controller:
             "step": view.step,
             "attempt": view.attempt,
             "prompt_version": view.prompt_version,
+            "prompt_hash": context.get("prompt_hash"),
             "model_route": view.model_route,
         }
+        if collected.error is not None:
+            body["error"] = {"code": collected.error.code, "message": collected.error.message,
+                             "retryable": collected.error.retryable}
         candidate = Artifact("candidate", body)
         usage = collected.usage
         row = {
@@ -321,20 +330,47 @@ class Controller:
         elif collected.finish_reason == "content_filter":
             self._move(view, State.FINALIZING, payload={"status": "POLICY_STOPPED", "reason": "policy",
                                                          "detail": "the provider filtered the output"}, **common)
+        elif collected.error is not None and not collected.error.retryable:
+            # Bad credentials, a malformed request: the same context fails the same way.
+            self._move(view, State.FINALIZING, payload={
+                "status": "FAILED", "reason": "model_error",
+                "detail": f"{collected.error.code}: {collected.error.message}"}, **common)
         elif view.attempts_in_step < MAX_ATTEMPTS_PER_STEP:
             # A broken, cut or failed stream: a new attempt on the same context.
             # Its output is never merged with this one's.
-            self._move(
-                view,
-                State.MODEL_RUNNING,
-                attempt=view.attempt + 1,
-                payload={"retry_of": candidate.artifact_id, "finish_reason": collected.finish_reason},
-                **common,
-            )
+            wait = self._backoff(view, collected.error)
+            if wait is not None and wait > self._deadline_left(view, config):
+                self._move(view, State.FINALIZING, payload={
+                    "status": "BUDGET_EXHAUSTED", "reason": "deadline",
+                    "detail": f"the provider asked to wait {wait:.1f}s, past the run's deadline"}, **common)
+                return
+            payload: dict[str, Any] = {"retry_of": candidate.artifact_id, "finish_reason": collected.finish_reason}
+            if wait:
+                payload["backoff_s"] = round(wait, 3)
+            self._move(view, State.MODEL_RUNNING, attempt=view.attempt + 1, payload=payload, **common)
+            if wait:
+                # After the commit: a crash while waiting resumes into the new attempt.
+                self.sleep(wait)
         else:
             detail = f"{view.attempts_in_step} attempts ended '{collected.finish_reason}'"
             self._move(view, State.FINALIZING, payload={"status": "FAILED", "reason": "model_error",
                                                          "detail": detail}, **common)
+
+    @staticmethod
+    def _backoff(view: RunView, error: StreamError | None) -> float | None:
+        """Seconds to wait before the next attempt: what a rate-limited
+        provider asked for, else 1, 2, 4 s by attempt."""
+        if error is None or error.code != "rate_limited":
+            return None
+        if error.retry_after_s is not None:
+            return error.retry_after_s
+        return float(2 ** (view.attempts_in_step - 1))
+
+    def _deadline_left(self, view: RunView, config: RunConfig) -> float:
+        deadline = config.scenario.budgets.deadline_s
+        if deadline is None:
+            return float("inf")
+        return deadline - (now_us() - view.started_at) / 1e6
 
     # -- VALIDATING -------------------------------------------------------------
 

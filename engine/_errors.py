@@ -7,6 +7,15 @@
         │   ├── MigrationError
         │   └── SchemaVersionError    a record newer than this code understands
         ├── UnknownRun
+        ├── ModelError                a model provider call failed (``retryable``
+        │   │                         and ``retry_after_s`` are data)
+        │   ├── ModelRateLimited      429 and spend/ramp limits
+        │   ├── ModelAuthError        credentials, permission, billing
+        │   ├── ModelBadRequest       the request itself is wrong: resending cannot help
+        │   ├── ModelServerError      5xx, overload, conflict
+        │   ├── ModelTimeout
+        │   ├── ModelConnectionError  the connection failed or broke mid-stream
+        │   └── ModelResponseError    the provider answered something unreadable
         └── CommitRejected            a commit was refused; nothing was written
             ├── TransitionNotAllowed  the table does not allow from -> to
             ├── StaleStateVersion     compare-and-set lost: someone else moved first
@@ -122,3 +131,54 @@ class TerminalAlreadySet(CommitRejected):
         )
         self.terminal = terminal
         self.attempted = attempted
+
+
+class ModelError(EngineError):
+    """A model provider call failed. Adapters raise these from the vendor's
+    own exceptions (``raise ... from exc``) so the engine never sees an SDK
+    type; ``retryable`` says whether a new attempt on the same context can
+    succeed, ``retry_after_s`` how long the provider asked to wait."""
+
+    code = "model_error"
+    default_retryable = True
+
+    def __init__(self, message: str, *, provider: str, code: str | None = None, retryable: bool | None = None,
+                 retry_after_s: float | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.provider = provider
+        self.code = code or type(self).code
+        self.retryable = self.default_retryable if retryable is None else retryable
+        self.retry_after_s = retry_after_s
+        #: The HTTP status, when the provider answered with one.
+        self.status = status
+
+
+class ModelRateLimited(ModelError):
+    code = "rate_limited"
+
+
+class ModelAuthError(ModelError):
+    code = "auth"
+    default_retryable = False
+
+
+class ModelBadRequest(ModelError):
+    code = "bad_request"
+    default_retryable = False
+
+
+class ModelServerError(ModelError):
+    code = "server_error"
+
+
+class ModelTimeout(ModelError):
+    code = "timeout"
+
+
+class ModelConnectionError(ModelError):
+    code = "connection"
+
+
+class ModelResponseError(ModelError):
+    code = "bad_response"

@@ -9,13 +9,15 @@ arguments are assembled from their deltas and parsed only once the stream
 is complete, so a half-received call can never reach a tool.
 
 The scripted model (:class:`ScriptedModel`) is the embedded default: it
-plays a scenario's ``model:`` entries, faulty forms included.
+plays a scenario's ``model:`` entries, faulty forms included. Provider
+adapters (``openai:MODEL``, ``anthropic:MODEL``) live in ``_openai`` and
+``_anthropic``; ``_routes`` picks one for a run's ``model_route``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Union
 
@@ -48,9 +50,12 @@ class ItemEvent:
 
 @dataclass(frozen=True)
 class Usage:
+    #: Every input token of the call, cached ones included.
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0
+    #: The part of ``tokens_in`` served from the provider's prompt cache.
+    cached_tokens_in: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,14 @@ class Finish:
 class StreamError:
     message: str
     code: str = "model_error"
+    #: False when a new attempt on the same context cannot help (a bad
+    #: request, bad credentials): the run fails at once.
     retryable: bool = True
+    #: How long the provider asked to wait before the next attempt.
+    retry_after_s: float | None = None
+    #: The stream had begun and broke: the attempt is ``incomplete``, not
+    #: an answer the provider refused.
+    incomplete: bool = False
 
 
 StreamEvent = Union[TextDelta, ToolCallDelta, ItemEvent, Usage, Finish, StreamError]
@@ -79,6 +91,15 @@ class ModelRequest:
     attempt_index: int
     prompt_version: str
     context: dict[str, Any]
+    #: Builds the whole conversation (the context chain's messages, oldest
+    #: first). Called only by adapters that send it, so the scripted model
+    #: never pays for walking the chain.
+    conversation: Callable[[], list[dict[str, Any]]] | None = None
+
+    def messages(self) -> list[dict[str, Any]]:
+        if self.conversation is None:
+            return list(self.context.get("messages", []))
+        return self.conversation()
 
 
 class ModelAdapter(Protocol):
@@ -129,6 +150,7 @@ def collect(events: Iterator[StreamEvent]) -> Collected:
                 usage.tokens_in + event.tokens_in,
                 usage.tokens_out + event.tokens_out,
                 usage.cost_usd + event.cost_usd,
+                usage.cached_tokens_in + event.cached_tokens_in,
             )
         elif isinstance(event, Finish):
             finish = event.reason
@@ -155,7 +177,10 @@ def collect(events: Iterator[StreamEvent]) -> Collected:
             item["arguments"] = parsed
         items.append(item)
     items.extend(structured)
-    reason = "error" if error is not None else (finish or "incomplete")
+    if error is not None:
+        reason = "incomplete" if error.incomplete else "error"
+    else:
+        reason = finish or "incomplete"
     return Collected(items, reason, usage, error)
 
 

@@ -33,6 +33,7 @@ from ._errors import BadInput
 from ._home import Home
 from ._model import ScriptedModel
 from ._recorder import Recorder
+from ._routes import model_for
 from ._records import NewRun, RunRecord
 from ._scenario import Scenario, parse_scenario
 from ._states import State, TERMINAL
@@ -54,7 +55,8 @@ def config_for(record: RunRecord) -> RunConfig:
     return RunConfig(
         scenario=scenario,
         suite=_suite(scenario.suite),
-        model=ScriptedModel(scenario.entries_for(record.prompt_version)),
+        # A real model ignores the scenario's scripted entries (CONTRACT).
+        model=model_for(record.model_route, lambda: ScriptedModel(scenario.entries_for(record.prompt_version))),
         faults=tuple(Fault(f.tool, f.call, f.kind) for f in scenario.faults),
     )
 

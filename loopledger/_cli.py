@@ -156,8 +156,11 @@ def _outcome_json(outcome: Any) -> dict[str, Any]:
 @guarded
 def run(
     paths: Annotated[list[Path], typer.Argument(help="Scenario files, or folders of *.yaml.")],
-    prompt_version: Annotated[str, typer.Option("--prompt-version", help="Prompt version to run.")] = "v1",
-    model: Annotated[str, typer.Option("--model", help="Model route (scripted: the scenario's script).")] = "scripted",
+    prompt_version: Annotated[str, typer.Option(
+        "--prompt-version", help="Prompt version to run: a file engine/prompts/NAME.md.")] = "v1",
+    model: Annotated[str, typer.Option(
+        "--model", help="Model route: scripted (the scenario's script), openai:MODEL or anthropic:MODEL "
+                        "(the scenario's model: entries are then ignored).")] = "scripted",
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs driven at once.")] = 8,
     check: Annotated[bool, typer.Option("--check", help="Exit 1 if an outcome differs from its expect.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
@@ -174,8 +177,11 @@ def run(
     from loopledger.engine._runner import Runner, check_tools
     from loopledger.engine._scenario import load_scenarios
 
-    if model != "scripted":
-        raise BadInput("--model", f"unknown model route {model!r}; this build runs 'scripted'")
+    from loopledger.engine._prompts import check_prompt_version
+    from loopledger.engine._routes import settings_for
+
+    settings_for(model)  # the SDK and the key, before anything is recorded
+    check_prompt_version(prompt_version)
     scenarios = load_scenarios(paths)
     if not scenarios:
         raise BadInput(" ".join(map(str, paths)), "no scenario (*.yaml) found")

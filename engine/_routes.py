@@ -1,0 +1,127 @@
+"""Model routes: which adapter a run's ``model_route`` names.
+
+    scripted           the scenario's ``model:`` entries (the default)
+    openai:MODEL       Chat Completions via the ``openai`` SDK; OPENAI_API_KEY,
+                       OPENAI_BASE_URL (any OpenAI-compatible server)
+    anthropic:MODEL    Messages via the ``anthropic`` SDK; ANTHROPIC_API_KEY,
+                       ANTHROPIC_BASE_URL
+
+With a real model a scenario's ``model:`` entries are ignored (CONTRACT).
+A key is required when the base URL is the provider's own; a server of
+one's own (``OPENAI_BASE_URL=http://127.0.0.1:8000/v1``) often needs none.
+``LOOPLEDGER_MODEL_TIMEOUT_S`` (default 120) bounds one call, and
+``LOOPLEDGER_MAX_OUTPUT_TOKENS`` one answer (unset: the provider's default;
+Anthropic, which requires a value, gets 4096).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from urllib.parse import urlparse
+
+from ._errors import BadInput
+from ._model import ModelAdapter
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str
+    sdk: str  # the module the extra installs
+    key_env: str
+    url_env: str
+    own_hosts: tuple[str, ...]  # base URLs that need the provider's key
+
+
+PROVIDERS = {
+    "openai": Provider("openai", "openai", "OPENAI_API_KEY", "OPENAI_BASE_URL", ("api.openai.com",)),
+    "anthropic": Provider("anthropic", "anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL",
+                          ("api.anthropic.com",)),
+}
+
+ANTHROPIC_DEFAULT_MAX_TOKENS = 4096
+#: What a server of one's own gets as the key when none is set (the SDKs refuse an empty one).
+NO_KEY = "not-needed"
+
+
+def parse_route(route: str) -> tuple[str, str]:
+    """``(provider, model)``; ``("scripted", "")`` for the scripted model."""
+    if route == "scripted":
+        return "scripted", ""
+    provider, sep, model = route.partition(":")
+    if not sep or provider not in PROVIDERS or not model.strip():
+        raise BadInput("--model", f"unknown model route {route!r}; expected scripted, openai:MODEL "
+                       "or anthropic:MODEL")
+    return provider, model.strip()
+
+
+@dataclass(frozen=True)
+class Settings:
+    api_key: str
+    base_url: str | None
+    timeout_s: float
+    #: None: the provider's default (Anthropic, which requires one, gets ANTHROPIC_DEFAULT_MAX_TOKENS).
+    max_output_tokens: int | None
+
+
+def settings_for(route: str) -> Settings:
+    """Check that a real route can run here: its SDK installed, its key set.
+    Raises :class:`BadInput` naming what to install or which variable to set."""
+    provider, _ = parse_route(route)
+    if provider == "scripted":
+        return Settings("", None, 0.0, None)
+    p = PROVIDERS[provider]
+    try:
+        __import__(p.sdk)
+    except ImportError:
+        raise BadInput("--model", f"{route} needs the {p.sdk} SDK: pip install 'loopledger[{provider}]'") from None
+    base_url = os.environ.get(p.url_env) or None
+    host = urlparse(base_url).hostname if base_url else p.own_hosts[0]
+    key = os.environ.get(p.key_env) or ""
+    if not key:
+        if host in p.own_hosts:
+            raise BadInput("--model", f"{route} needs an API key: set {p.key_env} "
+                           f"(or {p.url_env} for a server of your own)")
+        key = NO_KEY
+    max_tokens = _env_float("LOOPLEDGER_MAX_OUTPUT_TOKENS", 0) or None
+    return Settings(key, base_url, _env_float("LOOPLEDGER_MODEL_TIMEOUT_S", 120.0),
+                    int(max_tokens) if max_tokens else None)
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadInput(name, f"expected a positive number, got {raw!r}") from None
+    if value <= 0:
+        raise BadInput(name, f"expected a positive number, got {raw!r}")
+    return value
+
+
+def model_for(route: str, scripted: Callable[[], ModelAdapter]) -> ModelAdapter:
+    """The adapter for a run's route; ``scripted`` builds the scripted model."""
+    if route == "scripted":
+        return scripted()
+    return _adapter(route, settings_for(route))
+
+
+@lru_cache(maxsize=16)
+def _adapter(route: str, settings: Settings) -> ModelAdapter:
+    # One client per route and settings: its connection pool is shared by
+    # every run, and a changed key or URL gets a client of its own.
+    provider, model = parse_route(route)
+    if provider == "openai":
+        from ._openai import OpenAIModel
+
+        return OpenAIModel(model, api_key=settings.api_key, base_url=settings.base_url,
+                           timeout_s=settings.timeout_s, max_output_tokens=settings.max_output_tokens)
+    from ._anthropic import AnthropicModel
+
+    return AnthropicModel(model, api_key=settings.api_key, base_url=settings.base_url,
+                          timeout_s=settings.timeout_s,
+                          max_output_tokens=settings.max_output_tokens or ANTHROPIC_DEFAULT_MAX_TOKENS)
