@@ -20,9 +20,11 @@ by the next export.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ BATCH_ROWS = 20_000
 #: name -> (journal table, sequence column).
 GLOBAL_SEQUENCES = {"artifacts": ("artifacts", "artifact_seq"), "labels": ("labels", "label_id")}
 EMPTY_FILE = "empty.parquet"
+LOCK_FILE = ".export.lock"
 COMPRESSION = "zstd"
 
 
@@ -115,7 +118,24 @@ class Recorder:
 
     # -- export ------------------------------------------------------------
 
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One exporter at a time per traces folder, across processes: two
+        exports at once would record overlapping ranges and race on the
+        snapshot files. The lock is the kernel's; a killed exporter drops it."""
+        self.traces.mkdir(parents=True, exist_ok=True)
+        with open(self.traces / LOCK_FILE, "a+b") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
     def export(self) -> ExportResult:
+        with self._exclusive():
+            return self._export()
+
+    def _export(self) -> ExportResult:
         for name in TABLES:
             self.table_dir(name).mkdir(parents=True, exist_ok=True)
         self._finish_compactions()
@@ -228,6 +248,10 @@ class Recorder:
 
     def compact(self) -> dict[str, int]:
         """Merge each append table's segments into one file; return files merged per table."""
+        with self._exclusive():
+            return self._compact()
+
+    def _compact(self) -> dict[str, int]:
         import pyarrow.parquet as pq
 
         self._finish_compactions()

@@ -596,3 +596,22 @@ def test_compact_after_an_interrupted_export_duplicates_nothing(
     Recorder(store, traces).compact()
     Recorder(store, traces).export()
     assert_traces_equal_journal(traces, journal)
+
+
+def test_exports_from_several_processes_at_once_publish_each_row_once(store: Any, traces: Path, journal: Path) -> None:
+    populate(store, "a")
+    script = (
+        "import sys\n"
+        "from loopledger.engine import Recorder, SQLiteRunStore\n"
+        "store = SQLiteRunStore(sys.argv[1])\n"
+        "for _ in range(5):\n"
+        "    Recorder(store, sys.argv[2]).export()\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(journal), str(traces)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    advance(store, "a")
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    Recorder(store, traces).export()
+    assert_traces_equal_journal(traces, journal)
