@@ -85,7 +85,7 @@ def attributed(window: _Window, totals: dict[str, dict[str, float]],
     """Wrap the TIMED functions; add their inclusive time to ``totals[label][window]``.
     Re-entrant calls (canonical_json is recursive only internally) count once."""
     saved = []
-    gc_bucket = totals.setdefault(GC_LABEL, {"early": 0.0, "late": 0.0})
+    gc_bucket = totals.setdefault(GC_LABEL, {"early": 0.0, "late": 0.0, "early_cpu": 0.0, "late_cpu": 0.0})
     gc_start = [0.0]
 
     def on_gc(phase: str, info: dict[str, Any]) -> None:
@@ -100,7 +100,7 @@ def attributed(window: _Window, totals: dict[str, dict[str, float]],
     for label, owner, attr in TIMED:
         inner = getattr(owner, attr)
         saved.append((owner, attr, inner))
-        bucket = totals.setdefault(label, {"early": 0.0, "late": 0.0})
+        bucket = totals.setdefault(label, {"early": 0.0, "late": 0.0, "early_cpu": 0.0, "late_cpu": 0.0})
 
         def wrapper(*args: Any, __inner: Any = inner, __bucket: dict[str, float] = bucket,
                     __ready: bool = attr == "_ready", **kwargs: Any) -> Any:
@@ -112,11 +112,12 @@ def attributed(window: _Window, totals: dict[str, dict[str, float]],
             name = window.current
             if name is None:
                 return __inner(*args, **kwargs)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             try:
                 return __inner(*args, **kwargs)
             finally:
                 __bucket[name] += time.perf_counter() - start
+                __bucket[name + "_cpu"] += time.thread_time() - cpu
 
         setattr(owner, attr, wrapper)
     try:
@@ -248,11 +249,14 @@ def main() -> None:
     print(f"per step ({tpe:.0f} transitions): early {early['wall_us'] * tpe / 1e3:.2f} ms, "
           f"late {late['wall_us'] * tpl / 1e3:.2f} ms; context artifact {early['context_bytes'] / 1e3:.1f} kB -> "
           f"{late['context_bytes'] / 1e3:.1f} kB")
-    print("inclusive time per step, early -> late (best round of each window):")
+    print("inclusive time per step, early -> late, wall (thread CPU); best round of each window:")
     for label in [t[0] for t in TIMED] + [GC_LABEL]:
         e = best_early["functions"][label]["early"] / WINDOW * 1e3
         lt = best_late["functions"][label]["late"] / WINDOW * 1e3
-        print(f"  {label}: {e:.3f} -> {lt:.3f} ms")
+        ec = min(r["functions"][label]["early_cpu"] for r in results) / WINDOW * 1e3
+        lc = min(r["functions"][label]["late_cpu"] for r in results) / WINDOW * 1e3
+        cpu = "" if label == GC_LABEL else f" ({ec:.3f} -> {lc:.3f} ms CPU)"
+        print(f"  {label}: {e:.3f} -> {lt:.3f} ms{cpu}")
     for line in profile:
         print(line)
     report("engine_history", value=late["wall_us"], unit="us/transition", baseline=early["wall_us"], goal=1.2,
