@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any
 
 from ._conversation import ToolNames, Turn, offered_tools, turns
@@ -91,6 +92,7 @@ ERROR_RULES: dict[str, Rule] = {
 }
 
 
+@lru_cache(maxsize=1)
 def error_table() -> dict[type, Rule]:
     import anthropic
 

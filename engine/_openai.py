@@ -19,6 +19,7 @@ passed on unchanged: the ``structure`` validator calls it a protocol error.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any
 
 from ._conversation import ToolNames, Turn, offered_tools, turns
@@ -67,13 +68,17 @@ ERROR_RULES: dict[str, Rule] = {
     "WebSocketConnectionClosedError": Rule(ModelConnectionError),
     "WebSocketQueueFullError": Rule(ModelConnectionError),
     "InvalidWebhookSignatureError": Rule(ModelBadRequest, "webhook_signature"),
+    # Workload identity: the token behind the credentials could not be had.
+    "SubjectTokenProviderError": Rule(ModelAuthError, "credentials"),
 }
 
 
+@lru_cache(maxsize=1)
 def error_table() -> dict[type, Rule]:
     import openai
+    from openai import _exceptions  # some classes are not re-exported at the top level
 
-    return resolve_table(openai, ERROR_RULES)
+    return {**resolve_table(_exceptions, ERROR_RULES), **resolve_table(openai, ERROR_RULES)}
 
 
 def translate_error(exc: BaseException) -> ModelError:

@@ -172,9 +172,16 @@ def translate(exc: BaseException, *, provider: str, table: Mapping[type, Rule]) 
     assert rule.error is not None
     response = getattr(exc, "response", None)
     wait = retry_after(getattr(response, "headers", None)) if response is not None else None
-    message = str(getattr(exc, "message", None) or exc) or type(exc).__name__
-    return rule.error(f"{type(exc).__name__}: {message}", provider=provider, code=rule.code,
+    return rule.error(_describe(exc), provider=provider, code=rule.code,
                       retryable=rule.retryable, retry_after_s=wait, status=status)
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        text = str(getattr(exc, "message", None) or exc)
+    except Exception:  # noqa: BLE001 - a vendor __str__ that needs attributes it never got
+        text = ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def stream_error(error: ModelError, *, began: bool) -> StreamError:
