@@ -28,13 +28,9 @@ A run view is folded along, exactly as the controller folds its commits,
 so step records are computed by the engine's code, and ``decide`` (a suite)
 judges each candidate on the same ``decision_input`` a replay rebuilds.
 
-Why not ``store.create_run`` and ``store.commit``: each is its own
-transaction with an fsync (about 4 ms here), and a file's runs must land
-all together or not at all. So a file is one transaction: the store's
-``_write`` owns it and ``_commit_txn`` does each commit inside it (the
-store's own split between a public method and its ``_txn`` worker). The run
-row and the label rows are the two inserts the store offers no ``_txn``
-form of; they are the same statements as ``create_run`` and ``add_label``.
+A file's runs land all together or not at all, in one transaction and one
+fsync: the importer writes them through the store's public calls inside
+``store.batch()``.
 """
 
 from __future__ import annotations
@@ -44,10 +40,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loopledger.canonical import Canonical, canonical_json, content_id
-from loopledger.engine import SCHEMA_VERSION, Artifact, Commit, NewEvent, RunView, State, decision_input, now_us
+from loopledger.canonical import Canonical, content_id
+from loopledger.engine import Artifact, Commit, NewEvent, NewRun, RunView, State, decision_input
 from loopledger.engine._results import reduce_result
-from loopledger.engine._store import _check_commit_shape
 
 from ._import_model import NO_RESULT, Conversation, Message, Outcome, ToolResult, outcome_of
 from ._import_tau import pair_results
@@ -103,10 +98,10 @@ def _goal(conv: Conversation) -> str:
 
 
 class RunWriter:
-    """Writes one conversation inside an open write transaction."""
+    """Writes one conversation (inside the caller's ``store.batch()``)."""
 
-    def __init__(self, store: Any, conn: Any, conv: Conversation, suite: Any = None) -> None:
-        self.store, self.conn, self.conv, self.suite = store, conn, conv, suite
+    def __init__(self, store: Any, conv: Conversation, suite: Any = None) -> None:
+        self.store, self.conv, self.suite = store, conv, suite
         self.run_id = conv.run_id
         self.prompt_version = conv.prompt_version  # a hash of the system prompt: computed once
         self.version = 1
@@ -120,27 +115,19 @@ class RunWriter:
     # -- journal primitives ---------------------------------------------------------
 
     def _create(self) -> None:
-        """The run row and its ``run_created`` event (``store.create_run``'s statements)."""
-        conv, now = self.conv, now_us()
+        conv = self.conv
         spec = {"imported": {"format": conv.source, "file": conv.file, "record": conv.record,
                              "source_id": conv.source_id, "termination": conv.termination,
                              "reward": conv.reward, "metadata": dict(conv.metadata)},
                 "contract": self.contract}
-        self.conn.execute(
-            "INSERT INTO runs (run_id, thread_id, task_id, tenant, prompt_version, model_route,"
-            " state, state_version, last_seq, step, attempt, started_at, updated_at, spec_json,"
-            " schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, 1, 1, 0, 0, ?, ?, ?, ?)",
-            (self.run_id, self.run_id, conv.task_id, conv.source, self.prompt_version, conv.model,
-             State.READY.value, now, now, canonical_json(spec), SCHEMA_VERSION),
-        )
-        self.store._insert_event(self.conn, self.run_id, 1, now, "run_created", None, State.READY.value,
-                                 0, 0, 1, {"imported": conv.source})
+        self.store.create_run(NewRun(run_id=self.run_id, task_id=conv.task_id, tenant=conv.source,
+                                     prompt_version=self.prompt_version, model_route=conv.model,
+                                     thread_id=self.run_id, spec=spec))
 
     def _commit(self, to: State | None, *, step: int | None = None, attempt: int | None = None,
                 payload: dict[str, Any] | None = None, events: Sequence[NewEvent] = (), **fields: Any) -> None:
         commit = Commit(self.run_id, self.version, to, step, attempt, payload or {}, tuple(events), **fields)
-        _check_commit_shape(commit)
-        result, _late = self.store._commit_txn(self.conn, commit)
+        result = self.store.commit(commit)
         self.version = result.state_version
         # The controller's fold of a commit (Controller._commit).
         view = self.view
@@ -153,12 +140,8 @@ class RunWriter:
         view.step, view.attempt = step, attempt
 
     def _label(self, step: int, candidate_id: str, expected: str, note: str) -> None:
-        """An ``import`` label (``store.add_label``'s statement)."""
-        self.conn.execute(
-            "INSERT INTO labels (run_id, step, attempt, candidate_id, validator, expected_verdict,"
-            " source, note, created_at, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (self.run_id, step, 1, candidate_id, "", expected, "import", note, now_us(), SCHEMA_VERSION),
-        )
+        self.store.add_label({"run_id": self.run_id, "step": step, "attempt": 1, "candidate_id": candidate_id,
+                              "validator": "", "expected_verdict": expected, "source": "import", "note": note})
 
     # -- the run ------------------------------------------------------------------------
 

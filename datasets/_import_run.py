@@ -116,30 +116,17 @@ def write_file(store: Any, path: Path, conversations: Sequence[Conversation], su
     """One file's runs in one transaction: all written, or none."""
     from ._import_journal import RunWriter
 
-    ids = [c.run_id for c in conversations]
-    with store._lock:
-        existing = {row[0] for chunk in _chunks(ids, 500) for row in store._conn.execute(
-            f"SELECT run_id FROM runs WHERE run_id IN ({', '.join('?' for _ in chunk)})", chunk)}
+    existing = store.existing_runs(c.run_id for c in conversations)
     totals = {"candidates": 0, "operations": 0, "user_tool_calls": 0, "failed": 0}
     written = 0
-    try:
-        with store._write() as conn:
-            for conv in conversations:
-                if conv.run_id in existing:
-                    continue
-                existing.add(conv.run_id)  # a file that repeats a run id imports it once
-                stats = RunWriter(store, conn, conv, suite).write()
-                for key, value in stats.items():
-                    totals[key] += value
-                written += 1
-    except BaseException:
-        # Rolled back: the store must not remember heads of runs that are gone.
-        store._heads.clear()
-        raise
+    with store.batch():
+        for conv in conversations:
+            if conv.run_id in existing:
+                continue
+            existing.add(conv.run_id)  # a file that repeats a run id imports it once
+            stats = RunWriter(store, conv, suite).write()
+            for key, value in stats.items():
+                totals[key] += value
+            written += 1
     return FileImport(str(path), written, len(conversations) - written, totals["candidates"],
                       totals["operations"], totals["user_tool_calls"], totals["failed"])
-
-
-def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
-    for i in range(0, len(items), size):
-        yield items[i:i + size]

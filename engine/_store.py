@@ -131,6 +131,7 @@ class SQLRunStore:
         #: one fsync; each caller still returns only once its commit is durable.
         self.group_commit = False
         self._group = _GroupCommitter(self)
+        self._batch_owner: int | None = None
         self._lock = threading.RLock()
         self._conn: Any = None
         self._update_cache: dict[tuple[Any, ...], str] = {}
@@ -163,6 +164,17 @@ class SQLRunStore:
     def _write(self) -> Iterator[Any]:
         with self._lock:
             conn = self._conn
+            if self._in_batch():
+                # Inside batch(): a savepoint, so a refused write is undone alone.
+                conn.execute("SAVEPOINT one_write")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK TO one_write")
+                    conn.execute("RELEASE one_write")
+                    raise
+                conn.execute("RELEASE one_write")
+                return
             self._begin_write(conn)
             try:
                 yield conn
@@ -171,6 +183,45 @@ class SQLRunStore:
                 raise
             conn.execute("COMMIT")
         _faults.after_commit()
+
+    def _in_batch(self) -> bool:
+        return self._batch_owner == threading.get_ident()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Many writes (``create_run``, ``commit``, ``add_label``) by this
+        thread as one transaction: one fsync, and all of them or none. A
+        refused commit inside is undone alone and raises as usual; leaving
+        the block with an exception rolls everything back. Other threads
+        wait until the batch is done."""
+        with self._lock:
+            if self._in_batch():
+                raise RuntimeError("batch() does not nest")
+            conn = self._conn
+            self._begin_write(conn)
+            self._batch_owner = threading.get_ident()
+            try:
+                yield
+            except BaseException:
+                conn.execute("ROLLBACK")
+                self._heads.clear()  # heads remembered inside are gone with it
+                raise
+            finally:
+                self._batch_owner = None
+            conn.execute("COMMIT")
+        _faults.after_commit()
+
+    def existing_runs(self, run_ids: Iterable[str]) -> set[str]:
+        """Which of these run ids the journal has."""
+        ids = list(run_ids)
+        found: set[str] = set()
+        with self._lock:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start:start + 500]
+                rows = self._q(self._conn, f"SELECT run_id FROM runs WHERE run_id IN ({', '.join('?' for _ in chunk)})",
+                               chunk).fetchall()
+                found.update(row[0] for row in rows)
+        return found
 
     def _q(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> Any:
         return conn.execute(self._sql(statement), params)
@@ -297,6 +348,12 @@ class SQLRunStore:
 
     def commit(self, commit: Commit) -> CommitResult:
         _check_commit_shape(commit)
+        if self._in_batch():
+            with self._write() as conn:
+                result, late = self._commit_txn(conn, commit)
+            if late is not None:
+                raise late
+            return result
         if self.group_commit:
             return self._group.submit(commit)
         # The transaction is spelled out rather than taken from _write(): this

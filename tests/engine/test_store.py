@@ -604,3 +604,27 @@ def test_a_newer_schema_version_is_refused_on_read(store: Any, runs: Runs, raw: 
     with pytest.raises(SchemaVersionError) as caught:
         READERS[reader](store)
     assert (caught.value.table, caught.value.found, caught.value.supported) == (table, newer, SCHEMA_VERSION)
+
+
+def test_a_batch_is_one_transaction_all_or_nothing(store: Any) -> None:
+    with store.batch():
+        store.create_run(NewRun(run_id="b1", task_id="t", tenant="acme"))
+        store.commit(Commit("b1", 1, State.MODEL_RUNNING, step=1, attempt=1))
+        # A refused commit inside is undone alone and raises as usual.
+        with pytest.raises(StaleStateVersion):
+            store.commit(Commit("b1", 1, State.FINALIZING))
+        store.commit(Commit("b1", 2, State.FINALIZING))
+        store.add_label({"run_id": "b1", "step": 1, "attempt": 1, "candidate_id": "c", "expected_verdict": "accept",
+                         "source": "import"})
+    assert store.get_run("b1").state is State.FINALIZING
+    assert [e.seq for e in store.events("b1")] == [1, 2, 3]
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with store.batch():
+            store.create_run(NewRun(run_id="b2", task_id="t", tenant="acme"))
+            store.commit(Commit("b1", 3, State.SUCCEEDED))
+            raise RuntimeError("boom")
+    assert store.existing_runs(["b1", "b2"]) == {"b1"}
+    assert store.get_run("b1").state is State.FINALIZING, "the rolled-back batch left nothing behind"
+    # After the rollback the store commits from what the journal says.
+    assert store.commit(Commit("b1", 3, State.SUCCEEDED)).state is State.SUCCEEDED
