@@ -3,7 +3,10 @@
 The journal (a :class:`RunStore`) is the source of truth for live runs;
 every transition is one :class:`Commit`, applied atomically by
 compare-and-set on the run's ``state_version``. The :class:`Recorder`
-publishes committed rows as the Parquet trace tables.
+publishes committed rows as the Parquet trace tables. A model is a
+:class:`ModelAdapter` that turns a :class:`ModelRequest` into typed stream
+events; the route (``scripted``, ``openai:MODEL``, ``anthropic:MODEL``)
+picks one, and vendor errors arrive as :class:`ModelError` subclasses.
 """
 
 from ._clock import now, now_us
@@ -14,6 +17,14 @@ from ._errors import (
     JournalError,
     LoopLedgerError,
     MigrationError,
+    ModelAuthError,
+    ModelBadRequest,
+    ModelConnectionError,
+    ModelError,
+    ModelRateLimited,
+    ModelResponseError,
+    ModelServerError,
+    ModelTimeout,
     SchemaVersionError,
     StaleStateVersion,
     TerminalAlreadySet,
@@ -22,6 +33,18 @@ from ._errors import (
 )
 from ._decision import decision_input, validated_candidates
 from ._home import Home
+from ._model import (
+    Finish,
+    ItemEvent,
+    ModelAdapter,
+    ModelRequest,
+    ScriptedModel,
+    StreamError,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from ._recorder import ExportResult, Recorder
 from ._records import (
     SCHEMA_VERSION,
@@ -54,10 +77,22 @@ __all__ = [
     "EngineError",
     "EventRecord",
     "ExportResult",
+    "Finish",
     "Home",
+    "ItemEvent",
     "JournalError",
     "LoopLedgerError",
     "MigrationError",
+    "ModelAdapter",
+    "ModelAuthError",
+    "ModelBadRequest",
+    "ModelConnectionError",
+    "ModelError",
+    "ModelRateLimited",
+    "ModelRequest",
+    "ModelResponseError",
+    "ModelServerError",
+    "ModelTimeout",
     "NewEvent",
     "NewRun",
     "OperationConflict",
@@ -68,11 +103,17 @@ __all__ = [
     "SQLRunStore",
     "SQLiteRunStore",
     "SchemaVersionError",
+    "ScriptedModel",
     "StaleStateVersion",
     "State",
+    "StreamError",
+    "StreamEvent",
     "TerminalAlreadySet",
+    "TextDelta",
+    "ToolCallDelta",
     "TransitionNotAllowed",
     "UnknownRun",
+    "Usage",
     "arrow_schema",
     "decision_input",
     "is_allowed",
