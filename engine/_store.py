@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -106,6 +106,10 @@ class RunStore(Protocol):
     def operations(self, run_id: str) -> list[dict[str, Any]]: ...
 
     def add_label(self, label: Mapping[str, Any]) -> int: ...
+
+    def existing_runs(self, run_ids: Iterable[str]) -> set[str]: ...
+
+    def batch(self) -> AbstractContextManager[None]: ...
 
     def close(self) -> None: ...
 
