@@ -24,6 +24,7 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
+from itertools import islice
 from functools import lru_cache
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -255,8 +256,11 @@ class Controller:
             "previous_context": view.context_id,
             "messages": messages,
             "memory": {},
+            # Evidence recorded since the previous context (which this one
+            # links to), like the messages: the chain holds all of it.
             "retrieval": [
-                {"kind": e.kind, "subject": e.subject} for e in view.evidence.values()
+                {"kind": e.kind, "subject": e.subject}
+                for e in islice(view.evidence.values(), view.step_evidence_before, None)
             ],
             "tools": _tools_snapshot(),
             "policy": {"approval_required": [t.name for t in DEMO_TOOLS if t.requires_approval]},
