@@ -3,10 +3,10 @@
 The journal (a :class:`RunStore`) is the source of truth for live runs;
 every transition is one :class:`Commit`, applied atomically by
 compare-and-set on the run's ``state_version``. The :class:`Recorder`
-publishes committed rows as the Parquet trace tables. A model is a
-:class:`ModelAdapter` that turns a :class:`ModelRequest` into typed stream
-events; the route (``scripted``, ``openai:MODEL``, ``anthropic:MODEL``)
-picks one, and vendor errors arrive as :class:`ModelError` subclasses.
+publishes committed rows as the Parquet trace tables. Model adapters
+(``engine/_model.py``; routes ``scripted``, ``openai:MODEL``,
+``anthropic:MODEL``) are not imported here, so a replay never loads one;
+vendor errors reach the engine as :class:`ModelError` subclasses.
 """
 
 from ._clock import now, now_us
@@ -33,18 +33,6 @@ from ._errors import (
 )
 from ._decision import decision_input, validated_candidates
 from ._home import Home
-from ._model import (
-    Finish,
-    ItemEvent,
-    ModelAdapter,
-    ModelRequest,
-    ScriptedModel,
-    StreamError,
-    StreamEvent,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
-)
 from ._recorder import ExportResult, Recorder
 from ._records import (
     SCHEMA_VERSION,
@@ -77,19 +65,15 @@ __all__ = [
     "EngineError",
     "EventRecord",
     "ExportResult",
-    "Finish",
     "Home",
-    "ItemEvent",
     "JournalError",
     "LoopLedgerError",
     "MigrationError",
-    "ModelAdapter",
     "ModelAuthError",
     "ModelBadRequest",
     "ModelConnectionError",
     "ModelError",
     "ModelRateLimited",
-    "ModelRequest",
     "ModelResponseError",
     "ModelServerError",
     "ModelTimeout",
@@ -103,17 +87,11 @@ __all__ = [
     "SQLRunStore",
     "SQLiteRunStore",
     "SchemaVersionError",
-    "ScriptedModel",
     "StaleStateVersion",
     "State",
-    "StreamError",
-    "StreamEvent",
     "TerminalAlreadySet",
-    "TextDelta",
-    "ToolCallDelta",
     "TransitionNotAllowed",
     "UnknownRun",
-    "Usage",
     "arrow_schema",
     "decision_input",
     "is_allowed",
