@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 from loopledger.canonical import canonical_json, loads
@@ -86,30 +85,30 @@ RUN_COUNTERS: frozenset[str] = frozenset(
 RUN_SETTABLE: frozenset[str] = frozenset({"reason", "waiting_json", "reward"})
 
 
-@dataclass(frozen=True)
 class Artifact:
     """An immutable, content-addressed value. Its id is the sha256 of its
-    canonical JSON, so identical content is stored once."""
+    canonical JSON, so identical content is stored once. The canonical form
+    is made once, when the artifact is."""
 
-    kind: str  # context, candidate, tool_result, question, final, diagnosis, ...
-    body: Any  # any JSON value
+    __slots__ = ("kind", "body", "canonical", "artifact_id", "size_bytes")
 
-    @cached_property
-    def canonical(self) -> str:
-        return canonical_json(self.body)
-
-    @cached_property
-    def _bytes(self) -> bytes:
-        return self.canonical.encode("utf-8")
-
-    @cached_property
-    def artifact_id(self) -> str:
+    def __init__(self, kind: str, body: Any) -> None:
+        self.kind = kind  # context, candidate, tool_result, question, final, diagnosis, ...
+        self.body = body  # any JSON value
+        self.canonical = canonical_json(body)
+        data = self.canonical.encode("utf-8")
         # The same as content_id(body), from the bytes already made.
-        return hashlib.sha256(self._bytes).hexdigest()
+        self.artifact_id = hashlib.sha256(data).hexdigest()
+        self.size_bytes = len(data)
 
-    @property
-    def size_bytes(self) -> int:
-        return len(self._bytes)
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Artifact) and (self.kind, self.artifact_id) == (other.kind, other.artifact_id)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.artifact_id))
+
+    def __repr__(self) -> str:
+        return f"Artifact({self.kind!r}, id={self.artifact_id[:12]}, {self.size_bytes} bytes)"
 
 
 @dataclass(frozen=True)
