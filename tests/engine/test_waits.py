@@ -409,7 +409,7 @@ def test_a_reply_that_loses_the_race_after_its_checks_is_rejected_as_stale(
     """The interleaving the two processes above may or may not hit, made
     certain: reply A passes every check, reply B is accepted, then A's
     commit meets the moved state version and A is refused."""
-    from loopledger.engine import _controller
+    from loopledger.engine import _people
     from loopledger.engine._home import Home
     from loopledger.engine._runner import Runner
     from loopledger.engine._waits import Reply, ReplyRejected
@@ -417,14 +417,14 @@ def test_a_reply_that_loses_the_race_after_its_checks_is_rejected_as_stale(
     line = start(tmp_path, home, DEPLOY)
     run_id, token = line["run_id"], line["waiting"]["resume_token"]
     first, second = (Runner(Home.resolve(home), auto_reply=False) for _ in range(2))
-    real_check = _controller.check_answer
+    real_check = _people.check_answer
 
     def check_then_lose(*args: Any) -> None:
         real_check(*args)
-        monkeypatch.setattr(_controller, "check_answer", real_check)
+        monkeypatch.setattr(_people, "check_answer", real_check)
         second.controller.reply(run_id, token, Reply(approve=True))  # B wins meanwhile
 
-    monkeypatch.setattr(_controller, "check_answer", check_then_lose)
+    monkeypatch.setattr(_people, "check_answer", check_then_lose)
     try:
         with pytest.raises(ReplyRejected) as refused:
             first.controller.reply(run_id, token, Reply(approve=True))

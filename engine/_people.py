@@ -1,0 +1,187 @@
+"""The controller's dealings with people: waits, replies, expiry and
+cancellation (see docs/engine.md, "The wait protocol").
+
+A mixin of :class:`~loopledger.engine._controller.Controller`: these methods
+commit through the controller's own ``_commit``/``_move`` and record results
+through its ``_record_result``, so a person's answer takes exactly the path
+a tool's result does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._backends import ToolOutcome
+from ._clock import from_us, now_us
+from ._errors import StaleStateVersion, TerminalAlreadySet
+from ._records import Artifact, Commit, NewEvent
+from ._states import TERMINAL, State
+from ._view import OpView, RunView
+from ._waits import Reply, ReplyRejected, TokenClaims, check_answer, issue_token, read_token, token_hash
+
+if TYPE_CHECKING:
+    from ._controller import RunConfig
+
+
+class PeopleMixin:
+    def _wait_user(self, view: RunView, config: RunConfig, kind: str, question: dict[str, Any],
+                   recorded: dict[str, Any], operation: OpView | None = None) -> None:
+        """Commit WAITING_USER: the question artifact, the schema the answer
+        must fit, the expiry, and only the hash of the resume token."""
+        artifact = Artifact("question", {"kind": kind, **question})
+        expires = now_us() + int(config.scenario.contract.wait_ttl_s * 1_000_000)
+        version_after = view.state_version + 1
+        wait_id = f"{view.run_id}.w{version_after}"
+        token = issue_token(self.secret, TokenClaims(view.run_id, wait_id, version_after, expires))
+        waiting = {
+            "kind": kind,
+            "wait_id": wait_id,
+            "approval_id": wait_id if kind == "approval" else None,
+            "operation_id": operation.operation_id if operation else None,
+            "question_id": artifact.artifact_id,
+            "question": question.get("question", ""),
+            "schema": question.get("schema") or {},
+            "expires_at_us": expires,
+            "expires_at": from_us(expires).isoformat(),
+            "state_version": version_after,
+            "token_hash": token_hash(token),
+        }
+        reason = "waiting_for_approval" if kind == "approval" else "waiting_for_user"
+        extra = dict(recorded)
+        extra["artifacts"] = tuple(recorded.get("artifacts", ())) + (artifact,)
+        self._move(view, State.WAITING_USER, payload={"waiting": waiting},
+                   set_fields={"reason": reason, "waiting_json": waiting}, **extra)
+        # Shown once, to whoever delivers the reply; the journal has its hash only.
+        view.new_token = token
+
+    def reply(self, run_id: str, token: str, reply: Reply) -> RunView:
+        """Deliver a person's reply to a waiting run and drive it on."""
+        claims = read_token(self.secret, run_id, token)
+        if claims.run_id != run_id:
+            raise ReplyRejected(run_id, "wrong run", f"the token is for run {claims.run_id}")
+        view = self.load(run_id)
+        digest = token_hash(token)
+        if digest in view.consumed_tokens:
+            raise ReplyRejected(run_id, "already used")
+        waiting = view.waiting
+        if view.state is not State.WAITING_USER or waiting is None:
+            raise ReplyRejected(run_id, "stale state version", f"the run is {view.state.value}, not waiting")
+        if claims.wait_id != waiting["wait_id"] or claims.state_version != view.state_version:
+            raise ReplyRejected(run_id, "stale state version",
+                                f"the token is for state version {claims.state_version}; "
+                                f"the run is at {view.state_version}")
+        if digest != waiting["token_hash"]:
+            raise ReplyRejected(run_id, "bad token", "not the token issued for this wait")
+        if now_us() >= claims.expires_at_us:
+            self.drive(run_id)  # ends the run EXPIRED, through FINALIZING
+            raise ReplyRejected(run_id, "expired", f"the wait expired at {waiting['expires_at']}")
+        check_answer(run_id, waiting, reply)
+        try:
+            self._accept_reply(view, waiting, digest, reply)
+        except (StaleStateVersion, TerminalAlreadySet):
+            # Another reply (or a cancel) moved the run between the checks
+            # and the commit: the compare-and-set refused this one.
+            raise ReplyRejected(run_id, "stale state version",
+                                "the run moved on while the reply was checked") from None
+        return self.drive(run_id)
+
+    def _accept_reply(self, view: RunView, waiting: dict[str, Any], digest: str, reply: Reply) -> None:
+        op = view.ops.get(waiting["operation_id"]) if waiting.get("operation_id") else None
+        resolved = {"wait_id": waiting["wait_id"], "kind": waiting["kind"], "token_hash": digest,
+                    "operation_id": op.operation_id if op else None, "actor": view.tenant,
+                    "state_version": view.state_version, **reply.describe()}
+        events = [NewEvent("reply_accepted", resolved)]
+        if op is None:
+            # An answer to the model's own question: it goes back to the model.
+            resolved["message"] = f"The user answered: {reply.answer!r}"
+            self._commit(view, Commit(view.run_id, view.state_version, State.READY, events=tuple(events),
+                                      payload={"replied": waiting["wait_id"]}, set_fields={"waiting_json": None}))
+            return
+        if waiting["kind"] == "approval" and reply.approve:
+            self._commit(view, Commit(view.run_id, view.state_version, State.TOOL_RUNNING, events=tuple(events),
+                                      payload={"approved": op.operation_id}, set_fields={"waiting_json": None}))
+            return
+        # A denial, an answer to ask_user, or a person's word on an unknown
+        # outcome: each is the operation's one terminal result.
+        if waiting["kind"] == "approval":
+            outcome = ToolOutcome(outcome="permission_denied", status="failed",
+                                  result={"error": "APPROVAL_DENIED", "message": "the approval was denied"},
+                                  evidence=(), error_code="APPROVAL_DENIED", retry_after_s=None, work_id=None,
+                                  executed=False)
+        elif op.tool == "ask_user":
+            outcome = ToolOutcome(outcome="success", status="succeeded", result={"answer": reply.answer},
+                                  evidence=({"kind": "user_answer", "subject": waiting["wait_id"]},),
+                                  error_code=None, retry_after_s=None, work_id=None, executed=True)
+        elif reply.answer.get("executed"):
+            # A person checked the backend and found the effect: it happened,
+            # but no result came back, so it proves nothing for the gate.
+            outcome = ToolOutcome(outcome="success", status="succeeded",
+                                  result={"confirmed_by": "person", **reply.answer}, evidence=(),
+                                  error_code=None, retry_after_s=None, work_id=None, executed=True)
+        else:
+            outcome = ToolOutcome(outcome="cancelled", status="failed",
+                                  result={"error": "NOT_EXECUTED", "confirmed_by": "person", **reply.answer},
+                                  evidence=(), error_code="NOT_EXECUTED", retry_after_s=None, work_id=None,
+                                  executed=False)
+        # One commit: a reply consumed but not applied would leave the run
+        # waiting on a wait nobody can answer any more.
+        self._record_result(view, op, outcome, to=State.TOOL_RUNNING, before=tuple(events),
+                            payload={"replied": waiting["wait_id"]}, set_fields={"waiting_json": None})
+        if outcome.outcome != "success":
+            self._cancel_rest(view)
+
+    def _expire_if_due(self, view: RunView) -> bool:
+        """An expired wait ends the run EXPIRED; an operation it held gets
+        its terminal denied result. True when it expired."""
+        waiting = view.waiting or {}
+        if view.state is not State.WAITING_USER or now_us() < waiting.get("expires_at_us", 1 << 62):
+            return False
+        op = view.ops.get(waiting["operation_id"]) if waiting.get("operation_id") else None
+        if op is not None and not op.settled:
+            self._record_result(view, op, ToolOutcome(
+                outcome="permission_denied" if waiting["kind"] == "approval" else "cancelled", status="failed",
+                result={"error": "WAIT_EXPIRED", "expired_at": waiting.get("expires_at")}, evidence=(),
+                error_code="WAIT_EXPIRED", retry_after_s=None, work_id=None, executed=False))
+        self._cancel_rest(view)
+        self._finalize(view, "EXPIRED", "expired", extra={"set_fields": {"waiting_json": None}})
+        return True
+
+    # -- cancellation -------------------------------------------------------------------
+
+    def request_cancel(self, run_id: str) -> bool:
+        """Record a cancellation request; False when the run already ended."""
+        while True:
+            view = self.load(run_id)
+            if view.state in TERMINAL:
+                return False
+            try:
+                self._commit(view, Commit(run_id, view.state_version, None,
+                                          events=(NewEvent("cancel_requested", {}),)))
+                return True
+            except StaleStateVersion:
+                continue
+
+    def _cancel(self, view: RunView) -> None:
+        """Stop pending work, then end CANCELLED, or CANCEL_UNKNOWN where a
+        backend cannot confirm that it stopped."""
+        unconfirmed: list[str] = []
+        for op in view.pending_background():
+            stopped = self.backend.cancel_work(op.work_id)
+            if stopped is None:  # False means it had already finished: nothing left to stop
+                unconfirmed.append(op.operation_id)
+            self._commit(view, Commit(view.run_id, view.state_version, None, events=(NewEvent("work_completed", {
+                "work_id": op.work_id, "operation_id": op.operation_id,
+                "state": "cancelled" if stopped else "cancel_unconfirmed", "evidence": [],
+                "error_code": "CANCELLED", "summary": None}),)))
+        for op in view.step_ops():
+            if op.in_flight:
+                # Sent, answer unknown: nobody can say it did not happen.
+                unconfirmed.append(op.operation_id)
+        for op in view.unsettled_ops():
+            if not op.in_flight:
+                self._record_result(view, op, ToolOutcome(
+                    outcome="cancelled", status="failed", result={"error": "CANCELLED"}, evidence=(),
+                    error_code="CANCELLED", retry_after_s=None, work_id=None, executed=False))
+        status = "CANCEL_UNKNOWN" if unconfirmed else "CANCELLED"
+        self._finalize(view, status, "cancelled", extra={"set_fields": {"waiting_json": None}},
+                       payload_extra={"unconfirmed": unconfirmed} if unconfirmed else None)
