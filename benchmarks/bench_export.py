@@ -30,10 +30,12 @@ def fill(store: SQLiteRunStore, runs: int) -> None:
     conn.execute("BEGIN IMMEDIATE")
     conn.executemany(
         "INSERT INTO runs (run_id, thread_id, task_id, tenant, prompt_version, model_route, state,"
-        " state_version, last_seq, step, attempt, started_at, updated_at, spec_json, schema_version)"
-        " VALUES (?, ?, 'task', 'acme', 'v1', 'scripted', 'READY', ?, ?, 0, 0, 0, 0, '{}', 1)",
+        " state_version, last_seq, step, attempt, started_at, updated_at, schema_version)"
+        " VALUES (?, ?, 'task', 'acme', 'v1', 'scripted', 'READY', ?, ?, 0, 0, 0, 0, 1)",
         ((f"run-{r:05d}", f"run-{r:05d}", EVENTS_PER_RUN, EVENTS_PER_RUN) for r in range(runs)),
     )
+    conn.executemany("INSERT INTO run_specs (run_id, spec_json, schema_version) VALUES (?, '{}', 1)",
+                     ((f"run-{r:05d}",) for r in range(runs)))
     payload = '{"detail":"' + "p" * 100 + '","n":%d}'
     conn.executemany(
         "INSERT INTO events (run_id, seq, ts, kind, from_state, to_state, step, attempt, state_version,"

@@ -66,6 +66,11 @@ _STATEMENTS = {
 }
 
 RUN_FIELDS = tuple(RunRecord.__dataclass_fields__)
+#: The run row joined with its spec, as RunRecord reads it.
+_RUN_SELECT = (
+    "SELECT " + ", ".join("s.spec_json" if f == "spec_json" else f"r.{f}" for f in RUN_FIELDS)
+    + " FROM runs r JOIN run_specs s ON s.run_id = r.run_id"
+)
 
 #: Runs whose head a store remembers (see ``SQLRunStore._remember_head``).
 MAX_HEADS = 100_000
@@ -239,8 +244,8 @@ class SQLRunStore:
             self._q(
                 conn,
                 "INSERT INTO runs (run_id, thread_id, task_id, tenant, prompt_version, model_route,"
-                " state, state_version, last_seq, step, attempt, started_at, updated_at, spec_json,"
-                " schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, 1, 1, 0, 0, ?, ?, ?, ?)",
+                " state, state_version, last_seq, step, attempt, started_at, updated_at,"
+                " schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, 1, 1, 0, 0, ?, ?, ?)",
                 (
                     new.run_id,
                     new.thread_id or new.run_id,
@@ -251,9 +256,13 @@ class SQLRunStore:
                     INITIAL.value,
                     now,
                     now,
-                    spec_json,
                     SCHEMA_VERSION,
                 ),
+            )
+            self._q(
+                conn,
+                "INSERT INTO run_specs (run_id, spec_json, schema_version) VALUES (?, ?, ?)",
+                (new.run_id, spec_json, SCHEMA_VERSION),
             )
             self._insert_event(conn, new.run_id, 1, now, "run_created", None, INITIAL.value, 0, 0, 1, {})
             self._store_artifacts(conn, new.run_id, 1, now, new.artifacts)
@@ -262,24 +271,22 @@ class SQLRunStore:
 
     def get_run(self, run_id: str) -> RunRecord:
         with self._lock:
-            row = self._q(
-                self._conn, f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = ?", (run_id,)
-            ).fetchone()
+            row = self._q(self._conn, _RUN_SELECT + " WHERE r.run_id = ?", (run_id,)).fetchone()
         if row is None:
             raise UnknownRun(run_id)
         return _run_record(row)
 
     def list_runs(self, states: Iterable[State] | None = None) -> list[RunRecord]:
-        query = f"SELECT {', '.join(RUN_FIELDS)} FROM runs"
+        query = _RUN_SELECT
         params: list[Any] = []
         if states is not None:
             wanted = [State(s).value for s in states]
             if not wanted:
                 return []
-            query += f" WHERE state IN ({', '.join('?' for _ in wanted)})"
+            query += f" WHERE r.state IN ({', '.join('?' for _ in wanted)})"
             params = wanted
         with self._lock:
-            rows = self._q(self._conn, query + " ORDER BY started_at, run_id", params).fetchall()
+            rows = self._q(self._conn, query + " ORDER BY r.started_at, r.run_id", params).fetchall()
         return [_run_record(row) for row in rows]
 
     def events(self, run_id: str, after_seq: int = 0) -> list[EventRecord]:

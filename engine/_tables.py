@@ -88,10 +88,10 @@ TABLES: dict[str, TraceTable] = {
                 _c("state_version", "int"),
                 _c("last_seq", "int", doc="the newest event seq when the snapshot was taken"),
                 _c("waiting_json"),
-                _c("spec_json"),
+                _c("spec_json", sql="s.spec_json"),
                 _c("schema_version", "int"),
             ),
-            "runs t",
+            "runs t JOIN run_specs s ON s.run_id = t.run_id",
             "t.started_at, t.run_id",
         ),
         TraceTable(

@@ -28,7 +28,7 @@ MIGRATIONS_DIR = Path(loopledger.engine.__file__).parent / "migrations" / "sqlit
 FIXTURE = Path(__file__).parent / "fixtures" / "journal_v1.sql"
 
 JOURNAL_TABLES = {
-    "runs", "events", "artifacts", "candidates", "validations", "operations", "loop_diagnoses", "labels",
+    "runs", "run_specs", "events", "artifacts", "candidates", "validations", "operations", "loop_diagnoses", "labels",
     "export_marks", "exports", "compactions", "schema_migrations",
 }
 

@@ -57,6 +57,8 @@ RENAMED = {
     ("runs", "status"): "state",
     ("runs", "steps"): "step",
     ("artifacts", "run_id"): "first_run_id",
+    # The spec lives in its own journal table; the trace puts it on the run.
+    ("runs", "spec_json"): "(SELECT spec_json FROM run_specs WHERE run_specs.run_id = runs.run_id)",
 }
 
 
