@@ -316,6 +316,7 @@ class Controller(PeopleMixin):
             "finish_reason": collected.finish_reason,
             "items_json": collected.items,
             "prompt_version": view.prompt_version,
+            "prompt_hash": context.get("prompt_hash"),
             "model_route": view.model_route,
             "tokens_in": usage.tokens_in,
             "tokens_out": usage.tokens_out,

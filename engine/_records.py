@@ -36,6 +36,7 @@ FACT_COLUMNS: Mapping[str, tuple[str, ...]] = {
         "tokens_in",
         "tokens_out",
         "cost_usd",
+        "prompt_hash",
     ),
     "validations": (
         "step",
@@ -120,6 +121,7 @@ class NewRun:
     tenant: str
     prompt_version: str = "default"
     model_route: str = "scripted"
+    prompt_hash: str | None = None  # sha256 of the prompt file, when the run has one
     thread_id: str | None = None  # a new thread named after the run when None
     spec: Mapping[str, Any] = field(default_factory=dict)  # contract, budgets, ...
     artifacts: tuple[Artifact, ...] = ()
@@ -196,6 +198,7 @@ class RunRecord:
     updated_at: int
     spec_json: str
     schema_version: int
+    prompt_hash: str | None = None
 
     @property
     def spec(self) -> Any:

@@ -34,6 +34,7 @@ from ._home import Home
 from ._model import ScriptedModel
 from ._recorder import Recorder
 from ._routes import model_for
+from ._prompts import load_prompt
 from ._records import NewRun, RunRecord
 from ._scenario import Scenario, parse_scenario
 from ._states import State, TERMINAL
@@ -146,6 +147,7 @@ class Runner:
                 task_id=scenario.id,
                 tenant=scenario.tenant,
                 prompt_version=prompt_version,
+                prompt_hash=load_prompt(prompt_version).sha256,
                 model_route=model_route,
                 spec=scenario.spec(),
             )

@@ -243,15 +243,16 @@ class SQLRunStore:
         with self._write() as conn:
             self._q(
                 conn,
-                "INSERT INTO runs (run_id, thread_id, task_id, tenant, prompt_version, model_route,"
+                "INSERT INTO runs (run_id, thread_id, task_id, tenant, prompt_version, prompt_hash, model_route,"
                 " state, state_version, last_seq, step, attempt, started_at, updated_at,"
-                " schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, 1, 1, 0, 0, ?, ?, ?)",
+                " schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, 1, 0, 0, ?, ?, ?)",
                 (
                     new.run_id,
                     new.thread_id or new.run_id,
                     new.task_id,
                     new.tenant,
                     new.prompt_version,
+                    new.prompt_hash,
                     new.model_route,
                     INITIAL.value,
                     now,

@@ -109,3 +109,17 @@ def test_retries_reuse_the_context_and_never_merge_attempts(recorded) -> None:
     assert "raw_arguments" in first[4] and "raw_arguments" not in second[4]
     (ops,) = journal.execute("SELECT COUNT(*) FROM operations WHERE run_id = ? AND step = 1", (run_id,)).fetchone()
     assert ops == 1, "the half-received call never became an operation"
+
+
+def test_every_run_and_candidate_records_its_prompt_version_and_hash(recorded) -> None:
+    import hashlib
+    import sqlite3
+
+    home, _ = recorded
+    journal = sqlite3.connect(home / "journal.sqlite")
+    files = {v: hashlib.sha256((ROOT / "engine" / "prompts" / f"{v}.md").read_bytes()).hexdigest()
+             for v in ("v1", "v2")}
+    runs = journal.execute("SELECT prompt_version, prompt_hash FROM runs").fetchall()
+    assert runs and all(h == files[v] for v, h in runs)
+    candidates = journal.execute("SELECT prompt_version, prompt_hash FROM candidates").fetchall()
+    assert candidates and all(h == files[v] for v, h in candidates)

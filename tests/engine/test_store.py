@@ -429,6 +429,7 @@ def test_facts_are_recorded_with_the_commit_seq(store: Any, runs: Runs) -> None:
     [cand] = store.facts("candidates", "r")
     assert cand == {
         "run_id": "r", **candidate(1, 1), "items_json": canonical_json([{"type": "text", "text": "hello"}]),
+        "prompt_hash": None,  # not given: a column the row may leave empty
         "seq": result.last_seq, "schema_version": SCHEMA_VERSION,
     }
     validations = store.facts("validations", "r")
