@@ -15,17 +15,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ._backends import FAULT_KINDS
 from ._errors import BadInput
 
-FAULT_KINDS = (
-    "timeout_before_commit",
-    "timeout_after_commit",
-    "rate_limit",
-    "permission_denied",
-    "state_conflict",
-    "crash_after_dispatch",
-    "fails",
-)
 
 
 class _Strict(BaseModel):
