@@ -134,19 +134,10 @@ class RunView:
 
     @classmethod
     def from_record(cls, record: RunRecord) -> RunView:
-        return cls(
-            run_id=record.run_id,
-            tenant=record.tenant,
-            prompt_version=record.prompt_version,
-            model_route=record.model_route,
-            spec=record.spec,
-            state=State.READY,
-            state_version=1,
-            step=0,
-            attempt=0,
-            started_at=record.started_at,
-            counters={"model_attempts": 0, "tool_calls": 0, "tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0},
-        )
+        """A view before any event, for a run of the journal (``load`` folds its events in)."""
+        view = cls.blank(record.run_id, record.tenant, record.prompt_version, record.model_route)
+        view.spec, view.started_at = record.spec, record.started_at
+        return view
 
     # -- folding --------------------------------------------------------
 
