@@ -26,6 +26,7 @@ venv: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/loopledger demo --home $(HOME_DIR)
+	@echo "(loopledger is installed in $(VENV): run '. $(BIN)/activate' first, or call $(BIN)/loopledger)"
 
 # The UI tests drive a real headless Chromium: Debian's package, since a
 # browser download of the test tool's own cannot work here.
