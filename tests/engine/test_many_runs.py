@@ -1,0 +1,40 @@
+"""1,000 scripted runs driven 64 at a time in one process: every run ends as
+its scenario expects, and the CONTRACT's hard rules hold on all of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invariants import all_violations
+from loopledger.engine._home import Home
+from loopledger.engine._runner import Runner
+from loopledger.engine._scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+# Side effects, a timeout reconciled, background work, a loop stop, a
+# budget stop and a plain success, mixed so runs interleave every path.
+MIX = [
+    "happy-refund",
+    "fault-timeout-after-commit",
+    "background-final-while-running",
+    "loop-repeated-call",
+    "budget-max-tool-calls",
+    "happy-two-reads-one-candidate",
+    "fault-rate-limit",
+    "model-truncated-then-ok",
+]
+
+
+def test_a_thousand_runs_at_concurrency_64(tmp_path: Path) -> None:
+    scenarios = [load_scenario(ROOT / "datasets" / "scenarios" / f"{name}.yaml") for name in MIX]
+    runner = Runner(Home.resolve(tmp_path / "home"))
+    try:
+        created = [(runner.create(scenarios[i % len(scenarios)], "v1"), scenarios[i % len(scenarios)])
+                   for i in range(1000)]
+        runner.drive_all([run_id for run_id, _ in created], concurrency=64)
+        outcomes = [runner.outcome(run_id, scenario) for run_id, scenario in created]
+    finally:
+        runner.close()
+    assert len(outcomes) == 1000
+    assert [(o.run_id, o.mismatches) for o in outcomes if not o.ok] == []
+    assert all_violations(tmp_path / "home") == []
