@@ -37,7 +37,7 @@ from ._routes import model_for
 from ._prompts import load_prompt
 from ._records import NewRun, RunRecord
 from ._scenario import Scenario, parse_scenario
-from ._states import State, TERMINAL
+from ._states import State
 from ._tools import DEMO_TOOLS
 from ._waits import Reply, ReplyRejected, load_secret
 
