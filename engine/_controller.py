@@ -30,14 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loopledger.canonical import Canonical
 from loopledger.validators import Context, DecisionInput, Suite, Verdict
 
 from . import _faults
 from ._backends import DemoBackend, Fault, ToolOutcome, ToolRequest
 from ._clock import now_us
 from ._conversation import conversation
-from ._decision import decision_input
+from ._decision import decision_input, resolve_context
 from ._errors import ModelError, StaleStateVersion
 from ._model import Collected, ModelAdapter, ModelRequest, ScriptExhausted, StreamError, collect
 from ._people import PeopleMixin
@@ -73,9 +72,10 @@ CONTEXT_CACHE = 1024
 
 
 @lru_cache(maxsize=1)
-def _tools_snapshot() -> Canonical:
-    """The demo tool registry, serialised once for every context that embeds it."""
-    return Canonical(tool_registry_snapshot())
+def _registry() -> Artifact:
+    """The demo tool registry snapshot, an artifact of its own: every context
+    names it by id (``tools_ref``), so it is stored once, not in each step."""
+    return Artifact("tool_registry", {"tools": tool_registry_snapshot()})
 
 
 @dataclass
@@ -186,7 +186,8 @@ class Controller(PeopleMixin):
             return
         body = self._context_body(view, config)
         context = Artifact("context", body)
-        plain = {**body, "tools": body["tools"].value}
+        registry = _registry()
+        plain = {**body, "tools": registry.body["tools"]}
         self._remember(context.artifact_id, plain, Context(
             messages=plain["messages"], tools=DEMO_TOOLS, policy=plain["policy"], contract=plain["contract"],
             tenant=plain["tenant"], budget=plain["budget"]))
@@ -196,7 +197,7 @@ class Controller(PeopleMixin):
             step=view.step + 1,
             attempt=1,
             payload={"context_id": context.artifact_id},
-            artifacts=(context,),
+            artifacts=(context, registry),
         )
 
     def _exhausted_budget(self, view: RunView, config: RunConfig) -> str | None:
@@ -262,7 +263,7 @@ class Controller(PeopleMixin):
                 {"kind": e.kind, "subject": e.subject}
                 for e in islice(view.evidence.values(), view.step_evidence_before, None)
             ],
-            "tools": _tools_snapshot(),
+            "tools_ref": _registry().artifact_id,
             "policy": {"approval_required": [t.name for t in DEMO_TOOLS if t.requires_approval]},
             "contract": contract,
             "tenant": view.tenant,
@@ -398,7 +399,7 @@ class Controller(PeopleMixin):
         with self._cache_lock:
             cached = self._contexts.get(context_id)
         if cached is None:
-            cached = (self.store.get_artifact(context_id), None)
+            cached = (resolve_context(self.store.get_artifact(context_id), self.store.get_artifact), None)
             self._remember(context_id, *cached)
         return cached
 

@@ -31,7 +31,7 @@ from ._errors import TracesError
 REQUIRED: dict[str, tuple[str, ...]] = {
     "runs": ("run_id", "task_id", "tenant", "prompt_version", "model_route", "status", "reason"),
     "events": ("run_id", "seq", "kind", "to_state", "step", "attempt", "payload_json"),
-    "artifacts": ("artifact_id", "body"),
+    "artifacts": ("artifact_id", "kind", "body"),
     "candidates": ("run_id", "step", "attempt", "candidate_id", "context_artifact_id"),
     "validations": ("run_id", "step", "attempt", "candidate_id", "validator", "validator_version",
                     "suite_version", "verdict", "code"),
@@ -178,7 +178,12 @@ def write_partitions(traces: TraceSet, baseline_files: Sequence[Path] | None, ou
             f"{_files_sql(traces.tables['candidates'].files)}), "
             f"refs AS (SELECT DISTINCT id, part FROM ("
             f"SELECT candidate_id AS id, {part} AS part FROM c UNION ALL "
-            f"SELECT context_artifact_id AS id, {part} AS part FROM c WHERE context_artifact_id IS NOT NULL)) "
+            f"SELECT context_artifact_id AS id, {part} AS part FROM c WHERE context_artifact_id IS NOT NULL UNION ALL "
+            # Contexts name their tool registry snapshot by id: the (few)
+            # snapshots go to every partition.
+            f"SELECT r.artifact_id AS id, p.part FROM (SELECT artifact_id FROM "
+            f"{_files_sql(traces.tables['artifacts'].files)} WHERE kind = 'tool_registry') r "
+            f"CROSS JOIN (SELECT DISTINCT {part} AS part FROM c) p)) "
             f"SELECT a.artifact_id, a.body, refs.part FROM refs JOIN "
             f"(SELECT artifact_id, body FROM {_files_sql(traces.tables['artifacts'].files)}) a "
             f"ON a.artifact_id = refs.id"

@@ -184,9 +184,22 @@ def _evaluate_run(run: Mapping[str, Any], events: Sequence[Mapping[str, Any]], b
                 raise RunTraceError(run["run_id"], f"context artifact {context_id or '(none)'} is not in the traces")
             # Attempts of one step share their context: parse it once.
             context = contexts[context_id] = json.loads(context_text)
-        inp = decision_input(view, json.loads(candidate_text), context, candidate_id)
+        inp = decision_input(view, json.loads(candidate_text), context, candidate_id, artifact=_reader(bodies))
         out.append(((view.step, view.attempt, candidate_id), [s.evaluate(inp) for s in suites]))
     return out
+
+
+def _reader(bodies: Mapping[str, str]) -> Any:
+    """Reads an artifact's body by id from the partition's bodies (a context's
+    tool registry snapshot), refusing one the traces do not have."""
+
+    def read(artifact_id: str) -> Any:
+        text = bodies.get(artifact_id)
+        if text is None:
+            raise RunTraceError("", f"artifact {artifact_id} is not in the traces")
+        return json.loads(text)
+
+    return read
 
 
 def _step_records(events: Sequence[Mapping[str, Any]]) -> list[Any]:

@@ -6,21 +6,12 @@ labels or breaks files works on ``home_copy`` (its own copy of the traces).
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-LOOPLEDGER = str(Path(sys.executable).with_name("loopledger"))
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
-    return subprocess.run([LOOPLEDGER, *args], capture_output=True, text=True, env=env, timeout=300)
+from replay_kit import REPO, cli
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import cli
+from replay_kit import cli
 
 
 def one_line(stderr: str, *names: str) -> None:

@@ -98,7 +98,7 @@ def test_a_scenario_label_makes_a_missed_loop_a_regression(recorded_home: Path, 
 
 
 def test_human_labels_make_regressions_and_fixes(home_copy: Path, suite_file) -> None:
-    from conftest import cli
+    from replay_kit import cli
 
     run_id = scan(home_copy / "traces" / "runs", "SELECT run_id FROM t WHERE task_id = 'loop-repeated-call'")[0][0]
     added = cli("label", run_id, "--step", "2", "--validator", "loop.repeated_call", "--expect", "reject",
