@@ -69,7 +69,10 @@ def generate(out: Path, candidates: int, template_home: Path | None = None) -> i
     for table in ("events", "candidates", "validations"):
         for row in _read(traces, table):
             by_run[row["run_id"]][table].append(row)
-    artifacts = {a["artifact_id"]: a for a in _read(traces, "artifacts") if a["kind"] in ("context", "candidate")}
+    every_artifact = _read(traces, "artifacts")
+    artifacts = {a["artifact_id"]: a for a in every_artifact if a["kind"] in ("context", "candidate")}
+    # Contexts name the tool registry snapshot by id: it is copied once, as is.
+    registries = [a for a in every_artifact if a["kind"] == "tool_registry"]
     per_set = sum(sum(1 for e in by_run[r["run_id"]]["events"] if e["to_state"] == "VALIDATING") for r in runs)
     clones = -(-candidates // per_set)
 
@@ -108,6 +111,7 @@ def generate(out: Path, candidates: int, template_home: Path | None = None) -> i
         buffers.clear()
 
     written = 0
+    buffers["artifacts"].extend(registries)
     for i in range(clones):
         for run, ordered, pattern in plans:
             old = run["run_id"]
