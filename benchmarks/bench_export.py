@@ -68,7 +68,9 @@ def in_memory_tables(store: SQLiteRunStore) -> dict[str, object]:
     tables = {}
     for name in ("runs", "events", "artifacts"):
         spec = TABLES[name]
-        sql = f"SELECT {', '.join(c.expr for c in spec.columns)} FROM {name} t"
+        # The runs snapshot joins each run with its spec; the others are read whole.
+        source = spec.source if name == "runs" else f"{name} t"
+        sql = f"SELECT {', '.join(c.expr for c in spec.columns)} FROM {source}"
         columns = list(zip(*store._conn.execute(sql).fetchall()))
         schema = arrow_schema(name)
         arrays = [

@@ -1,0 +1,35 @@
+"""Every benchmark runs (``--quick``) and prints its result line in the
+CONTRACT's format. Not a timed test: the figures are not judged here, only
+that each benchmark still works against the current code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = {"name", "value", "unit", "baseline", "ratio", "goal", "n"}
+
+
+def _external_data() -> bool:
+    """import_real reads the public traces kept beside the repository."""
+    if os.environ.get("LOOPLEDGER_EXTERNAL_DATA"):
+        return True
+    return any((folder / "shared" / "datasets" / "external").is_dir() for folder in (ROOT, *ROOT.parents))
+
+
+def test_every_benchmark_runs_and_reports() -> None:
+    names = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
+    if not _external_data():
+        names.remove("import_real")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", *names],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert sorted(line["name"] for line in lines) == names
+    for line in lines:
+        assert KEYS <= line.keys(), line
+        assert line["value"] > 0 and line["baseline"] > 0, line
