@@ -32,4 +32,7 @@ def test_every_benchmark_runs_and_reports() -> None:
     assert sorted(line["name"] for line in lines) == names
     for line in lines:
         assert KEYS <= line.keys(), line
-        assert line["value"] > 0 and line["baseline"] > 0, line
+        assert line["value"] > 0, line
+        # peer_cycle's baseline is the best peer; without the `bench` extra
+        # installed there is none, and the line says which are missing.
+        assert line["baseline"] > 0 or line.get("missing"), line
