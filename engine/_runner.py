@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from loopledger.validators import Suite, load_suite
+from loopledger.validators import Suite, Verdict, load_suite
 
 from ._backends import DemoBackend, Fault
 from ._controller import Controller, RunConfig
@@ -255,11 +255,12 @@ class Runner:
                 (row["step"], row["attempt"], row["validator"]): row["verdict"]
                 for row in self.store.facts("validations", record.run_id)
             }
+            # A candidate's overall verdict is its most severe decision, in
+            # the validators' own order of severity.
             overall: dict[tuple[int, int], str] = {}
-            order = ["accept", "repair", "ask", "reject"]
             for (step, attempt, _), verdict in recorded.items():
-                prior = overall.get((step, attempt), "accept")
-                overall[(step, attempt)] = max(prior, verdict, key=order.index)
+                prior = overall.get((step, attempt), Verdict.ACCEPT.value)
+                overall[(step, attempt)] = max(prior, verdict, key=lambda v: Verdict(v).severity)
             for d in expect.decisions:
                 got = (recorded.get((d.step, d.attempt, d.validator)) if d.validator
                        else overall.get((d.step, d.attempt)))
