@@ -1,7 +1,7 @@
 """What every importer produces: a source-neutral conversation.
 
 Each format module (``_import_tau``, ``_import_openai``) reads its files into
-:class:`Conversation` objects and nothing else; ``_import_journal`` turns a
+:class:`Conversation` objects and nothing else; ``_import_writer`` turns a
 conversation into journal commits. Keeping the middle plain means a format's
 quirks are handled once, where the format is read, and the journal side
 never guesses about a source.

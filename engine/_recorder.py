@@ -23,7 +23,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +39,8 @@ BATCH_ROWS = 20_000
 #: name -> (journal table, sequence column).
 GLOBAL_SEQUENCES = {"artifacts": ("artifacts", "artifact_seq"), "labels": ("labels", "label_id")}
 EMPTY_FILE = "empty.parquet"
+#: Segments published from outside the journal (imported runs): ``imp-<n>.parquet``.
+IMPORT_PREFIX = "imp-"
 LOCK_FILE = ".export.lock"
 COMPRESSION = "zstd"
 
@@ -88,17 +90,22 @@ def _batches(cursor: Any, table: TraceTable) -> Iterable[Any]:
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def write_parquet(path: Path, table: TraceTable, batches: Iterable[Any], *, keep_empty: bool) -> int:
-    """Write batches to ``path`` through a temporary file; return the row count.
-    With no rows and not ``keep_empty``, nothing is published."""
+def _write_file(path: Path, table: TraceTable, batches: Iterable[Any]) -> int:
     import pyarrow.parquet as pq
 
-    tmp = path.with_name(path.name + ".tmp")
     rows = 0
-    with pq.ParquetWriter(tmp, arrow_schema(table.name), compression=COMPRESSION) as writer:
+    with pq.ParquetWriter(path, arrow_schema(table.name), compression=COMPRESSION) as writer:
         for batch in batches:
             writer.write_batch(batch)
             rows += batch.num_rows
+    return rows
+
+
+def write_parquet(path: Path, table: TraceTable, batches: Iterable[Any], *, keep_empty: bool) -> int:
+    """Write batches to ``path`` through a temporary file; return the row count.
+    With no rows and not ``keep_empty``, nothing is published."""
+    tmp = path.with_name(path.name + ".tmp")
+    rows = _write_file(tmp, table, batches)
     if rows == 0 and not keep_empty:
         tmp.unlink()
         return 0
@@ -138,6 +145,7 @@ class Recorder:
     def _export(self) -> ExportResult:
         for name in TABLES:
             self.table_dir(name).mkdir(parents=True, exist_ok=True)
+        self._finish_imports()
         self._finish_compactions()
         with self.store._lock:
             pending = self.store._conn.execute(
@@ -238,12 +246,92 @@ class Recorder:
             elif not (folder / EMPTY_FILE).exists():
                 write_parquet(folder / EMPTY_FILE, table, (), keep_empty=True)
 
+    # -- segments made outside the journal ------------------------------------
+
+    def publish_import(self, build: Callable[[Callable[[str, str], set[Any]]], Mapping[str, Any]]) -> dict[str, int]:
+        """Publish rows that never were in the journal (imported runs, which
+        are over before they arrive) as one new segment per table,
+        ``imp-<n>.parquet``: every table's segment or none of them.
+
+        ``build(known)`` makes the tables (name → pyarrow Table) while the
+        traces folder is locked against other exporters and importers;
+        ``known(table, column)`` returns the values a column already holds,
+        so that what is there is not written twice. Returns rows per table.
+
+        All segments are written under temporary names and flushed, then a
+        manifest naming them is made durable, then they are renamed into
+        place and the manifest removed. An import that dies before its
+        manifest leaves only temporary files (removed by the next export or
+        import); one that dies after it is finished by the next."""
+        with self._exclusive():
+            for name in TABLES:
+                self.table_dir(name).mkdir(parents=True, exist_ok=True)
+            self._finish_imports()
+            tables = build(self._column_values)
+            return self._publish_import(tables)
+
+    def _column_values(self, name: str, column: str) -> set[Any]:
+        import pyarrow.parquet as pq
+
+        values: set[Any] = set()
+        for path in sorted(self.table_dir(name).glob("*.parquet")):
+            values.update(pq.read_table(path, columns=[column]).column(0).to_pylist())
+        return values
+
+    def _manifests(self) -> list[Path]:
+        return sorted(self.traces.glob(f".{IMPORT_PREFIX}*.json"))
+
+    def _publish_import(self, tables: Mapping[str, Any]) -> dict[str, int]:
+        taken = [int(p.stem[len(IMPORT_PREFIX):]) for name in TABLES
+                 for p in self.table_dir(name).glob(f"{IMPORT_PREFIX}*.parquet")]
+        number = max(taken, default=0) + 1
+        file_name = f"{IMPORT_PREFIX}{number:08d}.parquet"
+        written: dict[str, int] = {}
+        for name, table in TABLES.items():
+            rows = tables.get(name)
+            if rows is None or rows.num_rows == 0:
+                continue
+            tmp = self.table_dir(name) / (file_name + ".tmp")
+            written[name] = _write_file(tmp, table, rows.to_batches(max_chunksize=BATCH_ROWS))
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+        if not written:
+            return {}
+        manifest = self.traces / f".{IMPORT_PREFIX}{number:08d}.json"
+        tmp_manifest = manifest.with_name(manifest.name + ".tmp")
+        tmp_manifest.write_text(json.dumps({"file": file_name, "tables": sorted(written)}))
+        _durable_replace(tmp_manifest, manifest)
+        self._finish_import(manifest)
+        self._ensure_schema_files()
+        return written
+
+    def _finish_import(self, manifest: Path) -> None:
+        entry = json.loads(manifest.read_text())
+        for name in entry["tables"]:
+            final = self.table_dir(name) / entry["file"]
+            tmp = final.with_name(final.name + ".tmp")
+            if tmp.exists():
+                os.replace(tmp, final)
+                _fsync_dir(final.parent)
+        manifest.unlink()
+        _fsync_dir(self.traces)
+
+    def _finish_imports(self) -> None:
+        """Finish imports that made their manifest; drop the temporary files of those that did not."""
+        for manifest in self._manifests():
+            self._finish_import(manifest)
+        for name in TABLES:
+            for tmp in self.table_dir(name).glob(f"{IMPORT_PREFIX}*.parquet.tmp"):
+                tmp.unlink()
+        for tmp in self.traces.glob(f".{IMPORT_PREFIX}*.json.tmp"):
+            tmp.unlink()
+
     # -- compaction --------------------------------------------------------
 
     def segments(self, name: str) -> list[Path]:
         return sorted(
             p for p in self.table_dir(name).glob("*.parquet")
-            if p.name.startswith(("seg-", "compact-"))
+            if p.name.startswith(("seg-", "compact-", IMPORT_PREFIX))
         )
 
     def compact(self) -> dict[str, int]:

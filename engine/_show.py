@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ._clock import from_us
@@ -16,7 +17,53 @@ def _short(value: Any, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def render_run(store: SQLRunStore, run_id: str) -> None:
+class TracedRuns:
+    """Runs read back from the trace tables, for the runs the journal does not
+    hold (imported ones go straight to the tables). It answers the few
+    questions :func:`render_run` asks a store; :class:`UnknownRun` if the
+    tables do not hold the run either."""
+
+    def __init__(self, traces: Path) -> None:
+        self.traces = traces
+
+    def _rows(self, name: str, run_id: str) -> list[dict[str, Any]]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows: list[dict[str, Any]] = []
+        for path in sorted((self.traces / name).glob("*.parquet")):
+            table = pq.read_table(path, filters=[("run_id", "=", run_id)])
+            for index, field in enumerate(table.schema):
+                if pa.types.is_timestamp(field.type):  # the journal's unit: microseconds
+                    table = table.set_column(index, field.name, table.column(index).cast(pa.int64()))
+            rows += table.to_pylist()
+        return rows
+
+    def get_run(self, run_id: str) -> Any:
+        from types import SimpleNamespace
+
+        from ._errors import UnknownRun
+        from ._states import State
+
+        found = self._rows("runs", run_id)
+        if not found:
+            raise UnknownRun(run_id)
+        row = found[-1]
+        return SimpleNamespace(**row, state=State(row["status"]), step=row["steps"])
+
+    def events(self, run_id: str) -> list[Any]:
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(**e) for e in sorted(self._rows("events", run_id), key=lambda e: e["seq"])]
+
+    def facts(self, table: str, run_id: str) -> list[dict[str, Any]]:
+        return sorted(self._rows(table, run_id), key=lambda r: r["seq"])
+
+    def operations(self, run_id: str) -> list[dict[str, Any]]:
+        return sorted(self._rows("operations", run_id), key=lambda o: (o["created_seq"], o["operation_id"]))
+
+
+def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -221,11 +221,15 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
     """Print a run's timeline: states, steps and attempts, candidates,
     decisions, operations and loop diagnosis."""
     from loopledger.engine._errors import UnknownRun
-    from loopledger.engine._show import render_run
+    from loopledger.engine._show import TracedRuns, render_run
 
-    run_store = _home(home, store).open_store()
+    where = _home(home, store)
+    run_store = where.open_store()
     try:
-        render_run(run_store, run_id)
+        try:
+            render_run(run_store, run_id)
+        except UnknownRun:
+            render_run(TracedRuns(where.traces), run_id)  # an imported run lives in the trace tables only
     except UnknownRun as exc:
         _err(str(exc))
         raise typer.Exit(EXIT_FAILED) from None

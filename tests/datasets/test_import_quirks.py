@@ -177,19 +177,21 @@ def _bad(tmp: Path, fmt: str, *paths: Path, extra: tuple[str, ...] = ()) -> str:
     return result.stderr
 
 
-def _runs_in_journal(home: Path) -> int:
+def _runs_recorded(home: Path) -> int:
+    """Runs in the trace tables (where imports go) and in the journal."""
     journal = home / "journal.sqlite"
-    if not journal.exists():
-        return 0
-    with sqlite3.connect(journal) as conn:
-        return conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+    in_journal = 0
+    if journal.exists():
+        with sqlite3.connect(journal) as conn:
+            in_journal = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+    return len(table(home, "runs")) + in_journal
 
 
 def test_another_format_is_refused_naming_the_file(tmp_path: Path) -> None:
     path = _tau_bench_file(tmp_path)
     err = _bad(tmp_path, "tau2", path)
     assert str(path) in err and "tau2 Results" in err
-    assert _runs_in_journal(tmp_path / "home") == 0
+    assert _runs_recorded(tmp_path / "home") == 0
 
 
 def test_truncated_gzip_is_refused(tmp_path: Path) -> None:
@@ -215,15 +217,15 @@ def test_a_bad_file_among_good_ones_writes_nothing(tmp_path: Path) -> None:
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assis')
     err = _bad(tmp_path, "openai-jsonl", good, bad)
     assert str(bad) in err and "line 1" in err
-    assert _runs_in_journal(tmp_path / "home") == 0
+    assert _runs_recorded(tmp_path / "home") == 0
 
 
-def test_a_failure_while_writing_a_file_rolls_the_whole_file_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from loopledger.datasets import _import_journal
+def test_a_failure_while_writing_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopledger.datasets import _import_writer
 
     chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     path = _jsonl(tmp_path, {**chat, "metadata": {"id": "1"}}, {**chat, "metadata": {"id": "2"}})
-    original = _import_journal.RunWriter._finish
+    original = _import_writer.RunWriter._finish
     calls = {"n": 0}
 
     def failing(self: Any) -> None:
@@ -232,11 +234,11 @@ def test_a_failure_while_writing_a_file_rolls_the_whole_file_back(tmp_path: Path
             raise OSError("disk full")
         original(self)
 
-    monkeypatch.setattr(_import_journal.RunWriter, "_finish", failing)
+    monkeypatch.setattr(_import_writer.RunWriter, "_finish", failing)
     with pytest.raises(OSError):
         import_traces("openai-jsonl", [path], home=tmp_path / "home")
-    assert _runs_in_journal(tmp_path / "home") == 0
-    monkeypatch.setattr(_import_journal.RunWriter, "_finish", original)
+    assert _runs_recorded(tmp_path / "home") == 0
+    monkeypatch.setattr(_import_writer.RunWriter, "_finish", original)
     assert import_traces("openai-jsonl", [path], home=tmp_path / "home").runs == 2
 
 

@@ -1,12 +1,15 @@
-"""A conversation → the journal, through the same commits the controller makes.
+"""A conversation → the same commits the controller makes.
 
-Imported runs are written as the engine would have recorded them, so the
-recorder exports them into the same tables and the replay folds them with
-the engine's own :func:`~loopledger.engine.validated_candidates`. Each
+Imported runs are written as the engine would have recorded them, so they
+land in the same tables and the replay folds them with the engine's own
+:func:`~loopledger.engine.validated_candidates`. The commits go to a store:
+:class:`~._import_tables.TraceRows` (rows of the trace tables, what an
+import uses) or the journal itself (what the tests compare it with). Each
 assistant message is one step (attempt 1):
 
     READY -> MODEL_RUNNING         the context artifact (messages since the
-                                   previous context, tools, policy, contract)
+                                   previous context, the tool registry's id,
+                                   policy, contract)
     MODEL_RUNNING -> VALIDATING    the candidate, its ``candidates`` row,
                                    ``candidate_recorded``
     then, by what followed it in the transcript:
@@ -28,9 +31,6 @@ A run view is folded along, exactly as the controller folds its commits,
 so step records are computed by the engine's code, and ``decide`` (a suite)
 judges each candidate on the same ``decision_input`` a replay rebuilds.
 
-A file's runs land all together or not at all, in one transaction and one
-fsync: the importer writes them through the store's public calls inside
-``store.batch()``.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def _goal(conv: Conversation) -> str:
 
 
 class RunWriter:
-    """Writes one conversation (inside the caller's ``store.batch()``)."""
+    """Writes one conversation to ``store`` (``create_run``, ``commit``, ``add_label``)."""
 
     def __init__(self, store: Any, conv: Conversation, suite: Any = None) -> None:
         self.store, self.conv, self.suite = store, conv, suite
@@ -109,6 +109,9 @@ class RunWriter:
         self.contract = {"goal": _goal(conv), "required_evidence": [], "allowed_tools": None,
                          "forbidden_paths": [], "wait_ttl_s": None, "version": 1}
         self.previous_context: str | None = None
+        # The tool catalogue is stored once (content-addressed: once for every
+        # run that shares it) and each context names it by id, as the engine's do.
+        self.registry = Artifact("tool_registry", {"tools": conv.tools})
         self.last_candidate: tuple[int, str] | None = None
         self.stats = {"candidates": 0, "operations": 0, "user_tool_calls": 0, "failed": 0}
 
@@ -162,7 +165,7 @@ class RunWriter:
             "messages": messages,
             "memory": {},
             "retrieval": [{"kind": e.kind, "subject": e.subject} for e in view.evidence.values()],
-            "tools": self.conv.tools,
+            "tools_ref": self.registry.artifact_id,
             "policy": {"approval_required": []},
             "contract": self.contract,
             "tenant": self.conv.source,
@@ -175,8 +178,9 @@ class RunWriter:
         """Write one step; return the messages the next context starts with."""
         conv, msg = self.conv, step.candidate
         context = self._context(messages)
+        artifacts = (self.registry, context) if number == 1 else (context,)
         self._commit(State.MODEL_RUNNING, step=number, attempt=1, payload={"context_id": context.artifact_id},
-                     artifacts=(context,))
+                     artifacts=artifacts)
         self.previous_context = context.artifact_id
         items: list[dict[str, Any]] = []
         if msg.content and msg.content.strip():
@@ -228,7 +232,7 @@ class RunWriter:
         computed at import. Without one: nothing (see docs/importers.md)."""
         if self.suite is None:
             return {}
-        plain = {**context, "tools": context["tools"].value}
+        plain = {**context, "tools": self.conv.tools.value}
         result = self.suite.evaluate(decision_input(self.view, body, plain, cid))
         rows = tuple({"step": self.view.step, "attempt": self.view.attempt, "candidate_id": cid,
                       "validator": d.validator, "validator_version": d.validator_version,

@@ -1,0 +1,214 @@
+"""Imported runs → rows of the trace tables, without the journal.
+
+An imported run is over before it is imported: nothing resumes it, waits on
+it or finalises it, so it has no use for the journal, whose job is to make a
+live run's next step durable before the engine takes it. The importer
+therefore writes the trace tables themselves (the recorder publishes them
+as the import's own segments, ``traces/<table>/imp-<id>.parquet``).
+
+:class:`TraceRows` is the store the :class:`~._import_writer.RunWriter`
+commits to. It applies the journal's commit rules in memory (compare-and-set
+on ``state_version``, moves checked against ``ALLOWED``, contiguous ``seq``,
+artifacts stored once per content id, operations recorded then updated,
+run counters) and keeps, for each table, exactly the rows that committing
+the same commits to the journal and exporting them would give. A test holds
+the two paths equal on real traces (tests/datasets/test_import_tables.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Mapping
+from typing import Any
+
+from loopledger.canonical import canonical_json
+from loopledger.engine import Artifact, Commit, CommitResult, NewRun, State
+from loopledger.engine._clock import now_us
+from loopledger.engine._errors import StaleStateVersion, TerminalAlreadySet, TransitionNotAllowed, UnknownRun
+from loopledger.engine._records import FACT_COLUMNS, OPERATION_COLUMNS, SCHEMA_VERSION
+from loopledger.engine._states import ALLOWED, INITIAL, TERMINAL
+from loopledger.engine._store import _check_commit_shape as check_commit_shape
+from loopledger.engine._store import _column_value as column_value
+from loopledger.engine._tables import TABLES
+
+#: Column defaults of the journal's tables, for columns a commit leaves out.
+DEFAULTS: Mapping[str, Any] = {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0, "dispatch_count": 0}
+_FACT_TABLE_COLUMNS = {name: tuple(TABLES[name].column_names) for name in FACT_COLUMNS}
+_RUN_COLUMNS = tuple(TABLES["runs"].column_names)
+_OPERATION_COLUMNS = tuple(TABLES["operations"].column_names)
+
+
+class TraceRows:
+    """Trace-table rows of the runs committed to it (see the module doc).
+
+    ``known_artifacts``: ids the trace tables already hold; such artifacts
+    are not written again, as the journal would not store them twice."""
+
+    def __init__(self, known_artifacts: Container[str] = frozenset()) -> None:
+        self.known_artifacts = known_artifacts
+        self.stored: set[str] = set()
+        self.events: list[tuple[Any, ...]] = []
+        self.artifacts: list[tuple[Any, ...]] = []
+        self.facts: dict[str, list[tuple[Any, ...]]] = {name: [] for name in FACT_COLUMNS}
+        self.labels: list[tuple[Any, ...]] = []
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.operations: dict[str, dict[str, Any]] = {}
+        self._state: dict[str, State] = {}
+
+    # -- the store's calls ------------------------------------------------------
+
+    def create_run(self, new: NewRun) -> None:
+        if new.run_id in self.runs:
+            raise ValueError(f"run {new.run_id} is already recorded")
+        now = now_us()
+        self.runs[new.run_id] = {
+            "run_id": new.run_id, "thread_id": new.thread_id or new.run_id, "task_id": new.task_id,
+            "tenant": new.tenant, "prompt_version": new.prompt_version, "prompt_hash": new.prompt_hash,
+            "model_route": new.model_route, "status": INITIAL.value, "reason": None, "started_at": now,
+            "ended_at": None, "steps": 0, "attempt": 0, "model_attempts": 0, "tool_calls": 0, "tokens_in": 0,
+            "tokens_out": 0, "cost_usd": 0.0, "reward": None, "state_version": 1, "last_seq": 1,
+            "waiting_json": None, "spec_json": canonical_json(dict(new.spec)), "schema_version": SCHEMA_VERSION,
+        }
+        self._state[new.run_id] = INITIAL
+        self.events.append((new.run_id, 1, now, "run_created", None, INITIAL.value, 0, 0, 1, "{}", SCHEMA_VERSION))
+        self._store(new.artifacts, new.run_id, now)
+
+    def commit(self, c: Commit) -> CommitResult:
+        check_commit_shape(c)
+        run = self.runs.get(c.run_id)
+        if run is None:
+            raise UnknownRun(c.run_id)
+        state = self._state[c.run_id]
+        if state in TERMINAL:
+            # The journal keeps such commits as late events; an importer never makes one.
+            raise TerminalAlreadySet(c.run_id, state.value, c.to_state.value if c.to_state else None)
+        version = run["state_version"]
+        if c.expected_version != version:
+            raise StaleStateVersion(c.run_id, c.expected_version, version)
+        target = c.to_state
+        if target is not None and target not in ALLOWED[state]:
+            raise TransitionNotAllowed(c.run_id, state.value, target.value)
+        final = target or state
+        now = now_us()
+        new_version = version + 1
+        step = run["steps"] if c.step is None else c.step
+        attempt = run["attempt"] if c.attempt is None else c.attempt
+        first = seq = run["last_seq"]
+        if target is not None:
+            seq += 1
+            self.events.append((c.run_id, seq, now, "transition", state.value, target.value, step, attempt,
+                                new_version, canonical_json(c.payload), SCHEMA_VERSION))
+        for event in c.events:
+            seq += 1
+            self.events.append((c.run_id, seq, now, event.kind, final.value, None, step, attempt, new_version,
+                                canonical_json(event.payload), SCHEMA_VERSION))
+        self._store(c.artifacts, c.run_id, now)
+        for table, rows in c.facts.items():
+            columns = _FACT_TABLE_COLUMNS[table]
+            out = self.facts[table]
+            for row in rows:
+                values = {**row, "run_id": c.run_id, "seq": seq, "schema_version": SCHEMA_VERSION}
+                out.append(tuple(column_value(values, name) if name in values else DEFAULTS.get(name)
+                                 for name in columns))
+        for op in c.new_operations:
+            self._new_operation(c.run_id, seq, op)
+        for update in c.operation_updates:
+            self._update_operation(c.run_id, seq, update)
+        run.update(status=final.value, state_version=new_version, last_seq=seq, steps=step, attempt=attempt)
+        for name, amount in c.counters.items():
+            run[name] += amount
+        for name in c.set_fields:
+            run[name] = column_value(c.set_fields, name)
+        if final in TERMINAL:
+            run["ended_at"] = now
+        self._state[c.run_id] = final
+        return CommitResult(c.run_id, final, new_version, first + 1, seq)
+
+    def add_label(self, label: Mapping[str, Any]) -> None:
+        # label_id numbers the journal's labels; an imported label has none.
+        self.labels.append((None, label["run_id"], int(label["step"]), int(label["attempt"]), label["candidate_id"],
+                            label.get("validator") or "", label["expected_verdict"], label["source"],
+                            label.get("note") or "", now_us(), SCHEMA_VERSION))
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _store(self, artifacts: tuple[Artifact, ...], run_id: str, now: int) -> None:
+        for a in artifacts:
+            if a.artifact_id in self.stored or a.artifact_id in self.known_artifacts:
+                continue
+            self.stored.add(a.artifact_id)
+            self.artifacts.append((a.artifact_id, run_id, a.kind, now, a.size_bytes, a.canonical, SCHEMA_VERSION))
+
+    def _new_operation(self, run_id: str, seq: int, op: Mapping[str, Any]) -> None:
+        existing = self.operations.get(op["operation_id"])
+        row = {name: column_value(op, name) if name in op else DEFAULTS.get(name) for name in OPERATION_COLUMNS}
+        row["run_id"] = run_id
+        if existing is not None:
+            if any(existing[k] != row[k] for k in ("run_id", "tool", "tool_version", "canonical_args_json")):
+                raise ValueError(f"operation {op['operation_id']}: recorded again with different content")
+            return
+        row.update(created_seq=seq, updated_seq=seq, schema_version=SCHEMA_VERSION)
+        self.operations[op["operation_id"]] = row
+
+    def _update_operation(self, run_id: str, seq: int, update: Mapping[str, Any]) -> None:
+        row = self.operations.get(update["operation_id"])
+        if row is None or row["run_id"] != run_id:
+            raise ValueError(f"operation {update['operation_id']}: no such operation in run {run_id}")
+        for name, value in update.items():
+            if name != "operation_id":
+                row[name] = value
+        row["updated_seq"] = seq
+
+    # -- rows made elsewhere ------------------------------------------------------------
+
+    def parts(self) -> tuple[Any, ...]:
+        """The rows, picklable (a worker process hands them back with this)."""
+        return self.events, self.artifacts, self.facts, self.labels, self.runs, self.operations
+
+    def absorb(self, parts: tuple[Any, ...]) -> None:
+        """Append rows another ``TraceRows`` made (of other runs), as if they
+        had been committed here after everything already here."""
+        events, artifacts, facts, labels, runs, operations = parts
+        if not runs.keys().isdisjoint(self.runs):
+            raise ValueError("the same run was written twice")
+        self.events += events
+        for row in artifacts:
+            if row[0] not in self.stored and row[0] not in self.known_artifacts:
+                self.stored.add(row[0])
+                self.artifacts.append(row)
+        for name, rows in facts.items():
+            self.facts[name] += rows
+        self.labels += labels
+        self.runs.update(runs)
+        self.operations.update(operations)
+
+    # -- the tables -----------------------------------------------------------------
+
+    def tables(self) -> dict[str, Any]:
+        """Each trace table's new rows as a pyarrow Table (every table, maybe empty),
+        in the recorder's row order."""
+        import pyarrow as pa
+
+        from loopledger.engine._tables import arrow_schema
+
+        runs = sorted(self.runs.values(), key=lambda r: (r["started_at"], r["run_id"]))
+        ops = sorted(self.operations.values(), key=lambda o: (o["run_id"], o["created_seq"], o["operation_id"]))
+        rows: dict[str, list[tuple[Any, ...]]] = {
+            "runs": [tuple(r[name] for name in _RUN_COLUMNS) for r in runs],
+            "events": self.events,
+            "artifacts": self.artifacts,
+            "operations": [tuple(o[name] for name in _OPERATION_COLUMNS) for o in ops],
+            "labels": self.labels,
+            **self.facts,
+        }
+        out = {}
+        for name, table in TABLES.items():
+            schema = arrow_schema(name)
+            columns = list(zip(*rows[name])) if rows[name] else [()] * len(table.columns)
+            arrays = []
+            for index, column in enumerate(table.columns):
+                if column.kind == "ts":
+                    arrays.append(pa.array(columns[index], pa.int64()).cast(schema.field(index).type))
+                else:
+                    arrays.append(pa.array(columns[index], schema.field(index).type))
+            out[name] = pa.Table.from_arrays(arrays, schema=schema)
+        return out

@@ -1,0 +1,195 @@
+"""Imported runs go straight to the trace tables: the rows must be exactly
+those the journal and the recorder would have made, the publication must be
+all or nothing, and the runs must stay visible to ``show``, exports and
+compaction."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from import_kit import cli, table
+
+from loopledger.datasets import import_traces, read_conversations
+from loopledger.datasets import _import_run
+from loopledger.datasets._import_tables import TraceRows
+from loopledger.datasets._import_writer import RunWriter
+from loopledger.engine import Home, Recorder
+from loopledger.engine._tables import TABLES
+
+#: Columns that say when a row was made (or its journal number), not what it holds.
+VOLATILE = {"ts", "started_at", "ended_at", "created_at", "label_id"}
+
+
+def _comparable(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    out = [tuple(sorted((k, v) for k, v in r.items() if k not in VOLATILE)) for r in rows]
+    return sorted(out, key=repr)
+
+
+def _arrow_rows(tables: dict[str, Any]) -> dict[str, list[tuple[Any, ...]]]:
+    return {name: _comparable(t.to_pylist()) for name, t in tables.items()}
+
+
+def _traced(home: Path) -> dict[str, list[tuple[Any, ...]]]:
+    return {name: _comparable(table(home, name)) for name in TABLES}
+
+
+def _chats(tmp: Path, n: int, name: str = "chats.jsonl") -> Path:
+    """``n`` small conversations with tool calls, a failure, a user turn and a final answer."""
+    lines = []
+    for i in range(n):
+        call = {"id": f"c{i}", "type": "function",
+                "function": {"name": "get_order", "arguments": json.dumps({"order_id": f"A{i}"})}}
+        messages = [
+            {"role": "system", "content": "policy"},
+            {"role": "user", "content": f"where is order A{i}?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "Error: not found" if i % 3 == 0 else '{"ok": 1}'},
+            {"role": "assistant", "content": "Which order did you mean?"},
+            {"role": "user", "content": "the other one"},
+            {"role": "assistant", "content": f"Order A{i} is on its way."},
+        ]
+        lines.append(json.dumps({"messages": messages, "metadata": {"id": f"r{i}", "reward": i % 2}}))
+    path = tmp / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _through_the_journal(fmt: str, paths: list[Path], home: Path) -> None:
+    where = Home.resolve(home)
+    store = where.open_store()
+    try:
+        with store.batch():
+            for _, conversations in read_conversations(fmt, paths):
+                for conv in conversations:
+                    RunWriter(store, conv).write()
+        Recorder(store, where.traces).export()
+    finally:
+        store.close()
+
+
+def _direct(fmt: str, paths: list[Path]) -> dict[str, Any]:
+    rows = TraceRows()
+    for _, conversations in read_conversations(fmt, paths):
+        for conv in conversations:
+            RunWriter(rows, conv).write()
+    return rows.tables()
+
+
+def test_rows_are_what_the_journal_and_its_export_hold(tmp_path: Path) -> None:
+    path = _chats(tmp_path, 12)
+    _through_the_journal("openai-jsonl", [path], tmp_path / "journal")
+    expected = _traced(tmp_path / "journal")
+    got = _arrow_rows(_direct("openai-jsonl", [path]))
+    assert sum(len(rows) for rows in expected.values()) > 100
+    for name in TABLES:
+        assert got[name] == expected[name], name
+
+
+def test_rows_are_what_the_journal_holds_on_real_traces(external: Path, tau2_files: list[Path],
+                                                        tmp_path: Path) -> None:
+    """Every path of the writer (waits, user tool calls, tails, failures) on real transcripts."""
+    for fmt, paths in (("tau-bench", [external / "tau-bench" / "trajectories" / "gpt-4o-airline.json"]),
+                       ("tau2", tau2_files[:2])):
+        home = tmp_path / fmt
+        _through_the_journal(fmt, paths, home)
+        expected = _traced(home)
+        got = _arrow_rows(_direct(fmt, paths))
+        assert len(expected["runs"]) >= 10
+        for name in TABLES:
+            assert got[name] == expected[name], (fmt, name)
+
+
+def test_parallel_writing_gives_the_same_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = [_chats(tmp_path, 9, "a.jsonl"), _chats(tmp_path, 7, "b.jsonl"), _chats(tmp_path, 5, "c.jsonl")]
+    import_traces("openai-jsonl", paths, home=tmp_path / "one")
+    monkeypatch.setattr(_import_run, "PARALLEL_FROM", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    result = import_traces("openai-jsonl", paths, home=tmp_path / "two")
+    assert result.runs == 21 and [f.runs for f in result.files] == [9, 7, 5]
+    assert _traced(tmp_path / "two") == _traced(tmp_path / "one")
+
+
+def test_an_import_cut_before_its_manifest_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopledger.engine import _recorder
+
+    home = tmp_path / "home"
+    path = _chats(tmp_path, 4)
+
+    def cut(*args: Any) -> None:
+        raise OSError("power cut")
+
+    monkeypatch.setattr(_recorder, "_durable_replace", cut)
+    with pytest.raises(OSError, match="power cut"):
+        import_traces("openai-jsonl", [path], home=home)
+    assert list((home / "traces").rglob("*.tmp"))  # what it had written, unpublished
+    monkeypatch.undo()
+    where = Home.resolve(home)
+    store = where.open_store()
+    try:
+        Recorder(store, where.traces).export()
+    finally:
+        store.close()
+    assert not list((home / "traces").rglob("*.tmp"))
+    assert table(home, "runs") == [] and table(home, "events") == []
+    assert import_traces("openai-jsonl", [path], home=home).runs == 4
+
+
+def test_an_import_cut_after_its_manifest_is_finished_by_the_next(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopledger.engine import _recorder
+
+    home = tmp_path / "home"
+    path = _chats(tmp_path, 4)
+    renames = {"n": 0}
+    real_replace = os.replace
+
+    def cut_after_two(src: Any, dst: Any) -> None:
+        if str(dst).endswith(".parquet"):
+            renames["n"] += 1
+            if renames["n"] > 2:
+                raise OSError("power cut")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(_recorder.os, "replace", cut_after_two)
+    with pytest.raises(OSError, match="power cut"):
+        import_traces("openai-jsonl", [path], home=home)
+    monkeypatch.undo()
+    # Half published: the first two tables (by name: artifacts, candidates) are in place, the runs are not.
+    assert table(home, "artifacts") and table(home, "candidates") and table(home, "runs") == []
+    again = import_traces("openai-jsonl", [path], home=home)
+    assert again.runs == 0 and again.skipped == 4  # the cut import was finished first
+    expected = _arrow_rows(_direct("openai-jsonl", [path]))
+    assert _traced(home) == expected
+
+
+def test_exports_and_compaction_keep_imported_runs(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    import_traces("openai-jsonl", [_chats(tmp_path, 5, "a.jsonl")], home=home)
+    import_traces("openai-jsonl", [_chats(tmp_path, 3, "b.jsonl")], home=home)
+    before = _traced(home)
+    where = Home.resolve(home)
+    store = where.open_store()
+    try:
+        recorder = Recorder(store, where.traces)
+        recorder.export()
+        merged = recorder.compact()
+    finally:
+        store.close()
+    assert merged["events"] == 2  # the two imports' segments became one file
+    assert _traced(home) == before
+    assert len(table(home, "runs")) == 8
+
+
+def test_show_prints_an_imported_run(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    import_traces("openai-jsonl", [_chats(tmp_path, 2)], home=home)
+    run_id = table(home, "runs")[0]["run_id"]
+    shown = cli("show", run_id, "--home", str(home))
+    assert shown.returncode == 0, shown.stderr
+    assert run_id in shown.stdout and "SUCCEEDED" in shown.stdout and "get_order" in shown.stdout
+    missing = cli("show", "no-such-run", "--home", str(home))
+    assert missing.returncode == 1 and "no-such-run" in missing.stderr
