@@ -185,9 +185,17 @@ def _publish(out: Path, summary: Summary, suite: Any, traces: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    import polars as pl
+
     row = dataclasses.asdict(summary)
+    types = {str: (pl.Utf8, pa.string()), int: (pl.Int64, pa.int64()), float: (pl.Float64, pa.float64())}
+    kinds = {name: types[type(value)] for name, value in row.items()}
+    # Built by polars, cast to the Arrow schema: pyarrow's conversion of
+    # Python values imports pandas, a fixed cost for one row.
+    frame = pl.DataFrame([pl.Series(name, [value], kinds[name][0]) for name, value in row.items()])
+    table = frame.to_arrow().cast(pa.schema([pa.field(name, kinds[name][1]) for name in row]))
     (out / "summary").mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist([row]), out / "summary" / "summary.parquet", compression="zstd")
+    pq.write_table(table, out / "summary" / "summary.parquet", compression="zstd")
     meta = {"replay_id": summary.replay_id, "suite": suite.to_dict(), "suite_version": suite.version,
             "baseline": summary.baseline, "traces": str(traces)}
     (out / "replay.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")

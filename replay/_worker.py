@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections import defaultdict
+from itertools import groupby
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,6 @@ from loopledger.canonical import canonical_json
 from ._errors import RunTraceError
 from ._labels import Label, classify, effective, scenario_labels
 from ._result import Diagnosis, Diff, Divergence, RunReplay
-from ._traces import read_partition
 
 _SEVERITY = {"accept": 0, "repair": 1, "ask": 2, "reject": 3}
 
@@ -76,17 +76,30 @@ _INT_COLUMNS = frozenset({"step", "attempt"})
 _BOOL_COLUMNS = frozenset({"across_versions", "after_divergence"})
 
 
-def _rows_by_run(table: Any) -> dict[str, list[dict[str, Any]]]:
-    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    if table is None:
-        return grouped
-    # Column by column: several times faster than Table.to_pylist().
-    names = table.column_names
-    columns = [table.column(n).to_pylist() for n in names]
-    for values in zip(*columns):
-        row = dict(zip(names, values))
-        grouped[row["run_id"]].append(row)
-    return grouped
+def _frame(work: Path, relation: str, part: int) -> Any:
+    """One relation of one partition as a polars frame (None when empty).
+
+    polars rather than pyarrow's ``to_pylist``: its column-to-list
+    conversion is several times faster, and pyarrow's conversion of Python
+    lists imports pandas (a second per worker for nothing)."""
+    import polars as pl
+
+    folder = work / relation / f"part={part}"
+    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    if not files:
+        return None
+    return pl.concat([pl.read_parquet(f, hive_partitioning=False) for f in files], how="vertical_relaxed")
+
+
+def _spans(keys: Sequence[Any]) -> dict[Any, tuple[int, int]]:
+    """key -> (start, end) of each run of equal keys in a sorted column."""
+    spans: dict[Any, tuple[int, int]] = {}
+    start = 0
+    for key, group in groupby(keys):
+        end = start + sum(1 for _ in group)
+        spans[key] = (start, end)
+        start = end
+    return spans
 
 
 #: Event kinds whose payload the run view does not read (see RunView.apply):
@@ -95,37 +108,68 @@ _UNREAD_PAYLOADS = frozenset({"decisions", "run_created", "late_event"})
 
 
 class _Partition:
-    """A partition's rows, grouped by run."""
+    """A partition's rows, column by column, sorted and indexed by run."""
 
     def __init__(self, work: Path, part: int, has_baseline: bool) -> None:
-        runs = read_partition(work, "runs", part)
-        self.runs = runs.to_pylist() if runs is not None else []
-        self.runs.sort(key=lambda r: r["run_id"])
-        self.events = _rows_by_run(read_partition(work, "events", part))
-        self.candidates = _rows_by_run(read_partition(work, "candidates", part))
-        self.baseline = _rows_by_run(read_partition(work, "baseline", part)) if has_baseline else None
-        self.labels = _rows_by_run(read_partition(work, "labels", part))
-        bodies = read_partition(work, "bodies", part)
+        runs = _frame(work, "runs", part)
+        self.runs: list[dict[str, Any]] = runs.sort("run_id").to_dicts() if runs is not None else []
+        events = _frame(work, "events", part)
+        if events is not None:
+            # A run's events in seq order (stable: equal seqs keep file order).
+            events = events.sort(["run_id", "seq"], maintain_order=True)
+            self.event_columns = [events[c].to_list() for c in ("kind", "to_state", "step", "attempt",
+                                                               "payload_json")]
+            self.event_spans = _spans(events["run_id"].to_list())
+        else:
+            self.event_columns, self.event_spans = [[] for _ in range(5)], {}
+        # run -> candidate -> validator -> (verdict, code, validator_version, suite_version)
+        self.baseline: dict[str, dict[str, dict[str, tuple[Any, ...]]]] | None = None
+        if has_baseline:
+            self.baseline = defaultdict(lambda: defaultdict(dict))
+            rows = _frame(work, "baseline", part)
+            if rows is not None:
+                cols = [rows[c].to_list() for c in ("run_id", "candidate_id", "validator", "verdict", "code",
+                                                     "validator_version", "suite_version")]
+                base = self.baseline
+                for run_id, cid, validator, *rest in zip(*cols):
+                    base[run_id][cid][validator] = tuple(rest)
+        self.labels: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        labels = _frame(work, "labels", part)
+        if labels is not None:
+            for row in labels.to_dicts():
+                self.labels[row["run_id"]].append(row)
+        bodies = _frame(work, "bodies", part)
         self.bodies: dict[str, str] = (
-            dict(zip(bodies.column("artifact_id").to_pylist(), bodies.column("body").to_pylist()))
-            if bodies is not None else {}
+            dict(zip(bodies["artifact_id"].to_list(), bodies["body"].to_list())) if bodies is not None else {}
         )
+
+    def events(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's events in seq order, payloads parsed (except the kinds
+        the run view does not read)."""
+        span = self.event_spans.get(run_id)
+        if span is None:
+            return []
+        start, end = span
+        kinds, states, steps, attempts, payloads = (c[start:end] for c in self.event_columns)
+        loads = json.loads
+        unread = _UNREAD_PAYLOADS
+        return [{"kind": kind, "to_state": to_state, "step": step, "attempt": attempt,
+                 "payload": loads(payload) if payload and kind not in unread else {}}
+                for kind, to_state, step, attempt, payload in zip(kinds, states, steps, attempts, payloads)]
 
 
 def run_job(job: Job) -> list[list[RunReplay]]:
     """Replay one partition; return, per suite, the partition's run results."""
-    from loopledger.validators import StepRecord
-
     suites = [ref.load() for ref in job.suites]
     data = _Partition(job.work, job.part, job.has_baseline)
     decisions: list[list[tuple[Any, ...]]] = [[] for _ in suites]
     diffs: list[list[tuple[Any, ...]]] = [[] for _ in suites]
     results: list[list[RunReplay]] = [[] for _ in suites]
-    steps: list[StepRecord] = []
+    steps: dict[str, list[Any]] = {name: [] for name in _STEP_FIELDS}
     for run in data.runs:
         run_id = run["run_id"]
-        events = sorted(data.events.get(run_id, ()), key=lambda e: e["seq"])
-        steps.extend(_step_records(events))
+        events = data.events(run_id)
+        _step_columns(events, steps)
         try:
             evaluated = _evaluate_run(run, events, data.bodies, suites)
             error = None
@@ -133,7 +177,7 @@ def run_job(job: Job) -> list[list[RunReplay]]:
             evaluated, error = [], exc.reason
         for i, suite in enumerate(suites):
             rid = job.replay_ids[i]
-            mine = [(c, res[i]) for c, res in evaluated]
+            mine = [(c, res[i]) for c, res in evaluated] if len(suites) > 1 else [(c, res[0]) for c, res in evaluated]
             results[i].append(_compare_run(run, mine, data, suite, rid, error, decisions[i], diffs[i],
                                            write=job.outputs[i] is not None))
     for i, suite in enumerate(suites):
@@ -168,12 +212,10 @@ def _evaluate_run(run: Mapping[str, Any], events: Sequence[Mapping[str, Any]], b
     """Every validated candidate of the run: ((step, attempt, candidate_id), [SuiteResult per suite])."""
     from loopledger.engine import decision_input, validated_candidates
 
-    folded = ({"kind": e["kind"], "to_state": e["to_state"], "step": e["step"], "attempt": e["attempt"],
-               "payload": json.loads(e["payload_json"]) if e["payload_json"] and e["kind"] not in _UNREAD_PAYLOADS
-               else {}} for e in events)
     contexts: dict[str, Any] = {}
     out = []
-    for view, candidate_id, context_id in validated_candidates(run, folded):
+    artifact = _reader(bodies)
+    for view, candidate_id, context_id in validated_candidates(run, events):
         candidate_text = bodies.get(candidate_id)
         if candidate_text is None:
             raise RunTraceError(run["run_id"], f"candidate artifact {candidate_id} is not in the traces")
@@ -184,7 +226,7 @@ def _evaluate_run(run: Mapping[str, Any], events: Sequence[Mapping[str, Any]], b
                 raise RunTraceError(run["run_id"], f"context artifact {context_id or '(none)'} is not in the traces")
             # Attempts of one step share their context: parse it once.
             context = contexts[context_id] = json.loads(context_text)
-        inp = decision_input(view, json.loads(candidate_text), context, candidate_id, artifact=_reader(bodies))
+        inp = decision_input(view, json.loads(candidate_text), context, candidate_id, artifact=artifact)
         out.append(((view.step, view.attempt, candidate_id), [s.evaluate(inp) for s in suites]))
     return out
 
@@ -202,28 +244,37 @@ def _reader(bodies: Mapping[str, str]) -> Any:
     return read
 
 
-def _step_records(events: Sequence[Mapping[str, Any]]) -> list[Any]:
-    from loopledger.validators import StepRecord
+#: The step table's columns (validators.STEP_COLUMNS), filled from the
+#: recorded ``step_closed`` events.
+_STEP_FIELDS = ("run_id", "step", "states", "calls", "errors", "new_evidence", "completed_operations", "candidates")
 
-    records = []
+
+def _step_columns(events: Sequence[Mapping[str, Any]], columns: dict[str, list[Any]]) -> None:
+    """Append the run's recorded step records (``step_closed`` payloads) to
+    the step table's columns."""
     for e in events:
         if e["kind"] == "step_closed":
-            p = json.loads(e["payload_json"])
-            records.append(StepRecord(run_id=p["run_id"], step=int(p["step"]), states=tuple(p["states"]),
-                                      calls=tuple(p["calls"]), errors=tuple(p["errors"]),
-                                      new_evidence=int(p["new_evidence"]),
-                                      completed_operations=int(p["completed_operations"]),
-                                      candidates=p.get("candidates")))
-    return records
+            p = e["payload"]
+            columns["run_id"].append(p["run_id"])
+            columns["step"].append(int(p["step"]))
+            columns["states"].append(list(p["states"]))
+            columns["calls"].append(list(p["calls"]))
+            columns["errors"].append(list(p["errors"]))
+            columns["new_evidence"].append(int(p["new_evidence"]))
+            columns["completed_operations"].append(int(p["completed_operations"]))
+            columns["candidates"].append(p.get("candidates"))
 
 
-def _diagnose(steps: list[Any], suite: Any) -> list[Diagnosis]:
-    from loopledger.validators import detect_batch, steps_frame
+def _diagnose(steps: Mapping[str, list[Any]], suite: Any) -> list[Diagnosis]:
+    import polars as pl
+
+    from loopledger.validators import detect_batch
+    from loopledger.validators._steps import step_schema
 
     detectors = suite.loop_detectors()
-    if not steps or not detectors:
+    if not steps["run_id"] or not detectors:
         return []
-    frame = detect_batch(steps_frame(steps), detectors)
+    frame = detect_batch(pl.DataFrame(dict(steps), schema=step_schema()), detectors)
     return [Diagnosis(*row) for row in frame.iter_rows()]
 
 
@@ -257,50 +308,58 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
     run_id = run["run_id"]
     candidates = {(step, attempt): cid for (step, attempt, cid), _ in evaluated}
     labels = _labels_for(run, data, candidates)
-    baseline: dict[str, dict[str, Mapping[str, Any]]] | None = None
-    if data.baseline is not None:
-        baseline = defaultdict(dict)
-        for row in data.baseline.get(run_id, ()):
-            baseline[row["candidate_id"]][row["validator"]] = row
+    # candidate -> validator -> (verdict, code, validator_version, suite_version)
+    baseline = data.baseline.get(run_id, {}) if data.baseline is not None else None
     by_candidate: dict[str, list[tuple[str, Label]]] = defaultdict(list)
     for (label_cid, validator), label in labels.items():
         by_candidate[label_cid].append((validator, label))
     diffs: list[Diff] = []
     n_decisions = agreeing = labelled = 0
+    evidence_json = _evidence_json
     for (step, attempt, cid), result in evaluated:
-        replayed = {d.validator: d for d in result.decisions}
-        n_decisions += len(replayed)
+        decisions = result.decisions
+        n_decisions += len(decisions)
         if write:
+            suite_version = result.suite_version
             decision_rows.extend(
-                (replay_id, run_id, step, attempt, cid, d.validator, d.validator_version, result.suite_version,
-                 d.verdict.value, d.code, d.message, canonical_json(d.evidence))
-                for d in result.decisions)
+                (replay_id, run_id, step, attempt, cid, d.validator, d.validator_version, suite_version,
+                 d.verdict.value, d.code, d.message, evidence_json(d.evidence))
+                for d in decisions)
+        replayed = None
         # Labels are scored against the replay whether or not there is a baseline.
         for validator, label in by_candidate.get(cid, ()):
-            got = (_worst((d.verdict.value, d.code) for d in result.decisions)[0] if validator == ""
+            if replayed is None:
+                replayed = {d.validator: d for d in decisions}
+            got = (_worst((d.verdict.value, d.code) for d in decisions)[0] if validator == ""
                    else replayed[validator].verdict.value if validator in replayed else None)
             if got is not None:
                 labelled += 1
                 agreeing += got == label.expected_verdict
         if baseline is None:
             continue
-        recorded = baseline.get(cid, {})
+        recorded = baseline.get(cid, _NONE)
+        if len(recorded) == len(decisions) and all(
+                (old := recorded.get(d.validator)) is not None and old[0] == d.verdict.value and old[1] == d.code
+                for d in decisions):
+            continue  # every decision as recorded (the common case): no diff, no candidate flip
+        if replayed is None:
+            replayed = {d.validator: d for d in decisions}
         for name in list(replayed) + [v for v in recorded if v not in replayed]:
             new, old = replayed.get(name), recorded.get(name)
             new_vc = (new.verdict.value, new.code) if new is not None else (None, None)
-            old_vc = (old["verdict"], old["code"]) if old is not None else (None, None)
+            old_vc = (old[0], old[1]) if old is not None else (None, None)
             if new_vc == old_vc or _absent_accepts(new_vc, old_vc):
                 continue
             diffs.append(_diff(run_id, step, attempt, cid, name, old_vc, new_vc, labels.get((cid, name)),
-                               old["validator_version"] if old is not None else None,
+                               old[2] if old is not None else None,
                                new.validator_version if new is not None else None,
-                               old["suite_version"] if old is not None else None))
+                               old[3] if old is not None else None))
         if recorded:
-            old_worst = _worst((row["verdict"], row["code"]) for row in recorded.values())
-            new_worst = _worst((d.verdict.value, d.code) for d in result.decisions)
+            old_worst = _worst((row[0], row[1]) for row in recorded.values())
+            new_worst = _worst((d.verdict.value, d.code) for d in decisions)
             if old_worst[0] != new_worst[0]:
                 diffs.append(_diff(run_id, step, attempt, cid, "", old_worst, new_worst, labels.get((cid, "")),
-                                   None, None, next(iter(recorded.values()))["suite_version"]))
+                                   None, None, next(iter(recorded.values()))[3]))
     divergence = None
     flips = [d for d in diffs if d.validator]
     if flips:
@@ -320,6 +379,14 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
                      reason=run.get("reason"), candidates=len(evaluated), decisions=n_decisions,
                      diffs=tuple(diffs), divergence=divergence, labels=labelled, labels_agreeing=agreeing,
                      error=error)
+
+
+_NONE: Mapping[str, Any] = {}
+
+
+def _evidence_json(evidence: Mapping[str, Any]) -> str:
+    # Most decisions accept with no evidence: "{}" without the writer.
+    return canonical_json(evidence) if evidence else "{}"
 
 
 def _absent_accepts(new: tuple[str | None, str | None], old: tuple[str | None, str | None]) -> bool:
@@ -351,12 +418,15 @@ def _after(d: Diff, at: tuple[int, int]) -> Diff:
 
 def _write(path: Path, columns: Sequence[str], rows: list[tuple[Any, ...]]) -> None:
     """One part file (written even when empty, so the schema is always there)."""
+    import polars as pl
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     fields = [pa.field(c, pa.int64() if c in _INT_COLUMNS else pa.bool_() if c in _BOOL_COLUMNS else pa.string())
               for c in columns]
-    schema = pa.schema(fields)
-    arrays = [pa.array([r[i] for r in rows], f.type) for i, f in enumerate(fields)]
+    kinds = {c: pl.Int64 if c in _INT_COLUMNS else pl.Boolean if c in _BOOL_COLUMNS else pl.Utf8 for c in columns}
+    # Columns built by polars (pyarrow's conversion of Python lists imports
+    # pandas), then cast to the tables' Arrow schema.
+    frame = pl.DataFrame([pl.Series(c, [r[i] for r in rows], kinds[c]) for i, c in enumerate(columns)])
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_arrays(arrays, schema=schema), path, compression="zstd")
+    pq.write_table(frame.to_arrow().cast(pa.schema(fields)), path, compression="zstd")
