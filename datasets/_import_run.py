@@ -15,6 +15,7 @@ nothing.
 from __future__ import annotations
 
 import os
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,8 +107,6 @@ def import_traces(fmt: str, paths: Sequence[str | os.PathLike[str]], *, home: st
     result = ImportResult()
 
     def build(known: Callable[[str, str], set[Any]]) -> dict[str, Any]:
-        from ._import_tables import TraceRows
-
         existing = known("runs", "run_id") | store.existing_runs(c.run_id for _, convs in files for c in convs)
         plan = []
         for path, conversations in files:
@@ -117,9 +116,9 @@ def import_traces(fmt: str, paths: Sequence[str | os.PathLike[str]], *, home: st
                     existing.add(conv.run_id)  # a run repeated (in a file or across files) is imported once
                     todo.append(conv)
             plan.append((path, len(conversations), todo))
-        rows = TraceRows(known("artifacts", "artifact_id"))
-        result.files.extend(_write_all(rows, plan, suite))
-        return rows.tables()
+        files_written, tables = _write_all(plan, suite, known("artifacts", "artifact_id"))
+        result.files.extend(files_written)
+        return tables
 
     try:
         result.export_rows = Recorder(store, where.traces).publish_import(build)
@@ -130,59 +129,69 @@ def import_traces(fmt: str, paths: Sequence[str | os.PathLike[str]], *, home: st
 
 #: Below this many runs an import is written in this process alone.
 PARALLEL_FROM = 64
-#: Work of the processes of one import, inherited by fork (see _write_all).
-_PLAN: list[list[tuple[Path, int, list[Conversation]]]] = []
+#: Work of the processes of one import, inherited by fork (see _write_all):
+#: per process, (index of the file in the plan, conversation) pairs; and the
+#: artifact ids the trace tables already hold.
+_GROUPS: list[list[tuple[int, Conversation]]] = []
+_KNOWN: list[set[str]] = []
+
+Plan = list[tuple[Path, int, list[Conversation]]]  # per file: path, runs in it, runs to write
 
 
-def _write_all(rows: Any, plan: list[tuple[Path, int, list[Conversation]]], suite: Any) -> list[FileImport]:
-    """Write the planned runs into ``rows``. A large import is cut into
-    contiguous groups of files, one per core, written by forked processes
-    (they inherit the conversations, so nothing is sent to them) and
-    absorbed here in file order: the same rows as writing them in order."""
+def _write_all(plan: Plan, suite: Any, known_artifacts: set[str]) -> tuple[list[FileImport], dict[str, Any]]:
+    """Write the planned runs; return what each file gave and the trace
+    tables' new rows. A large import is cut into contiguous groups of runs,
+    one per core, each written by a forked process (it inherits the
+    conversations, so nothing is sent to it but the group's number) into
+    Arrow tables, which are put together here in order: the same rows as
+    writing every run here."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    runs = sum(len(todo) for _, _, todo in plan)
-    workers = min(len(plan), os.cpu_count() or 1)
-    if runs < PARALLEL_FROM or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return [write_file(rows, path, total, todo, suite) for path, total, todo in plan]
-    groups: list[list[tuple[Path, int, list[Conversation]]]] = [[] for _ in range(workers)]
-    done = 0
-    for item in plan:
-        groups[min(workers - 1, done * workers // runs)].append(item)
-        done += len(item[2])
-    _PLAN[:] = [g for g in groups if g]
-    try:
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(len(_PLAN), mp_context=context) as pool:
-            outcomes = list(pool.map(_write_group, range(len(_PLAN)), [suite] * len(_PLAN)))
-    finally:
-        _PLAN.clear()
-    stats: list[FileImport] = []
-    for files, parts in outcomes:
-        stats += files
-        rows.absorb(parts)
-    return stats
+    from ._import_tables import TraceRows, concat_tables
+
+    runs = [(index, conv) for index, (_, _, todo) in enumerate(plan) for conv in todo]
+    workers = min(os.cpu_count() or 1, len(runs))
+    if len(runs) < PARALLEL_FROM or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        rows = TraceRows(known_artifacts)
+        counts = _write_runs(rows, runs, suite)
+        tables = rows.tables()
+    else:
+        _GROUPS[:] = [runs[k * len(runs) // workers:(k + 1) * len(runs) // workers] for k in range(workers)]
+        _KNOWN[:] = [known_artifacts]
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                outcomes = list(pool.map(_write_group, range(workers), [suite] * workers))
+        finally:
+            _GROUPS.clear()
+            _KNOWN.clear()
+        counts = defaultdict(Counter)
+        for group_counts, _ in outcomes:
+            for index, counted in group_counts.items():
+                counts[index].update(counted)
+        tables = concat_tables([group_tables for _, group_tables in outcomes])
+    out = []
+    for index, (path, total, todo) in enumerate(plan):
+        c = counts[index]
+        out.append(FileImport(str(path), len(todo), total - len(todo), c["candidates"], c["operations"],
+                              c["user_tool_calls"], c["failed"]))
+    return out, tables
 
 
-def _write_group(index: int, suite: Any) -> tuple[list[FileImport], tuple[Any, ...]]:
+def _write_group(group: int, suite: Any) -> tuple[dict[int, Counter[str]], dict[str, Any]]:
     from ._import_tables import TraceRows
 
-    rows = TraceRows()
-    files = [write_file(rows, path, total, todo, suite) for path, total, todo in _PLAN[index]]
-    return files, rows.parts()
+    rows = TraceRows(_KNOWN[0])
+    counts = _write_runs(rows, _GROUPS[group], suite)
+    return counts, rows.tables()
 
 
-def write_file(rows: Any, path: Path, total: int, conversations: Sequence[Conversation],
-               suite: Any = None) -> FileImport:
-    """Commit ``conversations`` (the runs of the file at ``path`` that are
-    new, of ``total``) to ``rows``, a :class:`~._import_tables.TraceRows`."""
+def _write_runs(rows: Any, runs: Sequence[tuple[int, Conversation]], suite: Any) -> defaultdict[int, Counter[str]]:
+    """Commit each conversation to ``rows`` (a :class:`~._import_tables.TraceRows`);
+    count what each file gave."""
     from ._import_writer import RunWriter
 
-    totals = {"candidates": 0, "operations": 0, "user_tool_calls": 0, "failed": 0}
-    for conv in conversations:
-        stats = RunWriter(rows, conv, suite).write()
-        for key, value in stats.items():
-            totals[key] += value
-    return FileImport(str(path), len(conversations), total - len(conversations), totals["candidates"],
-                      totals["operations"], totals["user_tool_calls"], totals["failed"])
+    counts: defaultdict[int, Counter[str]] = defaultdict(Counter)
+    for index, conv in runs:
+        counts[index].update(RunWriter(rows, conv, suite).write())
+    return counts

@@ -17,7 +17,9 @@ the two paths equal on real traces (tests/datasets/test_import_tables.py).
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+import os
+import time
+from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 from loopledger.canonical import canonical_json
@@ -32,9 +34,15 @@ from loopledger.engine._tables import TABLES
 
 #: Column defaults of the journal's tables, for columns a commit leaves out.
 DEFAULTS: Mapping[str, Any] = {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0, "dispatch_count": 0}
-_FACT_TABLE_COLUMNS = {name: tuple(TABLES[name].column_names) for name in FACT_COLUMNS}
+#: Each fact table's columns, and whether the journal stores the column as canonical JSON.
+_FACT_TABLE_COLUMNS = {name: tuple((c, c.endswith("_json")) for c in TABLES[name].column_names)
+                       for name in FACT_COLUMNS}
 _RUN_COLUMNS = tuple(TABLES["runs"].column_names)
 _OPERATION_COLUMNS = tuple(TABLES["operations"].column_names)
+
+
+def _wall_us() -> int:
+    return time.time_ns() // 1000
 
 
 class TraceRows:
@@ -53,13 +61,15 @@ class TraceRows:
         self.runs: dict[str, dict[str, Any]] = {}
         self.operations: dict[str, dict[str, Any]] = {}
         self._state: dict[str, State] = {}
+        # The engine's clock, read without its per-call check of LOOPLEDGER_NOW unless that is set.
+        self._now: Callable[[], int] = now_us if os.environ.get("LOOPLEDGER_NOW") else _wall_us
 
     # -- the store's calls ------------------------------------------------------
 
     def create_run(self, new: NewRun) -> None:
         if new.run_id in self.runs:
             raise ValueError(f"run {new.run_id} is already recorded")
-        now = now_us()
+        now = self._now()
         self.runs[new.run_id] = {
             "run_id": new.run_id, "thread_id": new.thread_id or new.run_id, "task_id": new.task_id,
             "tenant": new.tenant, "prompt_version": new.prompt_version, "prompt_hash": new.prompt_hash,
@@ -88,32 +98,31 @@ class TraceRows:
         if target is not None and target not in ALLOWED[state]:
             raise TransitionNotAllowed(c.run_id, state.value, target.value)
         final = target or state
-        now = now_us()
+        now = self._now()
         new_version = version + 1
         step = run["steps"] if c.step is None else c.step
         attempt = run["attempt"] if c.attempt is None else c.attempt
         first = seq = run["last_seq"]
         if target is not None:
             seq += 1
-            self.events.append((c.run_id, seq, now, "transition", state.value, target.value, step, attempt,
+            self.events.append((c.run_id, seq, now, "transition", state._value_, target._value_, step, attempt,
                                 new_version, canonical_json(c.payload), SCHEMA_VERSION))
         for event in c.events:
             seq += 1
-            self.events.append((c.run_id, seq, now, event.kind, final.value, None, step, attempt, new_version,
+            self.events.append((c.run_id, seq, now, event.kind, final._value_, None, step, attempt, new_version,
                                 canonical_json(event.payload), SCHEMA_VERSION))
         self._store(c.artifacts, c.run_id, now)
         for table, rows in c.facts.items():
-            columns = _FACT_TABLE_COLUMNS[table]
             out = self.facts[table]
             for row in rows:
                 values = {**row, "run_id": c.run_id, "seq": seq, "schema_version": SCHEMA_VERSION}
-                out.append(tuple(column_value(values, name) if name in values else DEFAULTS.get(name)
-                                 for name in columns))
+                out.append(tuple((column_value(values, name) if is_json else values[name]) if name in values
+                                 else DEFAULTS.get(name) for name, is_json in _FACT_TABLE_COLUMNS[table]))
         for op in c.new_operations:
             self._new_operation(c.run_id, seq, op)
         for update in c.operation_updates:
             self._update_operation(c.run_id, seq, update)
-        run.update(status=final.value, state_version=new_version, last_seq=seq, steps=step, attempt=attempt)
+        run.update(status=final._value_, state_version=new_version, last_seq=seq, steps=step, attempt=attempt)
         for name, amount in c.counters.items():
             run[name] += amount
         for name in c.set_fields:
@@ -127,7 +136,7 @@ class TraceRows:
         # label_id numbers the journal's labels; an imported label has none.
         self.labels.append((None, label["run_id"], int(label["step"]), int(label["attempt"]), label["candidate_id"],
                             label.get("validator") or "", label["expected_verdict"], label["source"],
-                            label.get("note") or "", now_us(), SCHEMA_VERSION))
+                            label.get("note") or "", self._now(), SCHEMA_VERSION))
 
     # -- helpers ------------------------------------------------------------------
 
@@ -157,29 +166,6 @@ class TraceRows:
             if name != "operation_id":
                 row[name] = value
         row["updated_seq"] = seq
-
-    # -- rows made elsewhere ------------------------------------------------------------
-
-    def parts(self) -> tuple[Any, ...]:
-        """The rows, picklable (a worker process hands them back with this)."""
-        return self.events, self.artifacts, self.facts, self.labels, self.runs, self.operations
-
-    def absorb(self, parts: tuple[Any, ...]) -> None:
-        """Append rows another ``TraceRows`` made (of other runs), as if they
-        had been committed here after everything already here."""
-        events, artifacts, facts, labels, runs, operations = parts
-        if not runs.keys().isdisjoint(self.runs):
-            raise ValueError("the same run was written twice")
-        self.events += events
-        for row in artifacts:
-            if row[0] not in self.stored and row[0] not in self.known_artifacts:
-                self.stored.add(row[0])
-                self.artifacts.append(row)
-        for name, rows in facts.items():
-            self.facts[name] += rows
-        self.labels += labels
-        self.runs.update(runs)
-        self.operations.update(operations)
 
     # -- the tables -----------------------------------------------------------------
 
@@ -212,3 +198,28 @@ class TraceRows:
                     arrays.append(pa.array(columns[index], schema.field(index).type))
             out[name] = pa.Table.from_arrays(arrays, schema=schema)
         return out
+
+
+def concat_tables(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The tables of several ``TraceRows`` (of different runs, in order) as one
+    ``TraceRows`` holding all those runs would have made them: an artifact
+    that more than one stored is kept where it came first, and the snapshot
+    tables are in the recorder's order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out = {name: pa.concat_tables([p[name] for p in parts]) for name in TABLES}
+    seen: Any = None
+    kept = []
+    for part in parts:
+        artifacts = part["artifacts"]
+        ids = artifacts.column("artifact_id")
+        if seen is not None:
+            artifacts = artifacts.filter(pc.invert(pc.is_in(ids, value_set=seen)))
+        seen = ids.combine_chunks() if seen is None else pa.concat_arrays([seen, ids.combine_chunks()])
+        kept.append(artifacts)
+    out["artifacts"] = pa.concat_tables(kept)
+    out["runs"] = out["runs"].sort_by([("started_at", "ascending"), ("run_id", "ascending")])
+    out["operations"] = out["operations"].sort_by(
+        [("run_id", "ascending"), ("created_seq", "ascending"), ("operation_id", "ascending")])
+    return out
