@@ -23,7 +23,9 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -33,7 +35,7 @@ from typing import Any
 from ._errors import BaselineNotFound, SuiteNotFound
 from ._result import ReplayResult, RunReplay, Summary
 from ._traces import BASELINE_COLUMNS, TraceSet, open_traces, table_files, write_partitions
-from ._worker import Job, SuiteRef, run_job
+from ._worker import Job, SuiteRef, run_job, warm
 
 #: Candidates per partition: a partition's rows (bodies included) are held
 #: in one worker's memory, so this bounds a worker's footprint.
@@ -41,6 +43,8 @@ PART_CANDIDATES = 20_000
 #: Below this many candidates the replay runs in the caller's process:
 #: starting worker interpreters would cost more than it saves.
 IN_PROCESS_BELOW = 5_000
+#: With several processes, at least this many partitions per process.
+PARTS_PER_PROCESS = 4
 
 SuiteLike = Any  # a bundled name, a YAML path, "pkg.mod:attr", or a validators.Suite
 
@@ -107,16 +111,20 @@ def replay_many(traces: str | os.PathLike[str], suites: Sequence[SuiteLike], *, 
     n = trace_set.candidates
     cores = os.cpu_count() or 1
     procs = workers if workers is not None else (1 if n < IN_PROCESS_BELOW else cores)
-    parts = max(procs, math.ceil(n / PART_CANDIDATES), 1)
+    # Several partitions per process, handed out one at a time: the caller's
+    # process starts at once while the spawned ones are still importing, and
+    # whichever is faster takes more.
+    parts = max(procs * PARTS_PER_PROCESS if procs > 1 else 1, math.ceil(n / PART_CANDIDATES), 1)
     if write_to is not None:
         replays.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".replay-work-", dir=replays if write_to is not None else None))
+    refs = tuple(ref for _, ref in loaded)
+    pool = _start_pool(procs - 1, refs, tuple(ids)) if procs > 1 else None
     try:
         write_partitions(trace_set, baseline_files, work, parts, threads=cores)
-        jobs = [Job(work, k, tuple(ref for _, ref in loaded), tuple(ids), tuple(outputs), True)
-                for k in range(parts)]
+        jobs = [Job(work, k, refs, tuple(ids), tuple(outputs), True) for k in range(parts)]
         per_suite: list[list[RunReplay]] = [[] for _ in loaded]
-        for partial in _run(jobs, procs):
+        for partial in _run(jobs, pool, procs - 1):
             for i, runs in enumerate(partial):
                 per_suite[i].extend(runs)
     except BaseException:
@@ -125,6 +133,8 @@ def replay_many(traces: str | os.PathLike[str], suites: Sequence[SuiteLike], *, 
                 shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(work, ignore_errors=True)
     seconds = time.perf_counter() - started
     results: dict[str, ReplayResult] = {}
@@ -139,17 +149,59 @@ def replay_many(traces: str | os.PathLike[str], suites: Sequence[SuiteLike], *, 
     return results
 
 
-def _run(jobs: Sequence[Job], procs: int) -> Iterable[list[list[RunReplay]]]:
-    if procs <= 1:
-        for job in jobs:
-            yield run_job(job)
-        return
+def _start_pool(size: int, refs: tuple[SuiteRef, ...], replay_ids: tuple[str, ...]) -> ProcessPoolExecutor:
+    """Spawned worker processes, started now so that their interpreters
+    import and load the suites while the traces are being partitioned."""
     import multiprocessing
 
     # spawn, not fork: the parent may hold DuckDB's and polars' thread pools,
     # which a forked child would inherit half-locked.
-    with ProcessPoolExecutor(max_workers=procs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        yield from pool.map(run_job, jobs)
+    pool = ProcessPoolExecutor(max_workers=size, mp_context=multiprocessing.get_context("spawn"))
+    for _ in range(size):
+        pool.submit(warm, refs, replay_ids)
+    return pool
+
+
+def _run(jobs: Sequence[Job], pool: ProcessPoolExecutor | None, remote: int) -> list[list[list[RunReplay]]]:
+    """Run every job: in this process, and on ``remote`` pool processes when
+    there is a pool. Each side takes the next partition when it is free."""
+    if pool is None:
+        return [run_job(job) for job in jobs]
+    pending = deque(jobs)
+    lock = threading.Lock()
+    results: list[list[list[RunReplay]]] = []
+    failures: list[BaseException] = []
+
+    def take() -> Job | None:
+        with lock:
+            return pending.popleft() if pending and not failures else None
+
+    def feed() -> None:
+        # One thread per pool process: it waits (without the GIL) while the
+        # process replays, so the pool is never left without work.
+        try:
+            while (job := take()) is not None:
+                results.append(pool.submit(run_job, job).result())
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the caller's thread
+            with lock:
+                failures.append(exc)
+
+    feeders = [threading.Thread(target=feed, daemon=True) for _ in range(remote)]
+    for t in feeders:
+        t.start()
+    try:
+        while (job := take()) is not None:
+            results.append(run_job(job))
+    except BaseException:
+        with lock:
+            pending.clear()
+        raise
+    finally:
+        for t in feeders:
+            t.join()
+    if failures:
+        raise failures[0]
+    return results
 
 
 def _summary(replay_id: str, suite: Any, baseline: str, runs: Sequence[RunReplay], seconds: float) -> Summary:

@@ -158,9 +158,39 @@ class _Partition:
                 for kind, to_state, step, attempt, payload in zip(kinds, states, steps, attempts, payloads)]
 
 
+#: Suites this process loaded for the replay under way: a process replays
+#: several partitions of one replay, and its suite files are read once. Keyed
+#: by the replay ids too, so a later replay reads a changed file afresh.
+_SUITES: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+
+def _loaded(ref: SuiteRef, replay_ids: tuple[str, ...]) -> Any:
+    if ref.ref is None:
+        return ref.load()
+    key = (ref.ref, replay_ids)
+    suite = _SUITES.get(key)
+    if suite is None:
+        if len(_SUITES) >= 8:
+            _SUITES.clear()
+        suite = _SUITES[key] = ref.load()
+    return suite
+
+
+def warm(suites: Sequence[SuiteRef], replay_ids: tuple[str, ...]) -> None:
+    """Import what a job needs and load its suites (a pool process's first
+    task, so that the imports overlap the partitioning)."""
+    import polars  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+
+    import loopledger.engine  # noqa: F401
+
+    for ref in suites:
+        _loaded(ref, replay_ids)
+
+
 def run_job(job: Job) -> list[list[RunReplay]]:
     """Replay one partition; return, per suite, the partition's run results."""
-    suites = [ref.load() for ref in job.suites]
+    suites = [_loaded(ref, job.replay_ids) for ref in job.suites]
     data = _Partition(job.work, job.part, job.has_baseline)
     decisions: list[list[tuple[Any, ...]]] = [[] for _ in suites]
     diffs: list[list[tuple[Any, ...]]] = [[] for _ in suites]
@@ -274,8 +304,28 @@ def _diagnose(steps: Mapping[str, list[Any]], suite: Any) -> list[Diagnosis]:
     detectors = suite.loop_detectors()
     if not steps["run_id"] or not detectors:
         return []
-    frame = detect_batch(pl.DataFrame(dict(steps), schema=step_schema()), detectors)
+    schema = step_schema()
+    frame = pl.DataFrame([_list_column(name, values) if isinstance(schema[name], pl.List)
+                          else pl.Series(name, values, schema[name]) for name, values in steps.items()])
+    frame = detect_batch(frame, detectors)
     return [Diagnosis(*row) for row in frame.iter_rows()]
+
+
+def _list_column(name: str, values: Sequence[Sequence[str]]) -> Any:
+    """A list-of-strings column from flat values and offsets: polars builds
+    a list column from Python lists one Series per row, ten times slower."""
+    import polars as pl
+    import pyarrow as pa
+
+    flat = [x for v in values for x in v]
+    offsets = [0]
+    total = 0
+    for v in values:
+        total += len(v)
+        offsets.append(total)
+    lists = pa.LargeListArray.from_arrays(pl.Series(offsets, dtype=pl.Int64).to_arrow(),
+                                          pl.Series(flat, dtype=pl.Utf8).to_arrow())
+    return pl.Series(name, pl.from_arrow(lists))
 
 
 # --- comparison -------------------------------------------------------------------
