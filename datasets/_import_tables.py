@@ -30,7 +30,7 @@ from loopledger.engine._records import FACT_COLUMNS, OPERATION_COLUMNS, SCHEMA_V
 from loopledger.engine._states import ALLOWED, INITIAL, TERMINAL
 from loopledger.engine._store import _check_commit_shape as check_commit_shape
 from loopledger.engine._store import _column_value as column_value
-from loopledger.engine._tables import TABLES
+from loopledger.engine._tables import TABLES, arrow_batch
 
 #: Column defaults of the journal's tables, for columns a commit leaves out.
 DEFAULTS: Mapping[str, Any] = {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0, "dispatch_count": 0}
@@ -174,8 +174,6 @@ class TraceRows:
         in the recorder's row order."""
         import pyarrow as pa
 
-        from loopledger.engine._tables import arrow_schema
-
         runs = sorted(self.runs.values(), key=lambda r: (r["started_at"], r["run_id"]))
         ops = sorted(self.operations.values(), key=lambda o: (o["run_id"], o["created_seq"], o["operation_id"]))
         rows: dict[str, list[tuple[Any, ...]]] = {
@@ -188,15 +186,8 @@ class TraceRows:
         }
         out = {}
         for name, table in TABLES.items():
-            schema = arrow_schema(name)
             columns = list(zip(*rows[name])) if rows[name] else [()] * len(table.columns)
-            arrays = []
-            for index, column in enumerate(table.columns):
-                if column.kind == "ts":
-                    arrays.append(pa.array(columns[index], pa.int64()).cast(schema.field(index).type))
-                else:
-                    arrays.append(pa.array(columns[index], schema.field(index).type))
-            out[name] = pa.Table.from_arrays(arrays, schema=schema)
+            out[name] = pa.Table.from_batches([arrow_batch(name, columns)])
         return out
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from ._clock import now_us
 from ._store import SQLRunStore
-from ._tables import TABLES, TraceTable, arrow_schema
+from ._tables import TABLES, TraceTable, arrow_batch, arrow_schema
 
 BATCH_ROWS = 20_000
 
@@ -73,21 +73,11 @@ def _durable_replace(tmp: Path, final: Path) -> None:
 
 def _batches(cursor: Any, table: TraceTable) -> Iterable[Any]:
     """Arrow record batches from a cursor, ``BATCH_ROWS`` at a time."""
-    import pyarrow as pa
-
-    schema = arrow_schema(table.name)
     while True:
         rows = cursor.fetchmany(BATCH_ROWS)
         if not rows:
             return
-        columns = list(zip(*rows))
-        arrays = []
-        for index, col in enumerate(table.columns):
-            if col.kind == "ts":
-                arrays.append(pa.array(columns[index], pa.int64()).cast(schema.field(index).type))
-            else:
-                arrays.append(pa.array(columns[index], schema.field(index).type))
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        yield arrow_batch(table.name, list(zip(*rows)))
 
 
 def _write_file(path: Path, table: TraceTable, batches: Iterable[Any]) -> int:

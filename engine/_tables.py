@@ -256,3 +256,19 @@ def arrow_schema(table: str) -> Any:
 
     spec = TABLES[table]
     return pa.schema([pa.field(c.name, arrow_type(c.kind)) for c in spec.columns])
+
+
+def arrow_batch(table: str, columns: Any) -> Any:
+    """A record batch of ``table`` from its columns as Python sequences, in
+    schema order (timestamps as microseconds since the epoch, as the
+    journal keeps them)."""
+    import pyarrow as pa
+
+    schema = arrow_schema(table)
+    arrays = []
+    for index, column in enumerate(TABLES[table].columns):
+        if column.kind == "ts":
+            arrays.append(pa.array(columns[index], pa.int64()).cast(schema.field(index).type))
+        else:
+            arrays.append(pa.array(columns[index], schema.field(index).type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
