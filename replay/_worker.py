@@ -31,6 +31,11 @@ from ._result import Diagnosis, Diff, Divergence, RunReplay
 _SEVERITY = {"accept": 0, "repair": 1, "ask": 2, "reject": 3}
 
 
+#: Verdict -> its string (a dict lookup is several times cheaper than the
+#: enum's ``.value`` on the per-decision path); filled by :func:`run_job`.
+_VALUE: dict[Any, str] = {}
+
+
 @dataclass(frozen=True)
 class SuiteRef:
     """A suite as a worker process can rebuild it: a reference that
@@ -190,6 +195,9 @@ def warm(suites: Sequence[SuiteRef], replay_ids: tuple[str, ...]) -> None:
 
 def run_job(job: Job) -> list[list[RunReplay]]:
     """Replay one partition; return, per suite, the partition's run results."""
+    from loopledger.validators import Verdict
+
+    _VALUE.update((v, v.value) for v in Verdict)
     suites = [_loaded(ref, job.replay_ids) for ref in job.suites]
     data = _Partition(job.work, job.part, job.has_baseline)
     decisions: list[list[tuple[Any, ...]]] = [[] for _ in suites]
@@ -373,15 +381,15 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
             suite_version = result.suite_version
             decision_rows.extend(
                 (replay_id, run_id, step, attempt, cid, d.validator, d.validator_version, suite_version,
-                 d.verdict.value, d.code, d.message, evidence_json(d.evidence))
+                 _VALUE[d.verdict], d.code, d.message, evidence_json(d.evidence))
                 for d in decisions)
         replayed = None
         # Labels are scored against the replay whether or not there is a baseline.
         for validator, label in by_candidate.get(cid, ()):
             if replayed is None:
                 replayed = {d.validator: d for d in decisions}
-            got = (_worst((d.verdict.value, d.code) for d in decisions)[0] if validator == ""
-                   else replayed[validator].verdict.value if validator in replayed else None)
+            got = (_worst((_VALUE[d.verdict], d.code) for d in decisions)[0] if validator == ""
+                   else _VALUE[replayed[validator].verdict] if validator in replayed else None)
             if got is not None:
                 labelled += 1
                 agreeing += got == label.expected_verdict
@@ -389,14 +397,14 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
             continue
         recorded = baseline.get(cid, _NONE)
         if len(recorded) == len(decisions) and all(
-                (old := recorded.get(d.validator)) is not None and old[0] == d.verdict.value and old[1] == d.code
+                (old := recorded.get(d.validator)) is not None and old[0] == _VALUE[d.verdict] and old[1] == d.code
                 for d in decisions):
             continue  # every decision as recorded (the common case): no diff, no candidate flip
         if replayed is None:
             replayed = {d.validator: d for d in decisions}
         for name in list(replayed) + [v for v in recorded if v not in replayed]:
             new, old = replayed.get(name), recorded.get(name)
-            new_vc = (new.verdict.value, new.code) if new is not None else (None, None)
+            new_vc = (_VALUE[new.verdict], new.code) if new is not None else (None, None)
             old_vc = (old[0], old[1]) if old is not None else (None, None)
             if new_vc == old_vc or _absent_accepts(new_vc, old_vc):
                 continue
@@ -406,7 +414,7 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
                                old[3] if old is not None else None))
         if recorded:
             old_worst = _worst((row[0], row[1]) for row in recorded.values())
-            new_worst = _worst((d.verdict.value, d.code) for d in decisions)
+            new_worst = _worst((_VALUE[d.verdict], d.code) for d in decisions)
             if old_worst[0] != new_worst[0]:
                 diffs.append(_diff(run_id, step, attempt, cid, "", old_worst, new_worst, labels.get((cid, "")),
                                    None, None, next(iter(recorded.values()))[3]))
