@@ -222,10 +222,29 @@ class Context(_Frozen):
 
     @cached_property
     def tool_index(self) -> dict[str, tuple[ToolSpec, ...]]:
-        index: dict[str, list[ToolSpec]] = {}
-        for spec in self.tools:
-            index.setdefault(spec.name, []).append(spec)
-        return {name: tuple(specs) for name, specs in index.items()}
+        return _tool_index(self.tools)
+
+
+#: Tool indexes by the identity of the (frozen) ToolSpec objects they index:
+#: the contexts of every run recorded with one registry snapshot share its
+#: parsed specs, so they share the index too. Each entry holds the specs it
+#: was built from, so an id is never reused while its entry exists.
+_INDEXES: dict[tuple[int, ...], tuple[tuple[ToolSpec, ...], dict[str, tuple[ToolSpec, ...]]]] = {}
+
+
+def _tool_index(tools: tuple[ToolSpec, ...]) -> dict[str, tuple[ToolSpec, ...]]:
+    key = tuple(map(id, tools))
+    hit = _INDEXES.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], tools)):
+        return hit[1]
+    index: dict[str, list[ToolSpec]] = {}
+    for spec in tools:
+        index.setdefault(spec.name, []).append(spec)
+    built = {name: tuple(specs) for name, specs in index.items()}
+    if len(_INDEXES) >= 256:
+        _INDEXES.clear()
+    _INDEXES[key] = (tuple(tools), built)
+    return built
 
 
 # --- canonical proposal ----------------------------------------------------
