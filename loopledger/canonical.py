@@ -16,6 +16,28 @@ machine:
 
 Anything else (sets, bytes, objects, non-string keys) is refused with
 :class:`CanonicalJSONError` rather than guessed at.
+
+Two writers, one output. The reference writer is the pure-Python one below.
+When ``orjson`` is installed, :func:`canonical_json` first tries it and
+keeps its text only when that text is provably the reference writer's:
+
+* orjson sorts keys by code point, writes no whitespace, escapes exactly the
+  characters ``json.encoder.encode_basestring`` escapes (checked for every
+  code point by the tests), and writes ints as Python does;
+* it refuses what the reference refuses except a few types: subclasses of
+  str, int, dict and list, dataclasses and datetimes are handed to a
+  ``default`` hook that refuses them too, so they take the reference path;
+* floats are the one difference of form: orjson writes ``1.0``, ``1e-05``
+  as ``1.0``, ``0.00001``. Its float text is the shortest round-trip one,
+  so every float token outside strings is parsed back to the exact same
+  float and rewritten by the reference rule;
+* what it accepts and the reference refuses (NaN and infinities, which it
+  writes as ``null``; enum members with no str or int mixin; UUIDs) does
+  not read back as an equal value, so the text is kept only when parsing it
+  gives a value equal to the input (a tuple reads back as a list, which is
+  not equal either: such values simply take the reference path).
+
+Anything else takes the reference path, which also makes every error.
 """
 
 from __future__ import annotations
@@ -24,6 +46,11 @@ import hashlib
 import json
 import math
 from typing import Any
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - a declared dependency; the reference writer suffices
+    orjson = None  # type: ignore[assignment]
 
 __all__ = ["Canonical", "CanonicalJSONError", "canonical_json", "canonical_bytes", "content_id", "loads"]
 
@@ -152,8 +179,91 @@ def _path_to(root: Any, culprit: Any, path: str = "$") -> str | None:
     return None
 
 
+#: Finding float tokens cheaply (``re`` scans a byte at a time, several
+#: times slower than these C loops): with digits and signs deleted, ``,`` and
+#: ``[`` read as ``:`` and exponents as ``.``, every float token where a value
+#: starts leaves ``:.``. Inside strings the same can happen, which only sends
+#: the text through the exact rewrite.
+_HINT_TABLE = bytes.maketrans(b",[eE", b"::..")
+_HINT_DELETE = b"0123456789-+"
+#: In text that holds no strings, every digit belongs to a number token: read
+#: digits and signs as ``0``, ``.`` and exponents as ``.``, anything else as a
+#: space, and a float token is a run of ``0`` and ``.`` holding ``0.``
+#: (``true`` and ``false`` end in `` .``, after a space).
+_TOKEN_TABLE = bytes(
+    ord("0") if chr(b) in "0123456789-+" else ord(".") if chr(b) in ".eE" else ord(" ") for b in range(256)
+)
+if orjson is not None:
+    _FAST_OPTIONS = (orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS
+                     | orjson.OPT_PASSTHROUGH_DATETIME)
+    _fast_dumps = orjson.dumps
+    _fast_loads = orjson.loads
+_FastError = (TypeError, ValueError)  # orjson.JSONEncodeError is a TypeError
+
+
+def _refuse_in_fast_path(value: Any) -> Any:
+    raise TypeError("left to the reference writer")
+
+
+def _rewrite_floats(data: bytes) -> bytes:
+    """orjson's text with every float token outside strings written by the
+    reference rule (orjson's float text reads back as the exact float)."""
+    # Escaped backslashes and quotes are masked (same length; orjson never
+    # writes a raw control character), so every quote left delimits a
+    # string: the even pieces between quotes are what lies outside strings.
+    masked = data.replace(b"\\\\", b"\x00\x00").replace(b'\\"', b"\x01\x01")
+    pieces = masked.split(b'"')
+    outside = b'"'.join(pieces[0::2])
+    shape = outside.translate(_TOKEN_TABLE)
+    found = shape.find(b"0.")
+    if found < 0:
+        return data
+    out: list[bytes] = []
+    done = 0
+    while found >= 0:
+        start = shape.rfind(b" ", 0, found) + 1
+        end = shape.find(b" ", found)
+        if end < 0:
+            end = len(shape)
+        out.append(outside[done:start])
+        out.append(_number(float(outside[start:end])).encode("ascii"))
+        done = end
+        found = shape.find(b"0.", end)
+    out.append(outside[done:])
+    pieces[0::2] = b"".join(out).split(b'"')
+    return b'"'.join(pieces).replace(b"\x01\x01", b'\\"').replace(b"\x00\x00", b"\\\\")
+
+
+def _fast(value: Any) -> str | None:
+    """orjson's text when it is exactly the reference writer's, else None."""
+    try:
+        data = _fast_dumps(value, default=_refuse_in_fast_path, option=_FAST_OPTIONS)
+    except _FastError:
+        return None
+    if b":." in data.translate(_HINT_TABLE, _HINT_DELETE):
+        data = _rewrite_floats(data)
+    try:
+        if _fast_loads(data) != value:
+            return None
+    except _FastError:  # pragma: no cover - orjson reads what it writes
+        return None
+    return data.decode("utf-8")
+
+
 def canonical_json(value: Any) -> str:
     """Return the canonical JSON text of ``value``."""
+    kind = type(value)
+    if (kind is dict or kind is list) and orjson is not None:
+        if not value:
+            return "{}" if kind is dict else "[]"
+        text = _fast(value)
+        if text is not None:
+            return text
+    return _reference(value)
+
+
+def _reference(value: Any) -> str:
+    """The reference writer: the definition of the canonical form."""
     out: list[str] = []
     try:
         _write(value, out)

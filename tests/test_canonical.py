@@ -279,3 +279,74 @@ def test_loads_refuses_non_numbers(text: str) -> None:
 def test_loads_reads_any_json_text() -> None:
     assert loads('{ "b" : [1, 2.5], "a": "é" }') == {"a": "é", "b": [1, 2.5]}
     assert loads(b'{"a":1}') == {"a": 1}
+
+
+# -- the fast writer (orjson) must give exactly the reference writer's text ------------
+
+from loopledger import canonical as canonical_module  # noqa: E402
+
+# Strings full of what a float token is made of, to tempt the float rewrite
+# into strings.
+tricky_text = st.text(alphabet=':,[]{}."\\-+eE0123456789 \n\x00é', max_size=12)
+tricky_values = st.recursive(
+    scalars | tricky_text | st.floats(allow_nan=False, allow_infinity=False, width=32),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text(max_size=6) | tricky_text, children, max_size=5),
+    max_leaves=30,
+)
+
+
+def _both(value: Any) -> tuple[str | None, str]:
+    return canonical_module._fast(value), canonical_module._reference(value)
+
+
+@pytest.mark.skipif(canonical_module.orjson is None, reason="orjson is not installed")
+@settings(derandomize=True, deadline=None, max_examples=600)
+@given(st.lists(tricky_values, max_size=3) | st.dictionaries(tricky_text, tricky_values, max_size=4))
+def test_the_fast_writer_gives_the_reference_text_or_nothing(value: Any) -> None:
+    fast, reference = _both(value)
+    assert fast is None or fast == reference
+    assert canonical_json(value) == reference
+
+
+@pytest.mark.skipif(canonical_module.orjson is None, reason="orjson is not installed")
+def test_the_fast_writer_escapes_every_code_point_as_the_reference_does() -> None:
+    for start in range(0, 0x110000, 0x800):
+        chars = [chr(c) for c in range(start, start + 0x800) if not 0xD800 <= c <= 0xDFFF]
+        if chars:
+            fast, reference = _both(chars)
+            assert fast == reference
+
+
+@pytest.mark.skipif(canonical_module.orjson is None, reason="orjson is not installed")
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": 1.0, "b": [-0.0, 1e16, 1e300, 1e-05, 1.5e-07, 5e-324, 0.1, 2.5, -3.0]},
+        {"s": 'x:1.5,[2e5 "1.0" \\", 3.0'},
+        [{"": 1.0}, "", 0.5, {"x": ""}],
+        {"n": [9223372036854775807, -9223372036854775808, 18446744073709551615]},
+    ],
+)
+def test_the_fast_writer_handles_floats_and_strings_that_look_like_them(value: Any) -> None:
+    fast, reference = _both(value)
+    assert fast == reference
+
+
+class _Plain(enum.Enum):
+    ONE = 1
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ({"a": [float("nan")]}, "$.a[0]"),
+        ([_Plain.ONE], "$[0]"),
+        ({"u": __import__("uuid").UUID(int=1)}, "$.u"),
+        ({"d": __import__("datetime").date(2020, 1, 1)}, "$.d"),
+    ],
+)
+def test_what_the_fast_writer_would_accept_is_still_refused(value: Any, path: str) -> None:
+    with pytest.raises(CanonicalJSONError) as caught:
+        canonical_json(value)
+    assert caught.value.path == path
