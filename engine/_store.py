@@ -24,6 +24,7 @@ the work inside it.
 from __future__ import annotations
 
 import threading
+from operator import itemgetter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -71,6 +72,16 @@ _RUN_SELECT = (
     "SELECT " + ", ".join("s.spec_json" if f == "spec_json" else f"r.{f}" for f in RUN_FIELDS)
     + " FROM runs r JOIN run_specs s ON s.run_id = r.run_id"
 )
+
+#: Per fact table: its columns as a set, a getter of all of them in order,
+#: and the positions of the columns stored as canonical JSON.
+_FACT_SETS = {table: frozenset(columns) for table, columns in FACT_COLUMNS.items()}
+_FACT_GETTERS = {table: itemgetter(*columns) for table, columns in FACT_COLUMNS.items()}
+_FACT_JSON_AT = {table: tuple(i for i, c in enumerate(columns) if c.endswith("_json"))
+                 for table, columns in FACT_COLUMNS.items()}
+_OPERATION_SET = frozenset(OPERATION_COLUMNS)
+_OPERATION_REQUIRED = frozenset(
+    {"operation_id", "idempotency_key", "tool", "canonical_args_json", "policy_decision", "status", "step"})
 
 #: Runs whose head a store remembers (see ``SQLRunStore._remember_head``).
 MAX_HEADS = 100_000
@@ -559,13 +570,37 @@ class SQLRunStore:
         for table, rows in facts.items():
             # Rows that supply the same columns go in one executemany; omitted
             # columns take the table's defaults instead of an explicit NULL.
+            # The common case, a row with every column (only known ones pass
+            # _check_commit_shape), is read with one C-level getter.
+            columns = FACT_COLUMNS[table]
+            width = len(columns)
+            getter = _FACT_GETTERS[table]
+            json_at = _FACT_JSON_AT[table]
+            full: list[tuple[Any, ...]] = []
             batches: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
             for row in rows:
-                columns = tuple(c for c in FACT_COLUMNS[table] if c in row)
-                batches.setdefault(columns, []).append(
-                    (run_id, *(_column_value(row, c) for c in columns), seq, SCHEMA_VERSION))
-            for columns, values in batches.items():
-                conn.executemany(self._fact_sql(table, columns), values)
+                if len(row) == width:
+                    values = getter(row)
+                    for index in json_at:
+                        value = values[index]
+                        if value is not None and not isinstance(value, str):
+                            values = values[:index] + (canonical_json(value),) + values[index + 1:]
+                    full.append((run_id, *values, seq, SCHEMA_VERSION))
+                    continue
+                present = tuple(c for c in columns if c in row)
+                batches.setdefault(present, []).append(
+                    (run_id, *(_column_value(row, c) for c in present), seq, SCHEMA_VERSION))
+            if full:
+                self._executemany(conn, self._fact_sql(table, columns), full)
+            for present, values in batches.items():
+                self._executemany(conn, self._fact_sql(table, present), values)
+
+    @staticmethod
+    def _executemany(conn: Any, statement: str, rows: list[tuple[Any, ...]]) -> None:
+        if len(rows) == 1:
+            conn.execute(statement, rows[0])
+        else:
+            conn.executemany(statement, rows)
 
     def _fact_sql(self, table: str, columns: tuple[str, ...]) -> str:
         key = (table, columns)
@@ -583,14 +618,10 @@ class SQLRunStore:
         new: Sequence[Mapping[str, Any]], updates: Sequence[Mapping[str, Any]],
     ) -> None:
         for op in new:
-            columns = [c for c in OPERATION_COLUMNS if c in op]  # omitted: the table's default
-            insert = (
-                f"INSERT INTO operations (run_id, {', '.join(columns)}, created_seq, updated_seq,"
-                f" schema_version) VALUES ({', '.join('?' for _ in range(len(columns) + 4))})"
-                " ON CONFLICT DO NOTHING"
-            )
+            columns = tuple(c for c in OPERATION_COLUMNS if c in op)  # omitted: the table's default
+            insert = self._operation_insert_sql(columns)
             values = tuple(_column_value(op, c) for c in columns)
-            cursor = self._q(conn, insert, (run_id, *values, seq, seq, SCHEMA_VERSION))
+            cursor = conn.execute(insert, (run_id, *values, seq, seq, SCHEMA_VERSION))
             if cursor.rowcount == 1:
                 continue
             # Idempotency keys are primary keys: recording the same operation
@@ -609,14 +640,34 @@ class SQLRunStore:
                 raise OperationConflict(run_id, op["idempotency_key"], "recorded with different content")
         for update in updates:
             fields = {k: v for k, v in update.items() if k != "operation_id"}
-            assignments = ", ".join(f"{name} = ?" for name in fields)
-            cursor = self._q(
-                conn,
-                f"UPDATE operations SET {assignments}, updated_seq = ? WHERE operation_id = ? AND run_id = ?",
+            cursor = conn.execute(
+                self._operation_update_sql(tuple(fields)),
                 (*fields.values(), seq, update["operation_id"], run_id),
             )
             if cursor.rowcount != 1:
                 raise OperationConflict(run_id, update["operation_id"], "no such operation in this run")
+
+    def _operation_insert_sql(self, columns: tuple[str, ...]) -> str:
+        key = ("operations", columns)
+        sql = self._update_cache.get(key)
+        if sql is None:
+            sql = self._sql(
+                f"INSERT INTO operations (run_id, {', '.join(columns)}, created_seq, updated_seq,"
+                f" schema_version) VALUES ({', '.join('?' for _ in range(len(columns) + 4))})"
+                " ON CONFLICT DO NOTHING"
+            )
+            self._update_cache[key] = sql
+        return sql
+
+    def _operation_update_sql(self, fields: tuple[str, ...]) -> str:
+        key = ("operation_update", fields)
+        sql = self._update_cache.get(key)
+        if sql is None:
+            assignments = ", ".join(f"{name} = ?" for name in fields)
+            sql = self._sql(
+                f"UPDATE operations SET {assignments}, updated_seq = ? WHERE operation_id = ? AND run_id = ?")
+            self._update_cache[key] = sql
+        return sql
 
     def close(self) -> None:
         with self._lock:
@@ -697,21 +748,22 @@ def _check_commit_shape(c: Commit) -> None:
     if not (c.facts or c.new_operations or c.operation_updates or c.counters or c.set_fields):
         return
     for table, rows in c.facts.items():
-        if table not in FACT_COLUMNS:
+        known = _FACT_SETS.get(table)
+        if known is None:
             raise ValueError(f"unknown fact table {table!r}")
         for row in rows:
-            unknown = set(row) - set(FACT_COLUMNS[table])
-            if unknown:
-                raise ValueError(f"{table}: unknown columns {sorted(unknown)}")
+            if not row.keys() <= known:
+                raise ValueError(f"{table}: unknown columns {sorted(set(row) - known)}")
     for op in c.new_operations:
-        unknown = set(op) - set(OPERATION_COLUMNS)
-        missing = {"operation_id", "idempotency_key", "tool", "canonical_args_json", "policy_decision", "status", "step"} - set(op)
-        if unknown or missing:
+        keys = op.keys()
+        if not (keys <= _OPERATION_SET and keys >= _OPERATION_REQUIRED):
+            unknown = set(op) - _OPERATION_SET
+            missing = _OPERATION_REQUIRED - set(op)
             raise ValueError(f"operation: unknown {sorted(unknown)}, missing {sorted(missing)}")
     for update in c.operation_updates:
         if "operation_id" not in update or not set(update) - {"operation_id"} <= OPERATION_MUTABLE:
             raise ValueError(f"operation update may change only {sorted(OPERATION_MUTABLE)}")
-    if not set(c.counters) <= RUN_COUNTERS:
+    if not c.counters.keys() <= RUN_COUNTERS:
         raise ValueError(f"unknown run counters {sorted(set(c.counters) - RUN_COUNTERS)}")
-    if not set(c.set_fields) <= RUN_SETTABLE:
+    if not c.set_fields.keys() <= RUN_SETTABLE:
         raise ValueError(f"run fields that a commit may not set: {sorted(set(c.set_fields) - RUN_SETTABLE)}")
