@@ -148,19 +148,33 @@ class _Partition:
             dict(zip(bodies["artifact_id"].to_list(), bodies["body"].to_list())) if bodies is not None else {}
         )
 
-    def events(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's events in seq order, payloads parsed (except the kinds
-        the run view does not read)."""
+    def events(self, run_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The run's events in seq order up to its last validated candidate,
+        payloads parsed (except the kinds the run view does not read), and
+        the payloads of all its ``step_closed`` events. Events after the last
+        candidate entered VALIDATING cannot change a decision: they are not
+        folded, and their payloads are parsed only for the step table."""
         span = self.event_spans.get(run_id)
         if span is None:
-            return []
+            return [], []
         start, end = span
         kinds, states, steps, attempts, payloads = (c[start:end] for c in self.event_columns)
+        last = -1
+        for i in range(len(kinds) - 1, -1, -1):
+            if kinds[i] == "transition" and states[i] == "VALIDATING":
+                last = i
+                break
         loads = json.loads
         unread = _UNREAD_PAYLOADS
-        return [{"kind": kind, "to_state": to_state, "step": step, "attempt": attempt,
-                 "payload": loads(payload) if payload and kind not in unread else {}}
-                for kind, to_state, step, attempt, payload in zip(kinds, states, steps, attempts, payloads)]
+        folded = [{"kind": kind, "to_state": to_state, "step": step, "attempt": attempt,
+                   "payload": loads(payload) if payload and kind not in unread else {}}
+                  for kind, to_state, step, attempt, payload in zip(kinds[:last + 1], states[:last + 1],
+                                                                    steps[:last + 1], attempts[:last + 1],
+                                                                    payloads[:last + 1])]
+        closed = [e["payload"] for e in folded if e["kind"] == "step_closed"]
+        closed += [loads(payload) for kind, payload in zip(kinds[last + 1:], payloads[last + 1:])
+                   if kind == "step_closed"]
+        return folded, closed
 
 
 #: Suites this process loaded for the replay under way: a process replays
@@ -206,8 +220,8 @@ def run_job(job: Job) -> list[list[RunReplay]]:
     steps: dict[str, list[Any]] = {name: [] for name in _STEP_FIELDS}
     for run in data.runs:
         run_id = run["run_id"]
-        events = data.events(run_id)
-        _step_columns(events, steps)
+        events, closed = data.events(run_id)
+        _step_columns(closed, steps)
         try:
             evaluated = _evaluate_run(run, events, data.bodies, suites)
             error = None
@@ -287,20 +301,18 @@ def _reader(bodies: Mapping[str, str]) -> Any:
 _STEP_FIELDS = ("run_id", "step", "states", "calls", "errors", "new_evidence", "completed_operations", "candidates")
 
 
-def _step_columns(events: Sequence[Mapping[str, Any]], columns: dict[str, list[Any]]) -> None:
+def _step_columns(closed: Sequence[Mapping[str, Any]], columns: dict[str, list[Any]]) -> None:
     """Append the run's recorded step records (``step_closed`` payloads) to
     the step table's columns."""
-    for e in events:
-        if e["kind"] == "step_closed":
-            p = e["payload"]
-            columns["run_id"].append(p["run_id"])
-            columns["step"].append(int(p["step"]))
-            columns["states"].append(list(p["states"]))
-            columns["calls"].append(list(p["calls"]))
-            columns["errors"].append(list(p["errors"]))
-            columns["new_evidence"].append(int(p["new_evidence"]))
-            columns["completed_operations"].append(int(p["completed_operations"]))
-            columns["candidates"].append(p.get("candidates"))
+    for p in closed:
+        columns["run_id"].append(p["run_id"])
+        columns["step"].append(int(p["step"]))
+        columns["states"].append(list(p["states"]))
+        columns["calls"].append(list(p["calls"]))
+        columns["errors"].append(list(p["errors"]))
+        columns["new_evidence"].append(int(p["new_evidence"]))
+        columns["completed_operations"].append(int(p["completed_operations"]))
+        columns["candidates"].append(p.get("candidates"))
 
 
 def _diagnose(steps: Mapping[str, list[Any]], suite: Any) -> list[Diagnosis]:
