@@ -24,6 +24,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from loopledger.canonical import Canonical
 
 from ._import_model import (
@@ -46,7 +48,11 @@ def read_json(path: Path) -> Any:
             head = handle.read(2)
         opener = gzip.open if head == b"\x1f\x8b" else open
         with opener(path, "rb") as handle:
-            return json.load(handle)
+            data = handle.read()
+        try:
+            return orjson.loads(data)  # twice as fast as json
+        except orjson.JSONDecodeError:
+            return json.loads(data)  # what orjson refuses and json reads (integers beyond 64 bits), or json's message
     except (OSError, EOFError) as exc:
         # A truncated gzip stream raises EOFError; a missing file OSError.
         raise ImportInputError(str(path), None, f"cannot read: {exc}") from None
