@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from loopledger.canonical import canonical_json
 
 from ._errors import RunTraceError
@@ -29,6 +31,15 @@ from ._labels import Label, classify, effective, scenario_labels
 from ._result import Diagnosis, Diff, Divergence, RunReplay
 
 _SEVERITY = {"accept": 0, "repair": 1, "ask": 2, "reject": 3}
+
+
+def _loads(text: str) -> Any:
+    """Parse a recorded JSON text: orjson (about twice as fast as json), and
+    json for what orjson refuses (integers beyond 64 bits)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 #: Verdict -> its string (a dict lookup is several times cheaper than the
@@ -164,7 +175,7 @@ class _Partition:
             if kinds[i] == "transition" and states[i] == "VALIDATING":
                 last = i
                 break
-        loads = json.loads
+        loads = _loads
         unread = _UNREAD_PAYLOADS
         folded = [{"kind": kind, "to_state": to_state, "step": step, "attempt": attempt,
                    "payload": loads(payload) if payload and kind not in unread else {}}
@@ -277,8 +288,8 @@ def _evaluate_run(run: Mapping[str, Any], events: Sequence[Mapping[str, Any]], b
             if context_text is None:
                 raise RunTraceError(run["run_id"], f"context artifact {context_id or '(none)'} is not in the traces")
             # Attempts of one step share their context: parse it once.
-            context = contexts[context_id] = json.loads(context_text)
-        inp = decision_input(view, json.loads(candidate_text), context, candidate_id, artifact=artifact)
+            context = contexts[context_id] = _loads(context_text)
+        inp = decision_input(view, _loads(candidate_text), context, candidate_id, artifact=artifact)
         out.append(((view.step, view.attempt, candidate_id), [s.evaluate(inp) for s in suites]))
     return out
 
@@ -291,7 +302,7 @@ def _reader(bodies: Mapping[str, str]) -> Any:
         text = bodies.get(artifact_id)
         if text is None:
             raise RunTraceError("", f"artifact {artifact_id} is not in the traces")
-        return json.loads(text)
+        return _loads(text)
 
     return read
 
