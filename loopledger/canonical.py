@@ -180,18 +180,16 @@ def _path_to(root: Any, culprit: Any, path: str = "$") -> str | None:
 
 
 #: Finding float tokens cheaply (``re`` scans a byte at a time, several
-#: times slower than these C loops): with digits and signs deleted, ``,`` and
-#: ``[`` read as ``:`` and exponents as ``.``, every float token where a value
-#: starts leaves ``:.``. Inside strings the same can happen, which only sends
-#: the text through the exact rewrite.
-_HINT_TABLE = bytes.maketrans(b",[eE", b"::..")
-_HINT_DELETE = b"0123456789-+"
-#: In text that holds no strings, every digit belongs to a number token: read
-#: digits and signs as ``0``, ``.`` and exponents as ``.``, anything else as a
-#: space, and a float token is a run of ``0`` and ``.`` holding ``0.``
-#: (``true`` and ``false`` end in `` .``, after a space).
+#: times slower than these C loops), in ``data`` read through this table:
+#: digits as ``0``, signs as ``+``, ``.`` as itself, exponents as ``e``,
+#: anything else as a space. orjson writes a float with a fraction
+#: (``0.0``) or a signed exponent (``0e+0``, ``0e-0``), so every float token
+#: is a run between spaces holding ``0.`` or ``0e+``; outside strings nothing
+#: else does. One inside a string (``"v1.2"``) is told apart by the parity of
+#: the quotes before it.
 _TOKEN_TABLE = bytes(
-    ord("0") if chr(b) in "0123456789-+" else ord(".") if chr(b) in ".eE" else ord(" ") for b in range(256)
+    ord("0") if chr(b) in "0123456789" else ord("+") if chr(b) in "+-" else ord(".") if chr(b) == "."
+    else ord("e") if chr(b) in "eE" else ord(" ") for b in range(256)
 )
 if orjson is not None:
     _FAST_OPTIONS = (orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS
@@ -205,33 +203,44 @@ def _refuse_in_fast_path(value: Any) -> Any:
     raise TypeError("left to the reference writer")
 
 
-def _rewrite_floats(data: bytes) -> bytes:
+def _next_float(shape: bytes, at: int) -> int:
+    """Where the next float token may be, from ``at``; -1 if nowhere."""
+    dot = shape.find(b"0.", at)
+    exponent = shape.find(b"0e+", at, dot if dot >= 0 else len(shape))
+    return exponent if exponent >= 0 else dot
+
+
+def _rewrite_floats(data: bytes, shape: bytes, found: int) -> bytes:
     """orjson's text with every float token outside strings written by the
-    reference rule (orjson's float text reads back as the exact float)."""
-    # Escaped backslashes and quotes are masked (same length; orjson never
-    # writes a raw control character), so every quote left delimits a
-    # string: the even pieces between quotes are what lies outside strings.
-    masked = data.replace(b"\\\\", b"\x00\x00").replace(b'\\"', b"\x01\x01")
-    pieces = masked.split(b'"')
-    outside = b'"'.join(pieces[0::2])
-    shape = outside.translate(_TOKEN_TABLE)
-    found = shape.find(b"0.")
-    if found < 0:
-        return data
+    reference rule (orjson's float text reads back as the exact float).
+    ``shape`` is ``data`` read through ``_TOKEN_TABLE``; ``found``, the first
+    possible float token in it."""
+    # Escaped backslashes and quotes are masked (same length), so every quote
+    # left delimits a string.
+    masked = data.replace(b"\\\\", b"  ").replace(b'\\"', b"  ") if b"\\" in data else data
     out: list[bytes] = []
-    done = 0
+    done = counted = inside = 0
     while found >= 0:
         start = shape.rfind(b" ", 0, found) + 1
+        inside ^= masked.count(b'"', counted, start) & 1
+        counted = start
+        if inside:
+            # In a string: go on after its closing quote.
+            counted = masked.find(b'"', start) + 1
+            inside = 0
+            found = _next_float(shape, counted)
+            continue
         end = shape.find(b" ", found)
         if end < 0:
             end = len(shape)
-        out.append(outside[done:start])
-        out.append(_number(float(outside[start:end])).encode("ascii"))
+        out.append(data[done:start])
+        out.append(_number(float(data[start:end])).encode("ascii"))
         done = end
-        found = shape.find(b"0.", end)
-    out.append(outside[done:])
-    pieces[0::2] = b"".join(out).split(b'"')
-    return b'"'.join(pieces).replace(b"\x01\x01", b'\\"').replace(b"\x00\x00", b"\\\\")
+        found = _next_float(shape, end)
+    if not out:
+        return data
+    out.append(data[done:])
+    return b"".join(out)
 
 
 def _fast(value: Any) -> str | None:
@@ -240,8 +249,10 @@ def _fast(value: Any) -> str | None:
         data = _fast_dumps(value, default=_refuse_in_fast_path, option=_FAST_OPTIONS)
     except _FastError:
         return None
-    if b":." in data.translate(_HINT_TABLE, _HINT_DELETE):
-        data = _rewrite_floats(data)
+    shape = data.translate(_TOKEN_TABLE)
+    found = _next_float(shape, 0)
+    if found >= 0:
+        data = _rewrite_floats(data, shape, found)
     try:
         if _fast_loads(data) != value:
             return None

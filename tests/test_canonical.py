@@ -333,6 +333,19 @@ def test_the_fast_writer_handles_floats_and_strings_that_look_like_them(value: A
     assert fast == reference
 
 
+@pytest.mark.skipif(canonical_module.orjson is None, reason="orjson is not installed")
+@settings(derandomize=True, deadline=None, max_examples=2000)
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_orjson_writes_every_float_as_the_fast_writer_expects(value: float) -> None:
+    """The fast writer finds float tokens by a fraction or a signed exponent."""
+    import re
+
+    text = canonical_module.orjson.dumps(value).decode()
+    assert re.fullmatch(r"-?[0-9]+(\.[0-9]+)?(e[+-][0-9]+)?", text)
+    assert "." in text or "e+" in text or "e-" in text
+    assert canonical_module._fast([value]) == canonical_module._reference([value])
+
+
 class _Plain(enum.Enum):
     ONE = 1
 
