@@ -191,6 +191,13 @@ _TOKEN_TABLE = bytes(
     ord("0") if chr(b) in "0123456789" else ord("+") if chr(b) in "+-" else ord(".") if chr(b) == "."
     else ord("e") if chr(b) in "eE" else ord(" ") for b in range(256)
 )
+#: A quick first look: with digits and signs deleted, ``,`` and ``[`` read as
+#: ``:`` and exponents as ``.``, a float token where a value starts (after
+#: ``:``, ``,`` or ``[``) leaves ``:.``; a text without one holds no float.
+_HINT_TABLE = bytes.maketrans(b",[eE", b"::..")
+_HINT_DELETE = b"0123456789+-"
+#: What precedes a value in orjson's text.
+_VALUE_START = frozenset(b":,[")
 if orjson is not None:
     _FAST_OPTIONS = (orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS
                      | orjson.OPT_PASSTHROUGH_DATETIME)
@@ -222,10 +229,14 @@ def _rewrite_floats(data: bytes, shape: bytes, found: int) -> bytes:
     done = counted = inside = 0
     while found >= 0:
         start = shape.rfind(b" ", 0, found) + 1
-        inside ^= masked.count(b'"', counted, start) & 1
-        counted = start
+        # Outside strings a number starts a value, after ":", "," or "[".
+        if data[start - 1] in _VALUE_START:
+            inside ^= masked.count(b'"', counted, start) & 1
+            counted = start
+        else:
+            inside = 1
         if inside:
-            # In a string: go on after its closing quote.
+            # In a string ("v1.2"): go on after its closing quote.
             counted = masked.find(b'"', start) + 1
             inside = 0
             found = _next_float(shape, counted)
@@ -249,10 +260,11 @@ def _fast(value: Any) -> str | None:
         data = _fast_dumps(value, default=_refuse_in_fast_path, option=_FAST_OPTIONS)
     except _FastError:
         return None
-    shape = data.translate(_TOKEN_TABLE)
-    found = _next_float(shape, 0)
-    if found >= 0:
-        data = _rewrite_floats(data, shape, found)
+    if b":." in data.translate(_HINT_TABLE, _HINT_DELETE):
+        shape = data.translate(_TOKEN_TABLE)
+        found = _next_float(shape, 0)
+        if found >= 0:
+            data = _rewrite_floats(data, shape, found)
     try:
         if _fast_loads(data) != value:
             return None
