@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loopledger.canonical import loads
 from loopledger.validators import Context, DecisionInput, Suite, Verdict
 
 from . import _faults
@@ -102,6 +103,9 @@ class Controller(PeopleMixin):
     ) -> None:
         self.secret = secret
         self._contexts: OrderedDict[str, tuple[dict[str, Any], Context | None]] = OrderedDict()
+        #: Candidates just recorded, read back from their canonical text
+        #: (exactly what the journal returns) by the validation that follows.
+        self._candidates: OrderedDict[str, Any] = OrderedDict()
         self._cache_lock = threading.Lock()
         self.store = store
         self.backend = backend
@@ -121,6 +125,9 @@ class Controller(PeopleMixin):
 
     def load(self, run_id: str) -> RunView:
         """Rebuild the view of a run from its journal."""
+        return self._load(run_id)[0]
+
+    def _load(self, run_id: str) -> tuple[RunView, RunRecord]:
         record = self.store.get_run(run_id)
         view = RunView.from_record(record)
         for event in self.store.events(run_id):
@@ -136,7 +143,7 @@ class Controller(PeopleMixin):
             "tokens_out": record.tokens_out,
             "cost_usd": record.cost_usd,
         }
-        return view
+        return view, record
 
     def _commit(self, view: RunView, commit: Commit) -> None:
         result = self.store.commit(commit)
@@ -144,7 +151,7 @@ class Controller(PeopleMixin):
         step = view.step if commit.step is None else commit.step
         attempt = view.attempt if commit.attempt is None else commit.attempt
         if commit.to_state is not None:
-            view.apply("transition", commit.to_state.value, step, attempt, dict(commit.payload))
+            view.apply("transition", commit.to_state._value_, step, attempt, dict(commit.payload))
         for event in commit.events:
             view.apply(event.kind, None, step, attempt, dict(event.payload))
         view.step, view.attempt = step, attempt
@@ -158,8 +165,8 @@ class Controller(PeopleMixin):
 
     def drive(self, run_id: str) -> RunView:
         """Advance the run until it is terminal or waits for something outside."""
-        view = self.load(run_id)
-        config = self.config_for(self.store.get_run(run_id))
+        view, record = self._load(run_id)
+        config = self.config_for(record)
         while view.state not in TERMINAL:
             try:
                 if view.cancel_requested and view.state is not State.FINALIZING:
@@ -332,6 +339,10 @@ class Controller(PeopleMixin):
                                                        "items": collected.items}),),
         }
         if collected.trusted:
+            with self._cache_lock:
+                self._candidates[candidate.artifact_id] = loads(candidate.canonical)
+                while len(self._candidates) > CONTEXT_CACHE:
+                    self._candidates.popitem(last=False)
             self._move(view, State.VALIDATING, payload={"candidate_id": candidate.artifact_id}, **common)
         elif collected.finish_reason == "content_filter":
             self._move(view, State.FINALIZING, payload={"status": "POLICY_STOPPED", "reason": "policy",
@@ -382,7 +393,11 @@ class Controller(PeopleMixin):
 
     def decision_input(self, view: RunView) -> DecisionInput:
         body, parsed = self._context(view.context_id)
-        return decision_input(view, self.store.get_artifact(view.candidate_id), parsed or body)
+        with self._cache_lock:
+            candidate = self._candidates.pop(view.candidate_id, None)
+        if candidate is None:
+            candidate = self.store.get_artifact(view.candidate_id)
+        return decision_input(view, candidate, parsed or body)
 
     # Context artifacts are immutable, so what this process built (or read)
     # once can be reused by id: a step's model call and its validation do

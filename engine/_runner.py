@@ -19,6 +19,7 @@ import heapq
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -50,9 +51,31 @@ def _suite(name: str) -> Suite:
     return load_suite(name)
 
 
+#: Scenarios parsed from run specs, by the spec's canonical JSON: runs of the
+#: same scenario share it (a Scenario is frozen); each gets its own source.
+_SCENARIOS: OrderedDict[str, Scenario] = OrderedDict()
+_SCENARIOS_LOCK = threading.Lock()
+SCENARIO_CACHE = 256
+
+
+def scenario_of(record: RunRecord) -> Scenario:
+    """The run's scenario, parsed from its frozen spec."""
+    source = f"run {record.run_id}"
+    with _SCENARIOS_LOCK:
+        parsed = _SCENARIOS.get(record.spec_json)
+    if parsed is None:
+        parsed = parse_scenario(record.spec, source=source)
+        with _SCENARIOS_LOCK:
+            _SCENARIOS[record.spec_json] = parsed
+            while len(_SCENARIOS) > SCENARIO_CACHE:
+                _SCENARIOS.popitem(last=False)
+        return parsed
+    return parsed.model_copy(update={"source": source})
+
+
 def config_for(record: RunRecord) -> RunConfig:
     """Rebuild a run's configuration from its frozen spec."""
-    scenario = parse_scenario(record.spec, source=f"run {record.run_id}")
+    scenario = scenario_of(record)
     return RunConfig(
         scenario=scenario,
         suite=_suite(scenario.suite),
@@ -198,7 +221,7 @@ class Runner:
                 self.tokens[run_id] = view.new_token
             if view.state is not State.WAITING_USER or not self.auto_reply:
                 return view
-            script = parse_scenario(self.store.get_run(run_id).spec, source=f"run {run_id}").user
+            script = scenario_of(self.store.get_run(run_id)).user
             if view.replies >= len(script) or run_id not in self.tokens:
                 return view
             entry = script[view.replies]

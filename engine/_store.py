@@ -83,6 +83,14 @@ _OPERATION_SET = frozenset(OPERATION_COLUMNS)
 _OPERATION_REQUIRED = frozenset(
     {"operation_id", "idempotency_key", "tool", "canonical_args_json", "policy_decision", "status", "step"})
 
+#: The transition table and the terminal states by state name: the hot path
+#: looks states up by their (cached-hash) string, not by the enum member.
+_ALLOWED_NAMES = {source._value_: frozenset(t._value_ for t in targets) for source, targets in ALLOWED.items()}
+_TERMINAL_NAMES = frozenset(s._value_ for s in TERMINAL)
+
+#: Refusals that ``_commit_txn`` raises only before its first write.
+_REFUSED_BEFORE_WRITING = (StaleStateVersion, TransitionNotAllowed, UnknownRun)
+
 #: Runs whose head a store remembers (see ``SQLRunStore._remember_head``).
 MAX_HEADS = 100_000
 EVENT_FIELDS = tuple(EventRecord.__dataclass_fields__)
@@ -397,67 +405,72 @@ class SQLRunStore:
         return result
 
     def _commit_txn(self, conn: Any, c: Commit) -> tuple[CommitResult, TerminalAlreadySet | None]:
-        head = self._heads.get(c.run_id)
+        run_id = c.run_id
+        head = self._heads.get(run_id)
         remembered = head is not None and head[0] == c.expected_version
         if not remembered:
-            head = self._read_head(conn, c.run_id)
+            head = self._read_head(conn, run_id)
         version, state, last_seq, step, attempt = head
         now = now_us()
-        if state in TERMINAL:
+        source = state._value_
+        if source in _TERMINAL_NAMES:
             return self._late_txn(conn, c, state, version, last_seq, step, attempt, now)
         if c.expected_version != version:
-            raise StaleStateVersion(c.run_id, c.expected_version, version)
+            raise StaleStateVersion(run_id, c.expected_version, version)
         target = c.to_state
-        if target is not None and target not in ALLOWED[state]:
-            raise TransitionNotAllowed(c.run_id, state.value, target.value)
+        if target is not None and target._value_ not in _ALLOWED_NAMES[source]:
+            raise TransitionNotAllowed(run_id, source, target._value_)
         final = target or state
+        final_name = final._value_
         new_version = version + 1
         new_step = step if c.step is None else c.step
         new_attempt = attempt if c.attempt is None else c.attempt
-        seq = last_seq + (target is not None) + len(c.events)
+        events = c.events
+        seq = last_seq + (target is not None) + len(events)
 
         # The compare-and-set comes first: when the head this store
         # remembered is stale (another process moved the run), nothing has
         # been written yet, and the run is read for the precise refusal.
-        terminal = final in TERMINAL
-        params: list[Any] = [final.value, new_version, seq, new_step, new_attempt, now]
-        params += c.counters.values()
-        params += (_column_value(c.set_fields, name) for name in c.set_fields)
+        terminal = final_name in _TERMINAL_NAMES
+        params: list[Any] = [final_name, new_version, seq, new_step, new_attempt, now]
+        counters, set_fields = c.counters, c.set_fields
+        if counters:
+            params += counters.values()
+        if set_fields:
+            params += (_column_value(set_fields, name) for name in set_fields)
         if terminal:
             params.append(now)
-        params += (c.run_id, version)
-        updated = conn.execute(self._update_run_sql(tuple(c.counters), tuple(c.set_fields), terminal), params)
+        params += (run_id, version)
+        updated = conn.execute(self._update_run_sql(tuple(counters), tuple(set_fields), terminal), params)
         if updated.rowcount != 1:
             if remembered:
-                self._heads.pop(c.run_id, None)
+                self._heads.pop(run_id, None)
                 return self._commit_txn(conn, c)
             # Read under the write lock a moment ago: cannot happen; refuse loudly.
-            raise StaleStateVersion(c.run_id, c.expected_version, -1)
+            raise StaleStateVersion(run_id, c.expected_version, -1)
 
         seq = last_seq
-        insert_event = self._stmt["insert_event"]
+        rows = []
         if target is not None:
             seq += 1
-            conn.execute(
-                insert_event,
-                (c.run_id, seq, now, "transition", state.value, target.value, new_step, new_attempt,
-                 new_version, canonical_json(c.payload), SCHEMA_VERSION),
-            )
-        for event in c.events:
+            rows.append((run_id, seq, now, "transition", source, final_name, new_step, new_attempt,
+                         new_version, canonical_json(c.payload), SCHEMA_VERSION))
+        for event in events:
             seq += 1
-            conn.execute(
-                insert_event,
-                (c.run_id, seq, now, event.kind, final.value, None, new_step, new_attempt,
-                 new_version, canonical_json(event.payload), SCHEMA_VERSION),
-            )
+            rows.append((run_id, seq, now, event.kind, final_name, None, new_step, new_attempt,
+                         new_version, canonical_json(event.payload), SCHEMA_VERSION))
+        self._executemany(conn, self._stmt["insert_event"], rows)
         if c.artifacts:
-            self._store_artifacts(conn, c.run_id, seq, now, c.artifacts)
+            self._store_artifacts(conn, run_id, seq, now, c.artifacts)
         if c.facts:
-            self._insert_facts(conn, c.run_id, seq, c.facts)
+            self._insert_facts(conn, run_id, seq, c.facts)
         if c.new_operations or c.operation_updates:
-            self._write_operations(conn, c.run_id, seq, c.new_operations, c.operation_updates)
-        self._remember_head(c.run_id, (new_version, final, seq, new_step, new_attempt))
-        return CommitResult(c.run_id, final, new_version, last_seq + 1, seq), None
+            self._write_operations(conn, run_id, seq, c.new_operations, c.operation_updates)
+        if terminal:
+            self._heads.pop(run_id, None)
+        else:
+            self._remember_head(run_id, (new_version, final, seq, new_step, new_attempt))
+        return CommitResult(run_id, final, new_version, last_seq + 1, seq), None
 
     def _read_head(self, conn: Any, run_id: str) -> tuple[int, State, int, int, int]:
         row = conn.execute(self._stmt["lock_run"], (run_id,)).fetchone()
@@ -470,30 +483,32 @@ class SQLRunStore:
     def _remember_head(self, run_id: str, head: tuple[int, State, int, int, int]) -> None:
         """What this store last saw of a run: it spares the read before a
         commit. Never trusted alone: the commit's compare-and-set checks it."""
-        if head[1] in TERMINAL:
+        if head[1]._value_ in _TERMINAL_NAMES:
             self._heads.pop(run_id, None)
             return
-        if len(self._heads) >= MAX_HEADS:
+        if run_id not in self._heads and len(self._heads) >= MAX_HEADS:
             self._heads.pop(next(iter(self._heads)))
         self._heads[run_id] = head
 
     def _apply_group(self, slots: list[_Slot]) -> None:
-        """Apply many runs' commits in one transaction, one fsync: each in
-        its own savepoint, so a refused commit (a lost compare-and-set) is
-        undone alone and the others stand."""
+        """Apply many runs' commits in one transaction, one fsync. A refused
+        commit (a lost compare-and-set) must be undone alone and the others
+        stand: a commit refused before it wrote anything (the common refusals:
+        a stale state version, a move not allowed, an unknown run) needs no
+        undoing, so the commits are first applied without savepoints; when one
+        fails after it began writing, the transaction is rolled back and the
+        group applied again, each commit in its own savepoint."""
         with self._lock:
             conn = self._conn
             self._begin_write(conn)
             try:
-                for slot in slots:
-                    conn.execute("SAVEPOINT one_commit")
-                    try:
-                        slot.result, slot.late = self._commit_txn(conn, slot.commit)
-                    except Exception as exc:  # noqa: BLE001 - handed to the caller that owns it
-                        conn.execute("ROLLBACK TO one_commit")
+                if not self._apply_slots(conn, slots):
+                    conn.execute("ROLLBACK")
+                    for slot in slots:
+                        slot.result = slot.late = slot.error = None
                         self._heads.pop(slot.commit.run_id, None)
-                        slot.error = exc
-                    conn.execute("RELEASE one_commit")
+                    self._begin_write(conn)
+                    self._apply_slots_in_savepoints(conn, slots)
             except BaseException:
                 conn.execute("ROLLBACK")
                 self._heads.clear()
@@ -502,6 +517,30 @@ class SQLRunStore:
         for slot in slots:
             if slot.error is None:
                 _faults.after_commit()
+
+    def _apply_slots(self, conn: Any, slots: list[_Slot]) -> bool:
+        """Apply each slot's commit; False when one failed after it may have
+        written (the transaction then holds a partial commit)."""
+        for slot in slots:
+            try:
+                slot.result, slot.late = self._commit_txn(conn, slot.commit)
+            except _REFUSED_BEFORE_WRITING as exc:
+                self._heads.pop(slot.commit.run_id, None)
+                slot.error = exc
+            except Exception:  # noqa: BLE001 - redone in savepoints, where it is handed to its caller
+                return False
+        return True
+
+    def _apply_slots_in_savepoints(self, conn: Any, slots: list[_Slot]) -> None:
+        for slot in slots:
+            conn.execute("SAVEPOINT one_commit")
+            try:
+                slot.result, slot.late = self._commit_txn(conn, slot.commit)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller that owns it
+                conn.execute("ROLLBACK TO one_commit")
+                self._heads.pop(slot.commit.run_id, None)
+                slot.error = exc
+            conn.execute("RELEASE one_commit")
 
     def _update_run_sql(self, counters: tuple[str, ...], fields: tuple[str, ...], terminal: bool) -> str:
         key = (counters, fields, terminal)
@@ -683,48 +722,64 @@ class _Slot:
     late: TerminalAlreadySet | None = None
     error: BaseException | None = None
     done: bool = False
+    #: Held while its caller waits; released once, when the commit is done
+    #: or when the caller is handed the lead.
+    wake: Any = None
 
 
 class _GroupCommitter:
-    """Leader/follower group commit. The first caller to find no transaction
-    in progress becomes the leader and applies every commit queued so far;
-    the others wait for their slot to be done. No thread of its own."""
+    """Leader/follower group commit. The first caller to find no group in
+    progress leads: it applies every commit queued so far in one
+    transaction, then hands the lead to the first caller that queued
+    meanwhile, if any. Each waiting caller sleeps on a lock of its own and
+    is woken once: when its commit is done (durable), or when it is handed
+    the lead. No thread of its own."""
 
     def __init__(self, store: SQLRunStore) -> None:
         self.store = store
-        self._cond = threading.Condition()
+        self._mutex = threading.Lock()
         self._queue: list[_Slot] = []
         self._leading = False
 
     def submit(self, commit: Commit) -> CommitResult:
         slot = _Slot(commit)
-        with self._cond:
+        wake = slot.wake = threading.Lock()
+        wake.acquire()
+        with self._mutex:
             self._queue.append(slot)
-            while not slot.done:
-                if self._leading:
-                    self._cond.wait()
-                    continue
-                self._leading = True
-                batch, self._queue = self._queue, []
-                self._cond.release()
-                try:
-                    self.store._apply_group(batch)
-                except BaseException as exc:
-                    for other in batch:
-                        other.error = other.error or exc
-                    raise
-                finally:
-                    self._cond.acquire()
-                    for other in batch:
-                        other.done = True
-                    self._leading = False
-                    self._cond.notify_all()
+            lead = not self._leading
+            self._leading = True
+        if not lead:
+            wake.acquire()
+        if not slot.done:
+            self._lead(slot)
         if slot.error is not None:
             raise slot.error
         if slot.late is not None:
             raise slot.late
         assert slot.result is not None
         return slot.result
+
+    def _lead(self, mine: _Slot) -> None:
+        with self._mutex:
+            batch, self._queue = self._queue, []
+        try:
+            self.store._apply_group(batch)
+        except BaseException as exc:
+            for other in batch:
+                other.error = other.error or exc
+        finally:
+            for other in batch:
+                other.done = True
+            with self._mutex:
+                successor = self._queue[0] if self._queue else None
+                if successor is None:
+                    self._leading = False
+            for other in batch:
+                if other is not mine:
+                    other.wake.release()
+            if successor is not None:
+                successor.wake.release()
 
 
 def _column_value(row: Mapping[str, Any], column: str) -> Any:

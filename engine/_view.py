@@ -38,6 +38,10 @@ TERMINAL_OUTCOMES = frozenset(
 )
 
 
+#: States by name, for folding (a dict lookup instead of an enum call).
+_STATES: dict[str, State] = {state._value_: state for state in State}
+
+
 @dataclass
 class OpView:
     """An operation as the controller knows it."""
@@ -144,7 +148,7 @@ class RunView:
     def apply(self, kind: str, to_state: str | None, step: int, attempt: int, payload: dict[str, Any]) -> None:
         """Fold one event. The same function serves live commits and resume."""
         if kind == "transition" and to_state is not None:
-            self._transition(State(to_state), step, attempt, payload)
+            self._transition(_STATES.get(to_state) or State(to_state), step, attempt, payload)
         elif kind == "operation_result":
             self._operation_result(payload)
         elif kind == "operation_dispatched":
@@ -183,7 +187,7 @@ class RunView:
         source = self.state
         self.state = target
         if source is State.READY and target is State.MODEL_RUNNING:
-            self.step_states = [State.READY.value]
+            self.step_states = [State.READY._value_]
             self.step_errors = []
             self.step_evidence_before = len(self.evidence)
             self.step_completed = 0
@@ -193,7 +197,7 @@ class RunView:
         if target is State.MODEL_RUNNING:
             self.attempts_in_step += 1
         self.step, self.attempt = step, attempt
-        self.step_states.append(target.value)
+        self.step_states.append(target._value_)
         if target is State.TOOL_RUNNING and "operations" in payload:
             for op in payload["operations"]:
                 self.ops[op["operation_id"]] = OpView(**op)

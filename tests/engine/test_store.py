@@ -629,3 +629,84 @@ def test_a_batch_is_one_transaction_all_or_nothing(store: Any) -> None:
     assert store.get_run("b1").state is State.FINALIZING, "the rolled-back batch left nothing behind"
     # After the rollback the store commits from what the journal says.
     assert store.commit(Commit("b1", 3, State.SUCCEEDED)).state is State.SUCCEEDED
+
+
+def test_a_group_commit_undoes_a_refused_commit_alone(store: Any, runs: Runs, raw: Any) -> None:
+    """Commits of several runs applied as one group (one transaction): a
+    commit refused before it writes (stale version, move not allowed) and one
+    refused after it began writing (an operation conflict, found after its
+    events and facts went in) are each undone alone; the others stand."""
+    from loopledger.engine._store import _Slot
+
+    for run_id in ("a", "b", "c", "d", "e"):
+        runs.new(run_id)
+        runs.drive_to(run_id, S.VALIDATING)
+    runs.move("e", S.TOOL_RUNNING, new_operations=(operation("taken"),))
+    versions = {run_id: store.get_run(run_id).state_version for run_id in "abcde"}
+    before = {run_id: (store.events(run_id), store.facts("validations", run_id)) for run_id in "bcd"}
+    slots = [
+        _Slot(Commit("a", versions["a"], S.TOOL_RUNNING, facts={"validations": (validation(1, 1),)},
+                     new_operations=(operation("fresh"),))),
+        _Slot(Commit("b", versions["b"] - 1, S.TOOL_RUNNING)),  # stale
+        _Slot(Commit("c", versions["c"], S.SUCCEEDED)),  # not allowed from VALIDATING
+        _Slot(Commit("d", versions["d"], S.TOOL_RUNNING, events=(NewEvent("e"),),
+                     facts={"validations": (validation(1, 1),)},
+                     new_operations=(operation("taken", call_id="other"),))),  # conflicts with run e
+        _Slot(Commit("e", versions["e"], S.READY, events=(NewEvent("e"),))),
+    ]
+    store._apply_group(slots)
+    assert [type(slot.error) for slot in slots] == [
+        type(None), StaleStateVersion, TransitionNotAllowed, OperationConflict, type(None)]
+    assert store.get_run("a").state is S.TOOL_RUNNING and store.get_run("e").state is S.READY
+    assert [op["operation_id"] for op in store.operations("a")] == ["op-fresh"]
+    assert len(store.facts("validations", "a")) == 1
+    for run_id in "bcd":
+        assert store.get_run(run_id).state_version == versions[run_id]
+        assert (store.events(run_id), store.facts("validations", run_id)) == before[run_id]
+    # What the store remembers of each run agrees with the journal.
+    assert store.commit(Commit("d", versions["d"], S.TOOL_RUNNING)).state is S.TOOL_RUNNING
+    assert store.commit(Commit("a", versions["a"] + 1, S.READY)).state is S.READY
+
+
+def test_group_commit_from_many_threads_returns_each_caller_its_own_durable_commit(store: Any, runs: Runs) -> None:
+    """Threads committing at once share transactions (group commit); each
+    call returns its own result once its commit is in, and a refused one
+    (a stale version) raises in its own caller only."""
+    import threading
+
+    threads_n, moves = 16, 20
+    for n in range(threads_n):
+        runs.new(f"g{n}")
+    store.group_commit = True
+    errors: list[BaseException] = []
+    stale: list[str] = []
+
+    def work(run_id: str) -> None:
+        try:
+            version = store.get_run(run_id).state_version
+            for attempt in range(1, moves + 1):
+                # READY -> MODEL_RUNNING, then the next attempt each time.
+                result = store.commit(Commit(run_id, version, S.MODEL_RUNNING, attempt=attempt,
+                                             events=(NewEvent("e"),)))
+                assert (result.run_id, result.state, result.state_version) == (run_id, S.MODEL_RUNNING, version + 1)
+                assert store.get_run(run_id).state_version == result.state_version  # already in
+                try:
+                    store.commit(Commit(run_id, version, S.FINALIZING))
+                except StaleStateVersion:
+                    stale.append(run_id)
+                version = result.state_version
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(f"g{n}",)) for n in range(threads_n)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    store.group_commit = False
+    assert errors == []
+    assert len(stale) == threads_n * moves
+    for n in range(threads_n):
+        run = store.get_run(f"g{n}")
+        assert run.state_version == 1 + moves
+        assert [e.seq for e in store.events(f"g{n}")] == list(range(1, run.last_seq + 1))
