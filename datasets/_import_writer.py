@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loopledger.canonical import Canonical, content_id
+from loopledger.canonical import canonical_json, content_id
 from loopledger.engine import Artifact, Commit, NewEvent, NewRun, RunView, State, decision_input
 from loopledger.engine._results import reduce_result
 
@@ -193,28 +193,26 @@ class RunWriter:
                 item["raw_arguments"] = call.raw_arguments
             items.append(item)
         finish = "tool_calls" if msg.tool_calls else "stop"
-        # The items go into the candidate, its row and its event: serialised once.
-        shared = Canonical(items)
-        body = {"items": shared, "finish_reason": finish, "context_id": context.artifact_id, "step": number,
+        body = {"items": items, "finish_reason": finish, "context_id": context.artifact_id, "step": number,
                 "attempt": 1, "prompt_version": self.prompt_version, "model_route": conv.model}
         candidate = Artifact("candidate", body)
         cid = candidate.artifact_id
         row = {"step": number, "attempt": 1, "candidate_id": cid, "context_artifact_id": context.artifact_id,
-               "finish_reason": finish, "items_json": shared.text, "prompt_version": self.prompt_version,
+               "finish_reason": finish, "items_json": canonical_json(items), "prompt_version": self.prompt_version,
                "model_route": conv.model, "tokens_in": msg.tokens_in, "tokens_out": msg.tokens_out,
                "cost_usd": msg.cost_usd}
         self._commit(State.VALIDATING, payload={"candidate_id": cid}, artifacts=(candidate,),
                      facts={"candidates": (row,)},
                      counters={"model_attempts": 1, "tokens_in": msg.tokens_in, "tokens_out": msg.tokens_out,
                                "cost_usd": msg.cost_usd},
-                     events=(NewEvent("candidate_recorded", {"candidate_id": cid, "items": shared}),))
+                     events=(NewEvent("candidate_recorded", {"candidate_id": cid, "items": items}),))
         self.stats["candidates"] += 1
         self.last_candidate = (number, cid)
-        recorded = self._decide({**body, "items": items}, context.body, cid)
+        recorded = self._decide(body, context.body, cid)
         if msg.tool_calls:
             self._tools(number, step, recorded, last)
         elif last:
-            final = Artifact("final", {"items": shared, "candidate_id": cid})
+            final = Artifact("final", {"items": items, "candidate_id": cid})
             self._finalize(recorded, artifacts=(final,), extra={"final_id": final.artifact_id},
                            tail=step.after)
         elif any(m.role == "user" for m in step.after):

@@ -276,15 +276,19 @@ class Recorder:
                  for p in self.table_dir(name).glob(f"{IMPORT_PREFIX}*.parquet")]
         number = max(taken, default=0) + 1
         file_name = f"{IMPORT_PREFIX}{number:08d}.parquet"
-        written: dict[str, int] = {}
-        for name, table in TABLES.items():
-            rows = tables.get(name)
-            if rows is None or rows.num_rows == 0:
-                continue
+        from concurrent.futures import ThreadPoolExecutor
+
+        def write(name: str) -> int:
             tmp = self.table_dir(name) / (file_name + ".tmp")
-            written[name] = _write_file(tmp, table, rows.to_batches(max_chunksize=BATCH_ROWS))
+            rows = _write_file(tmp, TABLES[name], tables[name].to_batches(max_chunksize=BATCH_ROWS))
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
+            return rows
+
+        names = [name for name in TABLES if name in tables and tables[name].num_rows]
+        # Compression and fsync release the GIL: the tables are written side by side.
+        with ThreadPoolExecutor(min(len(names), os.cpu_count() or 1) or 1) as pool:
+            written = dict(zip(names, pool.map(write, names)))
         if not written:
             return {}
         manifest = self.traces / f".{IMPORT_PREFIX}{number:08d}.json"
