@@ -58,9 +58,13 @@ from ._records import (
 )
 from ._states import ALLOWED, INITIAL, TERMINAL, State
 
+_EVENTS_INSERT = ("INSERT INTO events (run_id, seq, ts, kind, from_state, to_state, step, attempt,"
+                  " state_version, payload_json, schema_version)")
+_EVENT_WIDTH = 11
+#: Rows per multi-row INSERT statement (well within SQLite's parameter limit).
+ROWS_PER_INSERT = 50
 _STATEMENTS = {
-    "insert_event": "INSERT INTO events (run_id, seq, ts, kind, from_state, to_state, step, attempt,"
-    " state_version, payload_json, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "insert_event": _EVENTS_INSERT + " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "insert_artifact": "INSERT INTO artifacts (artifact_id, kind, created_at, size_bytes, body,"
     " first_run_id, first_seq, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (artifact_id) DO NOTHING",
@@ -459,7 +463,7 @@ class SQLRunStore:
             seq += 1
             rows.append((run_id, seq, now, event.kind, final_name, None, new_step, new_attempt,
                          new_version, canonical_json(event.payload), SCHEMA_VERSION))
-        self._executemany(conn, self._stmt["insert_event"], rows)
+        self._insert_rows(conn, _EVENTS_INSERT, _EVENT_WIDTH, rows)
         if c.artifacts:
             self._store_artifacts(conn, run_id, seq, now, c.artifacts)
         if c.facts:
@@ -630,25 +634,30 @@ class SQLRunStore:
                 batches.setdefault(present, []).append(
                     (run_id, *(_column_value(row, c) for c in present), seq, SCHEMA_VERSION))
             if full:
-                self._executemany(conn, self._fact_sql(table, columns), full)
+                self._insert_rows(conn, self._fact_insert(table, columns), width + 3, full)
             for present, values in batches.items():
-                self._executemany(conn, self._fact_sql(table, present), values)
+                self._insert_rows(conn, self._fact_insert(table, present), len(present) + 3, values)
 
-    @staticmethod
-    def _executemany(conn: Any, statement: str, rows: list[tuple[Any, ...]]) -> None:
-        if len(rows) == 1:
-            conn.execute(statement, rows[0])
-        else:
-            conn.executemany(statement, rows)
+    def _insert_rows(self, conn: Any, insert: str, width: int, rows: list[tuple[Any, ...]]) -> None:
+        """``rows`` as one multi-row INSERT (per ``ROWS_PER_INSERT``): one
+        statement to run instead of one per row, and what SQLite sets up
+        once per statement (the IN list of a CHECK, as on
+        ``validations.verdict``) is set up once."""
+        for start in range(0, len(rows), ROWS_PER_INSERT):
+            chunk = rows[start:start + ROWS_PER_INSERT]
+            key = (insert, len(chunk))
+            sql = self._update_cache.get(key)
+            if sql is None:
+                one = "(" + ", ".join("?" * width) + ")"
+                sql = self._sql(f"{insert} VALUES {', '.join([one] * len(chunk))}")
+                self._update_cache[key] = sql
+            conn.execute(sql, chunk[0] if len(chunk) == 1 else [v for row in chunk for v in row])
 
-    def _fact_sql(self, table: str, columns: tuple[str, ...]) -> str:
+    def _fact_insert(self, table: str, columns: tuple[str, ...]) -> str:
         key = (table, columns)
         sql = self._update_cache.get(key)
         if sql is None:
-            sql = self._sql(
-                f"INSERT INTO {table} (run_id, {', '.join(columns)}, seq, schema_version)"
-                f" VALUES ({', '.join('?' for _ in range(len(columns) + 3))})"
-            )
+            sql = f"INSERT INTO {table} (run_id, {', '.join(columns)}, seq, schema_version)"
             self._update_cache[key] = sql
         return sql
 

@@ -710,3 +710,23 @@ def test_group_commit_from_many_threads_returns_each_caller_its_own_durable_comm
         run = store.get_run(f"g{n}")
         assert run.state_version == 1 + moves
         assert [e.seq for e in store.events(f"g{n}")] == list(range(1, run.last_seq + 1))
+
+
+def test_many_fact_rows_in_one_commit_keep_their_order(store: Any, runs: Runs) -> None:
+    """Rows go in as multi-row INSERTs, some statements' worth of them: all
+    are recorded, in order, and rows that omit a column still get its default."""
+    runs.new("r")
+    runs.drive_to("r", S.VALIDATING)
+    rows = tuple({**validation(1, 1), "validator": f"v{n:03d}", "code": f"c{n}"} for n in range(123))
+    sparse = tuple({k: v for k, v in candidate(1, n).items() if k not in ("tokens_in", "cost_usd")}
+                   for n in range(1, 4))
+    runs.move("r", S.READY, facts={"validations": rows, "candidates": sparse},
+              events=tuple(NewEvent(f"e{n}") for n in range(60)))
+    recorded = store.facts("validations", "r")
+    assert [row["validator"] for row in recorded] == [f"v{n:03d}" for n in range(123)]
+    assert len({row["seq"] for row in recorded}) == 1
+    assert [(row["attempt"], row["tokens_in"], row["cost_usd"]) for row in store.facts("candidates", "r")] == [
+        (1, 0, 0.0), (2, 0, 0.0), (3, 0, 0.0)]
+    events = store.events("r")
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.kind for e in events[-60:]] == [f"e{n}" for n in range(60)]
