@@ -1,9 +1,9 @@
 """import_real: importing the external traces (tau-bench and tau2) into a
-fresh home, journal and Parquet export included.
+fresh home, reading, checking and the published Parquet trace tables included.
 
-Value: seconds of ``import_traces`` for every file (786 runs; ``--quick``:
-the first 3 tau2 files).
-Baseline, same run: ``json.load`` of the same files (gunzip included).
+Value: seconds of ``import_traces`` for every file into a fresh home (786
+runs; ``--quick``: the first 3 tau2 files), best of 3 interleaved rounds.
+Baseline, same rounds: ``json.load`` of the same files (gunzip included), best of 3.
 Goal: ratio <= 10, and under 10 s in all. Module imports are paid before
 either is timed (pyarrow's own lazy import of pandas included). The data: ``$LOOPLEDGER_EXTERNAL_DATA``, else
 ``shared/datasets/external`` found by walking up from the repository.
@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import quick_flag, report  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+ROUNDS = 3
 
 
 def external() -> Path:
@@ -63,15 +64,19 @@ def main() -> None:
 
     groups = files(external(), quick_flag())
     runs = bare(groups)  # warm the page cache for both sides
-    start = time.perf_counter()
-    bare(groups)
-    baseline = time.perf_counter() - start
-    with tempfile.TemporaryDirectory() as tmp:
+    values, baselines = [], []
+    for _ in range(ROUNDS):  # interleaved rounds, best of each: both are short and the machine is shared
         start = time.perf_counter()
-        imported = 0
-        for fmt, paths in groups.items():
-            imported += import_traces(fmt, paths, home=tmp).runs
-        value = time.perf_counter() - start
+        bare(groups)
+        baselines.append(time.perf_counter() - start)
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            imported = 0
+            for fmt, paths in groups.items():
+                imported += import_traces(fmt, paths, home=tmp).runs
+            values.append(time.perf_counter() - start)
+        assert imported == runs, (imported, runs)
+    value, baseline = min(values), min(baselines)
     assert imported == runs, (imported, runs)
     report("import_real", value=value, unit="s", baseline=baseline, goal=10.0, n=runs,
            under_10s=value < 10.0, runs_per_s=round(runs / value, 1))

@@ -1,15 +1,15 @@
-"""``import_traces``: read every file, then turn them into trace-table rows,
-then publish those.
+"""``import_traces``: read and check every file, turn its runs into
+trace-table rows, then publish those.
 
-Every file is read and checked whole before anything is written, so a bad
-file (another format, a truncated file, an unknown role) stops the import
-with nothing recorded. Then every run becomes rows of the trace tables
-(:mod:`._import_tables`: imported runs are over, so they go straight to the
-tables rather than through the journal), and the recorder publishes them as
-one segment per table: the whole import lands, or none of it. Runs already
-in the trace tables or the journal (same source, file name and source id:
-the run id is derived from them) are skipped, so importing a file twice adds
-nothing.
+A bad file (another format, a truncated file, an unknown role) stops the
+import with nothing recorded: rows are only published once every file has
+been read and checked and every run written. Every run becomes rows of the
+trace tables (:mod:`._import_tables`: imported runs are over, so they go
+straight to the tables rather than through the journal), and the recorder
+publishes them as one segment per table: the whole import lands, or none of
+it. Runs already in the trace tables or the journal (same source, file name
+and source id: the run id is derived from them) are skipped, so importing a
+file twice adds nothing.
 """
 
 from __future__ import annotations
@@ -63,25 +63,35 @@ class ImportResult:
         return sum(f.skipped for f in self.files)
 
 
-def read_conversations(fmt: str, paths: Iterable[str | os.PathLike[str]],
-                       tools: str | os.PathLike[str] | None = None) -> list[tuple[Path, list[Conversation]]]:
-    """Read and check every file; raise :class:`ImportInputError` on the first bad one."""
+def _sources(fmt: str, paths: Iterable[str | os.PathLike[str]],
+             tools: str | os.PathLike[str] | None) -> tuple[str, Reader, list[Path], Path | None]:
+    """The format's reader, the files to read and the ``--tools`` file, checked."""
     if fmt not in FORMATS:
         raise ImportInputError("FORMAT", None, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     reader, patterns = FORMATS[fmt]
     tools_path = Path(tools) if tools is not None else None
     if tools_path is not None and not tools_path.is_file():
         raise ImportInputError(str(tools_path), None, "--tools: no such file")
-    out = []
-    for path in expand([Path(p) for p in paths], patterns):
-        conversations = reader(path, tools_path)
-        if not conversations and fmt != "toolbench":  # toolbench: see read_toolbench
-            raise ImportInputError(str(path), None, f"no runs in this file; is it {fmt}?")
-        for conv in conversations:
-            if not any(m.role == "assistant" for m in conv.messages):
-                raise ImportInputError(str(path), conv.record, "no assistant message: nothing the agent decided")
-        out.append((path, conversations))
-    return out
+    return fmt, reader, list(expand([Path(p) for p in paths], patterns)), tools_path
+
+
+def _read_file(source: tuple[str, Reader, list[Path], Path | None], path: Path) -> list[Conversation]:
+    """One file's conversations, checked; :class:`ImportInputError` if it is bad."""
+    fmt, reader, _, tools_path = source
+    conversations = reader(path, tools_path)
+    if not conversations and fmt != "toolbench":  # toolbench: see read_toolbench
+        raise ImportInputError(str(path), None, f"no runs in this file; is it {fmt}?")
+    for conv in conversations:
+        if not any(m.role == "assistant" for m in conv.messages):
+            raise ImportInputError(str(path), conv.record, "no assistant message: nothing the agent decided")
+    return conversations
+
+
+def read_conversations(fmt: str, paths: Iterable[str | os.PathLike[str]],
+                       tools: str | os.PathLike[str] | None = None) -> list[tuple[Path, list[Conversation]]]:
+    """Read and check every file; raise :class:`ImportInputError` on the first bad one."""
+    source = _sources(fmt, paths, tools)
+    return [(path, _read_file(source, path)) for path in source[2]]
 
 
 def import_traces(fmt: str, paths: Sequence[str | os.PathLike[str]], *, home: str | os.PathLike[str] | None = None,
@@ -95,7 +105,7 @@ def import_traces(fmt: str, paths: Sequence[str | os.PathLike[str]], *, home: st
     from loopledger.engine import Home, Recorder
     from loopledger.validators import Suite, SuiteError, load_suite
 
-    files = read_conversations(fmt, paths, tools)
+    source = _sources(fmt, paths, tools)
     suite = None
     if decide is not None:
         try:
@@ -107,16 +117,8 @@ def import_traces(fmt: str, paths: Sequence[str | os.PathLike[str]], *, home: st
     result = ImportResult()
 
     def build(known: Callable[[str, str], set[Any]]) -> dict[str, Any]:
-        existing = known("runs", "run_id") | store.existing_runs(c.run_id for _, convs in files for c in convs)
-        plan = []
-        for path, conversations in files:
-            todo = []
-            for conv in conversations:
-                if conv.run_id not in existing:
-                    existing.add(conv.run_id)  # a run repeated (in a file or across files) is imported once
-                    todo.append(conv)
-            plan.append((path, len(conversations), todo))
-        files_written, tables = _write_all(plan, suite, known("artifacts", "artifact_id"))
+        job = _Job(source, suite, known("runs", "run_id") | store.run_ids(), known("artifacts", "artifact_id"))
+        files_written, tables = _write_all(job)
         result.files.extend(files_written)
         return tables
 
@@ -127,71 +129,123 @@ def import_traces(fmt: str, paths: Sequence[str | os.PathLike[str]], *, home: st
     return result
 
 
-#: Below this many runs an import is written in this process alone.
-PARALLEL_FROM = 64
-#: Work of the processes of one import, inherited by fork (see _write_all):
-#: per process, (index of the file in the plan, conversation) pairs; and the
-#: artifact ids the trace tables already hold.
-_GROUPS: list[list[tuple[int, Conversation]]] = []
-_KNOWN: list[set[str]] = []
-
-Plan = list[tuple[Path, int, list[Conversation]]]  # per file: path, runs in it, runs to write
+@dataclass(frozen=True)
+class _Job:
+    source: tuple[str, Reader, list[Path], Path | None]
+    suite: Any
+    existing: set[str]  # run ids already recorded (trace tables and journal)
+    known_artifacts: set[str]  # artifact ids the trace tables hold
 
 
-def _write_all(plan: Plan, suite: Any, known_artifacts: set[str]) -> tuple[list[FileImport], dict[str, Any]]:
-    """Write the planned runs; return what each file gave and the trace
-    tables' new rows. A large import is cut into contiguous groups of runs,
-    one per core, each written by a forked process (it inherits the
-    conversations, so nothing is sent to it but the group's number) into
-    Arrow tables, which are put together here in order: the same rows as
-    writing every run here."""
+#: Below this many bytes of input an import is done in this process alone.
+PARALLEL_FROM_BYTES = 1 << 20
+#: The import under way and each process's share of it, inherited by fork
+#: (see _write_all).
+_SHARES: list[Any] = []
+
+Piece = tuple[int, float, float]  # a file (its index) and the fraction of its runs [lo, hi) to write
+
+
+def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
+    """Read, check and write every file of ``job``; return what each file
+    gave and the trace tables' new rows.
+
+    A large import is cut into one share of the input per core, by bytes
+    (a file on a cut is shared: each side reads it and writes its part of
+    its runs), done by forked processes that inherit the job, and put
+    together here in order: the same rows as doing it all in one process.
+    Should two processes write the same run (a run id repeated across the
+    cut, which a single process imports once), the import is redone in one
+    process."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from ._import_tables import TraceRows, concat_tables
+    from ._import_tables import concat_tables
 
-    runs = [(index, conv) for index, (_, _, todo) in enumerate(plan) for conv in todo]
-    workers = min(os.cpu_count() or 1, len(runs))
-    if len(runs) < PARALLEL_FROM or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        rows = TraceRows(known_artifacts)
-        counts = _write_runs(rows, runs, suite)
-        tables = rows.tables()
-    else:
-        _GROUPS[:] = [runs[k * len(runs) // workers:(k + 1) * len(runs) // workers] for k in range(workers)]
-        _KNOWN[:] = [known_artifacts]
-        try:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-                outcomes = list(pool.map(_write_group, range(workers), [suite] * workers))
-        finally:
-            _GROUPS.clear()
-            _KNOWN.clear()
-        counts = defaultdict(Counter)
-        for group_counts, _ in outcomes:
-            for index, counted in group_counts.items():
-                counts[index].update(counted)
-        tables = concat_tables([group_tables for _, group_tables in outcomes])
-    out = []
-    for index, (path, total, todo) in enumerate(plan):
-        c = counts[index]
-        out.append(FileImport(str(path), len(todo), total - len(todo), c["candidates"], c["operations"],
-                              c["user_tool_calls"], c["failed"]))
-    return out, tables
+    files = job.source[2]
+    sizes = [max(1, path.stat().st_size) for path in files]
+    workers = min(os.cpu_count() or 1, len(files) * 4)
+    if sum(sizes) < PARALLEL_FROM_BYTES or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return _in_one_process(job)
+    shares = _cut(sizes, workers)
+    _SHARES[:] = [job, shares]
+    try:
+        with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("fork")) as pool:
+            outcomes = list(pool.map(_write_share, range(len(shares))))
+    finally:
+        _SHARES.clear()
+    written = [run_id for _, _, run_ids, _ in outcomes for run_id in run_ids]
+    if len(set(written)) != len(written):
+        return _in_one_process(job)
+    counts: defaultdict[int, Counter[str]] = defaultdict(Counter)
+    totals: dict[int, int] = {}
+    for share_counts, share_totals, _, _ in outcomes:
+        for index, counted in share_counts.items():
+            counts[index].update(counted)
+        totals.update(share_totals)
+    return _file_imports(files, counts, totals), concat_tables([tables for *_, tables in outcomes])
 
 
-def _write_group(group: int, suite: Any) -> tuple[dict[int, Counter[str]], dict[str, Any]]:
+def _cut(sizes: list[int], parts: int) -> list[list[Piece]]:
+    """``parts`` shares of about equal bytes, in file order."""
+    total = sum(sizes)
+    shares: list[list[Piece]] = []
+    for k in range(parts):
+        start, end = total * k / parts, total * (k + 1) / parts
+        share, at = [], 0
+        for index, size in enumerate(sizes):
+            lo, hi = max(at, start), min(at + size, end)
+            if lo < hi:
+                share.append((index, (lo - at) / size, (hi - at) / size))
+            at += size
+        if share:
+            shares.append(share)
+    return shares
+
+
+def _in_one_process(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
     from ._import_tables import TraceRows
 
-    rows = TraceRows(_KNOWN[0])
-    counts = _write_runs(rows, _GROUPS[group], suite)
-    return counts, rows.tables()
+    rows = TraceRows(job.known_artifacts)
+    counts, totals, _ = _write_pieces(job, [(index, 0.0, 1.0) for index in range(len(job.source[2]))], rows)
+    return _file_imports(job.source[2], counts, totals), rows.tables()
 
 
-def _write_runs(rows: Any, runs: Sequence[tuple[int, Conversation]], suite: Any) -> defaultdict[int, Counter[str]]:
-    """Commit each conversation to ``rows`` (a :class:`~._import_tables.TraceRows`);
-    count what each file gave."""
+def _write_share(number: int) -> tuple[Any, ...]:
+    from ._import_tables import TraceRows
+
+    job, shares = _SHARES
+    rows = TraceRows(job.known_artifacts)
+    counts, totals, run_ids = _write_pieces(job, shares[number], rows)
+    return counts, totals, run_ids, rows.tables()
+
+
+def _write_pieces(job: _Job, pieces: Sequence[Piece], rows: Any) -> tuple[Any, dict[int, int], list[str]]:
+    """Read and check each piece's file, and commit its new runs to ``rows``
+    (a :class:`~._import_tables.TraceRows`); count what each file gave."""
     from ._import_writer import RunWriter
 
     counts: defaultdict[int, Counter[str]] = defaultdict(Counter)
-    for index, conv in runs:
-        counts[index].update(RunWriter(rows, conv, suite).write())
-    return counts
+    totals: dict[int, int] = {}
+    written: list[str] = []
+    seen: set[str] = set()
+    for index, lo, hi in pieces:
+        conversations = _read_file(job.source, job.source[2][index])
+        n = totals[index] = len(conversations)
+        for conv in conversations[int(lo * n):int(hi * n)]:
+            if conv.run_id in job.existing or conv.run_id in seen:
+                continue  # a run repeated (in a file or across files) is imported once
+            seen.add(conv.run_id)
+            written.append(conv.run_id)
+            counts[index]["runs"] += 1
+            counts[index].update(RunWriter(rows, conv, job.suite).write())
+    return counts, totals, written
+
+
+def _file_imports(files: list[Path], counts: Any, totals: dict[int, int]) -> list[FileImport]:
+    out = []
+    for index, path in enumerate(files):
+        c = counts[index]
+        out.append(FileImport(str(path), c["runs"], totals[index] - c["runs"], c["candidates"], c["operations"],
+                              c["user_tool_calls"], c["failed"]))
+    return out

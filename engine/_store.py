@@ -135,7 +135,7 @@ class RunStore(Protocol):
 
     def add_label(self, label: Mapping[str, Any]) -> int: ...
 
-    def existing_runs(self, run_ids: Iterable[str]) -> set[str]: ...
+    def run_ids(self) -> set[str]: ...
 
     def batch(self) -> AbstractContextManager[None]: ...
 
@@ -243,17 +243,10 @@ class SQLRunStore:
             conn.execute("COMMIT")
         _faults.after_commit()
 
-    def existing_runs(self, run_ids: Iterable[str]) -> set[str]:
-        """Which of these run ids the journal has."""
-        ids = list(run_ids)
-        found: set[str] = set()
+    def run_ids(self) -> set[str]:
+        """Every run id the journal has."""
         with self._lock:
-            for start in range(0, len(ids), 500):
-                chunk = ids[start:start + 500]
-                rows = self._q(self._conn, f"SELECT run_id FROM runs WHERE run_id IN ({', '.join('?' for _ in chunk)})",
-                               chunk).fetchall()
-                found.update(row[0] for row in rows)
-        return found
+            return {row[0] for row in self._conn.execute("SELECT run_id FROM runs")}
 
     def _q(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> Any:
         return conn.execute(self._sql(statement), params)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from import_kit import cli, table
 
-from loopledger.datasets import import_traces, read_conversations
+from loopledger.datasets import ImportInputError, import_traces, read_conversations
 from loopledger.datasets import _import_run
 from loopledger.datasets._import_tables import TraceRows
 from loopledger.datasets._import_writer import RunWriter
@@ -103,14 +103,40 @@ def test_rows_are_what_the_journal_holds_on_real_traces(external: Path, tau2_fil
             assert got[name] == expected[name], (fmt, name)
 
 
-def test_parallel_writing_gives_the_same_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _in_parallel(monkeypatch: pytest.MonkeyPatch, processes: int) -> None:
+    monkeypatch.setattr(_import_run, "PARALLEL_FROM_BYTES", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: processes)
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+def test_parallel_writing_gives_the_same_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 processes: int) -> None:
+    """Files cut between processes (each side writes its part of their runs)."""
     paths = [_chats(tmp_path, 9, "a.jsonl"), _chats(tmp_path, 7, "b.jsonl"), _chats(tmp_path, 5, "c.jsonl")]
     import_traces("openai-jsonl", paths, home=tmp_path / "one")
-    monkeypatch.setattr(_import_run, "PARALLEL_FROM", 1)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    _in_parallel(monkeypatch, processes)
     result = import_traces("openai-jsonl", paths, home=tmp_path / "two")
-    assert result.runs == 21 and [f.runs for f in result.files] == [9, 7, 5]
+    assert result.runs == 21 and [(f.runs, f.skipped) for f in result.files] == [(9, 0), (7, 0), (5, 0)]
     assert _traced(tmp_path / "two") == _traced(tmp_path / "one")
+
+
+def test_a_run_repeated_across_processes_is_imported_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _chats(tmp_path, 6)
+    _in_parallel(monkeypatch, 2)
+    result = import_traces("openai-jsonl", [path, path], home=tmp_path / "home")
+    assert [(f.runs, f.skipped) for f in result.files] == [(6, 0), (0, 6)]
+    assert len(table(tmp_path / "home", "runs")) == 6
+
+
+def test_a_bad_file_read_by_a_worker_process_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = _chats(tmp_path, 6, "a.jsonl")
+    bad = tmp_path / "b.jsonl"
+    bad.write_text(good.read_text() + '{"messages": [{"role": "robot", "content": "beep"}]}\n')
+    _in_parallel(monkeypatch, 2)
+    with pytest.raises(ImportInputError, match="robot") as caught:
+        import_traces("openai-jsonl", [good, bad], home=tmp_path / "home")
+    assert caught.value.file == str(bad) and caught.value.record and "line 7" in caught.value.record
+    assert table(tmp_path / "home", "runs") == []
 
 
 def test_an_import_cut_before_its_manifest_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
