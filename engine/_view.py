@@ -126,6 +126,11 @@ class RunView:
     step_errors: list[str] = field(default_factory=list)
     step_evidence_before: int = 0
     step_completed: int = 0
+    #: The validators' model of each operation, in ``ops`` order, kept up to
+    #: date as the operations change, so that facts() does not rebuild a
+    #: long run's operations at every candidate.
+    op_models: list[Operation] = field(default_factory=list, repr=False)
+    _op_index: dict[str, int] = field(default_factory=dict, repr=False)
 
     @classmethod
     def blank(cls, run_id: str, tenant: str, prompt_version: str = "", model_route: str = "") -> RunView:
@@ -200,7 +205,8 @@ class RunView:
         self.step_states.append(target._value_)
         if target is State.TOOL_RUNNING and "operations" in payload:
             for op in payload["operations"]:
-                self.ops[op["operation_id"]] = OpView(**op)
+                added = self.ops[op["operation_id"]] = OpView(**op)
+                self._remodel(added)
         if target is State.READY:
             if payload.get("feedback"):
                 self.pending_messages.append({"role": "user", "content": payload["feedback"]})
@@ -223,6 +229,7 @@ class RunView:
         op.outcome = p["outcome"]
         op.error_code = p.get("error_code")
         op.work_id = p.get("work_id") or op.work_id
+        self._remodel(op)
         op.in_flight = op.unknown = False
         if op.outcome == "background_accepted" and not op.work_done:
             self.background_open[op.operation_id] = None
@@ -239,6 +246,7 @@ class RunView:
         for op in [self.ops[op_id] for op_id in self.background_open]:
             if op.work_id == p["work_id"]:
                 op.work_done = True
+                self._remodel(op)
                 self.background_open.pop(op.operation_id, None)
                 self._add_evidence(p.get("evidence", ()), op.operation_id)
                 if p.get("error_code"):
@@ -249,6 +257,16 @@ class RunView:
                     {"role": "tool", "call_id": op.call_id, "tool": op.tool, "outcome": p.get("state"),
                      "content": p.get("summary")}
                 )
+
+    def _remodel(self, op: OpView) -> None:
+        """Bring ``op``'s entry of ``op_models`` up to date (the fold is the only
+        place an operation is added or a field of its model changes)."""
+        index = self._op_index.get(op.operation_id)
+        if index is None:
+            self._op_index[op.operation_id] = len(self.op_models)
+            self.op_models.append(op.model())
+        else:
+            self.op_models[index] = op.model()
 
     def _error(self, code: str | None) -> None:
         if code:
@@ -312,9 +330,12 @@ class RunView:
                    if not op.settled]
         pending += [Pending(kind="background", id=op.work_id or op.operation_id, tool=op.tool)
                     for op in self.pending_background()]
-        return RunFacts(
+        # Every part is a model validated when it was made (or a StepRecord, a
+        # str): validating a long run's tuples again at every candidate would
+        # cost in proportion to its length.
+        return RunFacts.model_construct(
             evidence=tuple(self.evidence.values()),
-            operations=tuple(op.model() for op in self.ops.values()),
+            operations=tuple(self.op_models),
             pending=tuple(pending),
             error_codes=tuple(self.error_codes),
             history=tuple(self.history),

@@ -22,6 +22,8 @@ Patterns (all on runtime facts):
 
 from __future__ import annotations
 
+import copy
+
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -101,6 +103,20 @@ class Detector:
     def observe(self, rec: StepRecord) -> list[Finding]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def copy(self) -> Detector:
+        """A copy that goes on independently (the loop validators keep a
+        run's detector state between candidates and feed copies of it).
+        Deep by default; the built-in detectors, whose state is a few
+        scalars or small containers, copy those alone."""
+        return copy.deepcopy(self)
+
+    def _shallow(self) -> Any:
+        """A copy sharing every attribute: for a detector whose mutable state
+        is only scalars (``params`` is never changed after construction)."""
+        new = object.__new__(type(self))
+        new.__dict__ = self.__dict__.copy()
+        return new
+
     def _finding(self, rec: StepRecord, pattern: str, evidence: dict[str, Any]) -> Finding:
         return Finding(rec.run_id, rec.step, self.name, self.version, pattern, evidence)
 
@@ -108,6 +124,9 @@ class Detector:
 class RepeatedCall(Detector):
     name = "loop.repeated_call"
     version = "1"
+
+    def copy(self) -> RepeatedCall:
+        return self._shallow()  # type: ignore[no-any-return]
 
     def __init__(self, *, threshold: int = 3) -> None:
         super().__init__({"threshold": int_param("threshold", threshold, 2)})
@@ -136,6 +155,11 @@ class RepeatedError(Detector):
     name = "loop.repeated_error"
     version = "1"
 
+    def copy(self) -> RepeatedError:
+        new: RepeatedError = self._shallow()
+        new._counts, new._first = dict(self._counts), dict(self._first)
+        return new
+
     def __init__(self, *, threshold: int = 3) -> None:
         super().__init__({"threshold": int_param("threshold", threshold, 2)})
         self.threshold = threshold
@@ -160,6 +184,9 @@ class RepeatedError(Detector):
 class NoProgress(Detector):
     name = "loop.no_progress"
     version = "1"
+
+    def copy(self) -> NoProgress:
+        return self._shallow()  # type: ignore[no-any-return]
 
     def __init__(self, *, window: int = 5) -> None:
         super().__init__({"window": int_param("window", window, 1)})
@@ -205,6 +232,12 @@ class _Cycle:
         self.same = 0  # length of the run of identical tokens ending here
         self.holds = False
 
+    def copy(self) -> _Cycle:
+        new = _Cycle.__new__(_Cycle)
+        new.k, new.need, new.matches, new.same, new.holds = self.k, self.need, self.matches, self.same, self.holds
+        new.buf = deque(self.buf, maxlen=self.k)
+        return new
+
     def push(self, tok: str | None) -> bool:
         """Feed a token; True when the cycle starts to hold at this step."""
         buf = self.buf
@@ -220,6 +253,11 @@ class _Cycle:
 class Oscillation(Detector):
     name = "loop.oscillation"
     version = "1"
+
+    def copy(self) -> Oscillation:
+        new: Oscillation = self._shallow()
+        new._tracks = [(channel, token, track.copy()) for channel, token, track in self._tracks]
+        return new
 
     def __init__(self, *, period: int = 2, cycles: int = 3, channels: Iterable[str] = ("calls", "states")) -> None:
         channels = str_list_param("channels", list(channels), _CHANNELS)

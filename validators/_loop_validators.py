@@ -11,7 +11,7 @@ the candidate has not produced errors or progress yet.
 
 from __future__ import annotations
 
-import copy
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -47,6 +47,18 @@ class _Prefixes:
             OrderedDict()
         )
         self._lock = threading.Lock()
+        #: The last (history, prefix) pair found to match: the loop validators
+        #: of one candidate all ask about the same two tuples.
+        self._matched: tuple[tuple[StepRecord, ...], tuple[StepRecord, ...]] | None = None
+
+    def _extends(self, history: tuple[StepRecord, ...], prefix: tuple[StepRecord, ...]) -> bool:
+        matched = self._matched
+        if matched is not None and matched[0] is history and matched[1] is prefix:
+            return True
+        if _same_prefix(history, prefix):
+            self._matched = (history, prefix)
+            return True
+        return False
 
     def fed(self, key: str, inp: DecisionInput, make: Callable[[], Detector]) -> tuple[Detector, Finding | None]:
         """A detector fed the whole history, and the last finding it made."""
@@ -60,23 +72,34 @@ class _Prefixes:
             return det, last
         slot = (key, inp.run_id)
         with self._lock:
+            # The remembered detector is extended in place (only this cache
+            # holds it, and only under the lock); the caller gets a copy, which
+            # it goes on feeding with the candidate's own step.
             entry = self._entries.get(slot)
-        det, last, start = None, None, 0
-        if entry is not None:
-            prefix, state, found = entry
-            if len(prefix) <= len(history) and history[: len(prefix)] == prefix:
-                det, last, start = copy.deepcopy(state), found, len(prefix)
-        if det is None:
-            det = make()
-        for rec in history[start:]:
-            for f in det.observe(rec):
-                last = f
-        with self._lock:
-            self._entries[slot] = (tuple(history), copy.deepcopy(det), last)
+            det, last, start = None, None, 0
+            if entry is not None:
+                prefix, state, found = entry
+                if len(prefix) <= len(history) and self._extends(history, prefix):
+                    det, last, start = state, found, len(prefix)
+            if det is None:
+                det = make()
+            for rec in history[start:]:
+                for f in det.observe(rec):
+                    last = f
+            self._entries[slot] = (history, det, last)
             self._entries.move_to_end(slot)
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
-        return det, last
+            return det.copy(), last
+
+
+def _same_prefix(history: tuple[StepRecord, ...], prefix: tuple[StepRecord, ...]) -> bool:
+    """Whether ``history`` starts with ``prefix``. The engine's view and the
+    replay's fold extend one list of records, so a remembered prefix is
+    normally made of the very same objects: compared by identity first (a
+    C loop), by value only when that fails."""
+    head = history[: len(prefix)]
+    return all(map(operator.is_, head, prefix)) or head == prefix
 
 
 #: Histories up to this long are replayed from scratch, not remembered.

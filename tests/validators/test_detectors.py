@@ -166,3 +166,24 @@ def test_property_generator_produces_findings_for_every_detector():
     frame = detect_batch(steps_frame(records), ALL)
     assert set(frame["detector"]) == set(DETECTORS)
     assert isinstance(frame, pl.DataFrame)
+
+
+
+@pytest.mark.parametrize(("name", "params"), ALL, ids=[name for name, _ in ALL])
+def test_a_copy_goes_on_independently_of_its_original(name, params) -> None:
+    """What the loop validators rely on when they feed a copy of a run's remembered state."""
+    records = [StepRecord(run_id="r", step=i, calls=("t:x",) if 7 <= i <= 10 else (f"t:{i}",),
+                          errors=("E",) if i in (3, 7, 9) else (),
+                          states=("READY", "A" if i % 2 else "B") if i >= 7 else ("READY", "C"),
+                          new_evidence=1 if i == 6 else 0, completed_operations=0) for i in range(1, 15)]
+    fresh = make_detector(name, params)
+    expected = [f for rec in records for f in fresh.observe(rec) if f.step > 6]
+    assert expected, "the records make the detector report after step 6"
+    original = make_detector(name, params)
+    for rec in records[:6]:
+        original.observe(rec)
+    twin = original.copy()
+    assert type(twin) is type(original)
+    first = [f for rec in records[6:] for f in twin.observe(rec)]
+    second = [f for rec in records[6:] for f in original.observe(rec)]
+    assert first == second == expected
