@@ -126,11 +126,14 @@ class RunView:
     step_errors: list[str] = field(default_factory=list)
     step_evidence_before: int = 0
     step_completed: int = 0
-    #: The validators' model of each operation, in ``ops`` order, kept up to
-    #: date as the operations change, so that facts() does not rebuild a
-    #: long run's operations at every candidate.
-    op_models: list[Operation] = field(default_factory=list, repr=False)
+    #: The validators' model of each operation, in ``ops`` order: an entry is
+    #: marked stale when its operation is added or changes and rebuilt by the
+    #: next facts(), so that a long run's operations are not all rebuilt at
+    #: every candidate (nor built at all by a fold that never asks).
+    op_models: list[Operation | None] = field(default_factory=list, repr=False)
     _op_index: dict[str, int] = field(default_factory=dict, repr=False)
+    _op_views: list[OpView] = field(default_factory=list, repr=False)
+    _stale_models: list[int] = field(default_factory=list, repr=False)
 
     @classmethod
     def blank(cls, run_id: str, tenant: str, prompt_version: str = "", model_route: str = "") -> RunView:
@@ -259,14 +262,16 @@ class RunView:
                 )
 
     def _remodel(self, op: OpView) -> None:
-        """Bring ``op``'s entry of ``op_models`` up to date (the fold is the only
+        """Mark ``op``'s entry of ``op_models`` stale (the fold is the only
         place an operation is added or a field of its model changes)."""
         index = self._op_index.get(op.operation_id)
         if index is None:
-            self._op_index[op.operation_id] = len(self.op_models)
-            self.op_models.append(op.model())
+            index = self._op_index[op.operation_id] = len(self.op_models)
+            self.op_models.append(None)
+            self._op_views.append(op)
         else:
-            self.op_models[index] = op.model()
+            self._op_views[index] = op
+        self._stale_models.append(index)
 
     def _error(self, code: str | None) -> None:
         if code:
@@ -330,6 +335,10 @@ class RunView:
                    if not op.settled]
         pending += [Pending(kind="background", id=op.work_id or op.operation_id, tool=op.tool)
                     for op in self.pending_background()]
+        models = self.op_models
+        for index in self._stale_models:
+            models[index] = self._op_views[index].model()
+        self._stale_models.clear()
         # Every part is a model validated when it was made (or a StepRecord, a
         # str): validating a long run's tuples again at every candidate would
         # cost in proportion to its length.
