@@ -63,8 +63,17 @@ class ImportResult:
         return sum(f.skipped for f in self.files)
 
 
-def _sources(fmt: str, paths: Iterable[str | os.PathLike[str]],
-             tools: str | os.PathLike[str] | None) -> tuple[str, Reader, list[Path], Path | None]:
+@dataclass(frozen=True)
+class _Source:
+    """What an import reads: the format, its reader, the files, the ``--tools`` file."""
+
+    fmt: str
+    reader: Reader
+    files: list[Path]
+    tools: Path | None
+
+
+def _sources(fmt: str, paths: Iterable[str | os.PathLike[str]], tools: str | os.PathLike[str] | None) -> _Source:
     """The format's reader, the files to read and the ``--tools`` file, checked."""
     if fmt not in FORMATS:
         raise ImportInputError("FORMAT", None, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -72,13 +81,13 @@ def _sources(fmt: str, paths: Iterable[str | os.PathLike[str]],
     tools_path = Path(tools) if tools is not None else None
     if tools_path is not None and not tools_path.is_file():
         raise ImportInputError(str(tools_path), None, "--tools: no such file")
-    return fmt, reader, list(expand([Path(p) for p in paths], patterns)), tools_path
+    return _Source(fmt, reader, list(expand([Path(p) for p in paths], patterns)), tools_path)
 
 
-def _read_file(source: tuple[str, Reader, list[Path], Path | None], path: Path) -> list[Conversation]:
+def _read_file(source: _Source, path: Path) -> list[Conversation]:
     """One file's conversations, checked; :class:`ImportInputError` if it is bad."""
-    fmt, reader, _, tools_path = source
-    conversations = reader(path, tools_path)
+    fmt = source.fmt
+    conversations = source.reader(path, source.tools)
     if not conversations and fmt != "toolbench":  # toolbench: see read_toolbench
         raise ImportInputError(str(path), None, f"no runs in this file; is it {fmt}?")
     for conv in conversations:
@@ -91,7 +100,7 @@ def read_conversations(fmt: str, paths: Iterable[str | os.PathLike[str]],
                        tools: str | os.PathLike[str] | None = None) -> list[tuple[Path, list[Conversation]]]:
     """Read and check every file; raise :class:`ImportInputError` on the first bad one."""
     source = _sources(fmt, paths, tools)
-    return [(path, _read_file(source, path)) for path in source[2]]
+    return [(path, _read_file(source, path)) for path in source.files]
 
 
 def import_traces(fmt: str, paths: Sequence[str | os.PathLike[str]], *, home: str | os.PathLike[str] | None = None,
@@ -131,7 +140,7 @@ def import_traces(fmt: str, paths: Sequence[str | os.PathLike[str]], *, home: st
 
 @dataclass(frozen=True)
 class _Job:
-    source: tuple[str, Reader, list[Path], Path | None]
+    source: _Source
     suite: Any
     existing: set[str]  # run ids already recorded (trace tables and journal)
     known_artifacts: set[str]  # artifact ids the trace tables hold
@@ -162,7 +171,7 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
 
     from ._import_tables import concat_tables
 
-    files = job.source[2]
+    files = job.source.files
     sizes = [max(1, path.stat().st_size) for path in files]
     workers = min(os.cpu_count() or 1, len(files) * 4)
     if sum(sizes) < PARALLEL_FROM_BYTES or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
@@ -174,9 +183,9 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
             outcomes = list(pool.map(_write_share, range(len(shares))))
     finally:
         _SHARES.clear()
-    written = [run_id for _, _, run_ids, _ in outcomes for run_id in run_ids]
-    if len(set(written)) != len(written):
-        return _in_one_process(job)
+    written = [run_ids for _, _, run_ids, _ in outcomes]
+    if sum(map(len, written)) != len(set().union(*written)):
+        return _in_one_process(job)  # a run written by two shares
     counts: defaultdict[int, Counter[str]] = defaultdict(Counter)
     totals: dict[int, int] = {}
     for share_counts, share_totals, _, _ in outcomes:
@@ -207,8 +216,8 @@ def _in_one_process(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
     from ._import_tables import TraceRows
 
     rows = TraceRows(job.known_artifacts)
-    counts, totals, _ = _write_pieces(job, [(index, 0.0, 1.0) for index in range(len(job.source[2]))], rows)
-    return _file_imports(job.source[2], counts, totals), rows.tables()
+    counts, totals, _ = _write_pieces(job, [(index, 0.0, 1.0) for index in range(len(job.source.files))], rows)
+    return _file_imports(job.source.files, counts, totals), rows.tables()
 
 
 def _write_share(number: int) -> tuple[Any, ...]:
@@ -220,26 +229,25 @@ def _write_share(number: int) -> tuple[Any, ...]:
     return counts, totals, run_ids, rows.tables()
 
 
-def _write_pieces(job: _Job, pieces: Sequence[Piece], rows: Any) -> tuple[Any, dict[int, int], list[str]]:
+def _write_pieces(job: _Job, pieces: Sequence[Piece], rows: Any) -> tuple[Any, dict[int, int], set[str]]:
     """Read and check each piece's file, and commit its new runs to ``rows``
-    (a :class:`~._import_tables.TraceRows`); count what each file gave."""
+    (a :class:`~._import_tables.TraceRows`); count what each file gave and
+    return the run ids written."""
     from ._import_writer import RunWriter
 
     counts: defaultdict[int, Counter[str]] = defaultdict(Counter)
     totals: dict[int, int] = {}
-    written: list[str] = []
     seen: set[str] = set()
     for index, lo, hi in pieces:
-        conversations = _read_file(job.source, job.source[2][index])
+        conversations = _read_file(job.source, job.source.files[index])
         n = totals[index] = len(conversations)
         for conv in conversations[int(lo * n):int(hi * n)]:
             if conv.run_id in job.existing or conv.run_id in seen:
                 continue  # a run repeated (in a file or across files) is imported once
             seen.add(conv.run_id)
-            written.append(conv.run_id)
             counts[index]["runs"] += 1
             counts[index].update(RunWriter(rows, conv, job.suite).write())
-    return counts, totals, written
+    return counts, totals, seen
 
 
 def _file_imports(files: list[Path], counts: Any, totals: dict[int, int]) -> list[FileImport]:

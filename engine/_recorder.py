@@ -113,6 +113,10 @@ class Recorder:
     def table_dir(self, name: str) -> Path:
         return self.traces / name
 
+    def _make_table_dirs(self) -> None:
+        for name in TABLES:
+            self.table_dir(name).mkdir(parents=True, exist_ok=True)
+
     # -- export ------------------------------------------------------------
 
     @contextmanager
@@ -133,8 +137,7 @@ class Recorder:
             return self._export()
 
     def _export(self) -> ExportResult:
-        for name in TABLES:
-            self.table_dir(name).mkdir(parents=True, exist_ok=True)
+        self._make_table_dirs()
         self._finish_imports()
         self._finish_compactions()
         with self.store._lock:
@@ -254,8 +257,7 @@ class Recorder:
         manifest leaves only temporary files (removed by the next export or
         import); one that dies after it is finished by the next."""
         with self._exclusive():
-            for name in TABLES:
-                self.table_dir(name).mkdir(parents=True, exist_ok=True)
+            self._make_table_dirs()
             self._finish_imports()
             tables = build(self._column_values)
             return self._publish_import(tables)

@@ -132,8 +132,7 @@ class RunView:
     #: every candidate (nor built at all by a fold that never asks).
     op_models: list[Operation | None] = field(default_factory=list, repr=False)
     _op_index: dict[str, int] = field(default_factory=dict, repr=False)
-    _op_views: list[OpView] = field(default_factory=list, repr=False)
-    _stale_models: list[int] = field(default_factory=list, repr=False)
+    _stale_models: list[str] = field(default_factory=list, repr=False)  # operation ids
 
     @classmethod
     def blank(cls, run_id: str, tenant: str, prompt_version: str = "", model_route: str = "") -> RunView:
@@ -264,14 +263,10 @@ class RunView:
     def _remodel(self, op: OpView) -> None:
         """Mark ``op``'s entry of ``op_models`` stale (the fold is the only
         place an operation is added or a field of its model changes)."""
-        index = self._op_index.get(op.operation_id)
-        if index is None:
-            index = self._op_index[op.operation_id] = len(self.op_models)
+        if op.operation_id not in self._op_index:
+            self._op_index[op.operation_id] = len(self.op_models)
             self.op_models.append(None)
-            self._op_views.append(op)
-        else:
-            self._op_views[index] = op
-        self._stale_models.append(index)
+        self._stale_models.append(op.operation_id)
 
     def _error(self, code: str | None) -> None:
         if code:
@@ -336,8 +331,8 @@ class RunView:
         pending += [Pending(kind="background", id=op.work_id or op.operation_id, tool=op.tool)
                     for op in self.pending_background()]
         models = self.op_models
-        for index in self._stale_models:
-            models[index] = self._op_views[index].model()
+        for operation_id in self._stale_models:
+            models[self._op_index[operation_id]] = self.ops[operation_id].model()
         self._stale_models.clear()
         # Every part is a model validated when it was made (or a StepRecord, a
         # str): validating a long run's tuples again at every candidate would
