@@ -23,19 +23,26 @@ keeps its text only when that text is provably the reference writer's:
 
 * orjson sorts keys by code point, writes no whitespace, escapes exactly the
   characters ``json.encoder.encode_basestring`` escapes (checked for every
-  code point by the tests), and writes ints as Python does;
+  code point by the tests), writes ints as Python does, and tuples, like
+  lists, as arrays;
 * it refuses what the reference refuses except a few types: subclasses of
   str, int, dict and list, dataclasses and datetimes are handed to a
   ``default`` hook that refuses them too, so they take the reference path;
+  it refuses keys that are not exactly str;
+* what it accepts and the reference refuses or writes otherwise (NaN and
+  infinities, which it writes as ``null``; enum members; UUIDs; orjson
+  fragments) is found by a walk of the value's containers after orjson
+  has written it: the text is kept only when every value in them is a
+  str, int, bool, None, finite float, dict, list or tuple (exact types).
+  The walk looks at each value once, not at each byte: a long string
+  costs it no more than a short one;
 * floats are the one difference of form: orjson writes ``1.0``, ``1e-05``
   as ``1.0``, ``0.00001``. Its float text is the shortest round-trip one,
-  so every float token outside strings is parsed back to the exact same
-  float and rewritten by the reference rule;
-* what it accepts and the reference refuses (NaN and infinities, which it
-  writes as ``null``; enum members with no str or int mixin; UUIDs) does
-  not read back as an equal value, so the text is kept only when parsing it
-  gives a value equal to the input (a tuple reads back as a list, which is
-  not equal either: such values simply take the reference path).
+  so when the walk found a float, every float token outside strings is
+  parsed back to the exact same float and rewritten by the reference rule;
+  that text is then kept only when parsing it gives a value equal to the
+  input (a tuple reads back as a list, which is not equal: such values
+  take the reference path).
 
 Anything else takes the reference path, which also makes every error.
 """
@@ -191,11 +198,6 @@ _TOKEN_TABLE = bytes(
     ord("0") if chr(b) in "0123456789" else ord("+") if chr(b) in "+-" else ord(".") if chr(b) == "."
     else ord("e") if chr(b) in "eE" else ord(" ") for b in range(256)
 )
-#: A quick first look: with digits and signs deleted, ``,`` and ``[`` read as
-#: ``:`` and exponents as ``.``, a float token where a value starts (after
-#: ``:``, ``,`` or ``[``) leaves ``:.``; a text without one holds no float.
-_HINT_TABLE = bytes.maketrans(b",[eE", b"::..")
-_HINT_DELETE = b"0123456789+-"
 #: What precedes a value in orjson's text.
 _VALUE_START = frozenset(b":,[")
 if orjson is not None:
@@ -204,6 +206,9 @@ if orjson is not None:
     _fast_dumps = orjson.dumps
     _fast_loads = orjson.loads
 _FastError = (TypeError, ValueError)  # orjson.JSONEncodeError is a TypeError
+#: The scalar types whose orjson text is the reference writer's.
+_PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
+_isfinite = math.isfinite
 
 
 def _refuse_in_fast_path(value: Any) -> Any:
@@ -254,22 +259,50 @@ def _rewrite_floats(data: bytes, shape: bytes, found: int) -> bytes:
     return b"".join(out)
 
 
+class _NotPlain(Exception):
+    """A value orjson wrote that the reference writer refuses or writes otherwise."""
+
+
+def _holds_floats(container: Any) -> bool:
+    """Whether the dict, list or tuple ``container`` holds a float, at any
+    depth; :class:`_NotPlain` when it holds anything but str, int, bool,
+    None, finite floats and (exactly) dicts, lists and tuples. Its keys are
+    not looked at: orjson refuses every key that is not exactly a str."""
+    floats = False
+    for item in container.values() if type(container) is dict else container:
+        kind = type(item)
+        if kind in _PLAIN_SCALARS:
+            continue
+        if kind is dict or kind is list or kind is tuple:
+            if _holds_floats(item):
+                floats = True
+        elif kind is float and _isfinite(item):
+            floats = True
+        else:
+            raise _NotPlain
+    return floats
+
+
 def _fast(value: Any) -> str | None:
     """orjson's text when it is exactly the reference writer's, else None."""
     try:
         data = _fast_dumps(value, default=_refuse_in_fast_path, option=_FAST_OPTIONS)
     except _FastError:
         return None
-    if b":." in data.translate(_HINT_TABLE, _HINT_DELETE):
+    try:
+        floats = _holds_floats(value)
+    except (_NotPlain, RecursionError):
+        return None
+    if floats:
         shape = data.translate(_TOKEN_TABLE)
         found = _next_float(shape, 0)
         if found >= 0:
             data = _rewrite_floats(data, shape, found)
-    try:
-        if _fast_loads(data) != value:
+        try:
+            if _fast_loads(data) != value:
+                return None
+        except _FastError:  # pragma: no cover - orjson reads what it writes
             return None
-    except _FastError:  # pragma: no cover - orjson reads what it writes
-        return None
     return data.decode("utf-8")
 
 

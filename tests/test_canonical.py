@@ -363,3 +363,87 @@ def test_what_the_fast_writer_would_accept_is_still_refused(value: Any, path: st
     with pytest.raises(CanonicalJSONError) as caught:
         canonical_json(value)
     assert caught.value.path == path
+
+
+# Plain values: what orjson writes as the reference does once floats are
+# rewritten. The fast writer must keep its text for them (not only be right
+# when it answers): ints within 64 bits, strings without lone surrogates.
+plain_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.text()
+    | tricky_text
+)
+plain_values = st.recursive(
+    plain_scalars,
+    lambda children: st.lists(children, max_size=5) | st.lists(children, max_size=3).map(tuple)
+    | st.dictionaries(st.text(max_size=6) | tricky_text, children, max_size=5),
+    max_leaves=30,
+)
+plain_with_floats = st.recursive(
+    plain_scalars | st.floats(allow_nan=False, allow_infinity=False),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text(max_size=6) | tricky_text, children, max_size=5),
+    max_leaves=30,
+)
+
+
+@pytest.mark.skipif(canonical_module.orjson is None, reason="orjson is not installed")
+@settings(derandomize=True, deadline=None, max_examples=600)
+@given(st.lists(plain_values, max_size=3) | st.dictionaries(tricky_text, plain_values, max_size=4))
+def test_the_fast_writer_keeps_its_text_for_plain_values_tuples_included(value: Any) -> None:
+    fast, reference = _both(value)
+    assert fast == reference
+
+
+@pytest.mark.skipif(canonical_module.orjson is None, reason="orjson is not installed")
+@settings(derandomize=True, deadline=None, max_examples=600)
+@given(st.lists(plain_with_floats, max_size=3) | st.dictionaries(tricky_text, plain_with_floats, max_size=4))
+def test_the_fast_writer_keeps_its_text_for_plain_values_with_floats(value: Any) -> None:
+    fast, reference = _both(value)
+    assert fast == reference
+
+
+class _Coded(str, enum.Enum):
+    """A str enum whose value is not its text: orjson writes the value, the reference the text."""
+
+    def __new__(cls, text: str, code: int) -> _Coded:
+        member = str.__new__(cls, text)
+        member._value_ = code
+        return member
+
+    ALPHA = ("alpha", 1)
+
+
+@pytest.mark.skipif(canonical_module.orjson is None, reason="orjson is not installed")
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ([_Coded.ALPHA], '["alpha"]'),
+        ({"a": [{"b": (_Coded.ALPHA, 1.0)}]}, '{"a":[{"b":["alpha",1]}]}'),
+        ({"c": Colour.RED, "n": Count.ONE}, '{"c":"red","n":1}'),
+        ({"t": (1, "x", (None, True))}, '{"t":[1,"x",[null,true]]}'),
+    ],
+)
+def test_enum_members_and_tuples_deep_inside_give_the_reference_text(value: Any, text: str) -> None:
+    assert canonical_json(value) == text
+    fast, reference = _both(value)
+    assert reference == text
+    assert fast is None or fast == text
+
+
+@pytest.mark.skipif(canonical_module.orjson is None, reason="orjson is not installed")
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ({"a": [1, (2, float("inf"))]}, "$.a[1][1]"),
+        ({"f": __import__("orjson").Fragment(b"1")}, "$.f"),
+        ([[{"u": __import__("uuid").UUID(int=2)}]], "$[0][0].u"),
+    ],
+)
+def test_what_orjson_writes_deep_inside_and_the_reference_refuses_is_refused(value: Any, path: str) -> None:
+    assert canonical_module._fast(value) is None
+    with pytest.raises(CanonicalJSONError) as caught:
+        canonical_json(value)
+    assert caught.value.path == path
