@@ -129,15 +129,16 @@ def attributed(window: _Window, totals: dict[str, dict[str, float]],
 
 
 class _Timed:
-    """Wraps ``store.commit``: (expected state_version, wall, cpu) after each."""
+    """Wraps ``store.commit``: (first expected state_version, state versions
+    written, wall, cpu) after each (a chain of held moves writes several)."""
 
     def __init__(self, store: Any) -> None:
         self.inner = store.commit
-        self.marks: list[tuple[int, float, float]] = []
+        self.marks: list[tuple[int, int, float, float]] = []
 
-    def __call__(self, commit: Any) -> Any:
-        result = self.inner(commit)
-        self.marks.append((commit.expected_version, time.perf_counter(), time.process_time()))
+    def __call__(self, *chain: Any) -> Any:
+        result = self.inner(*chain)
+        self.marks.append((chain[0].expected_version, len(chain), time.perf_counter(), time.process_time()))
         return result
 
 
@@ -174,8 +175,9 @@ def timed_run(home: Path, steps: int) -> dict[str, Any]:
     if set(counts["states"]) != {"SUCCEEDED"}:
         raise SystemExit(f"the long run did not succeed: {counts['states']}")
     vsteps, context_bytes = _journal(home)
-    # marks[i]: the commit that moved expected_version -> expected_version + 1.
-    rows = [(vsteps[v + 1][0], vsteps[v + 1][1], wall, cpu) for v, wall, cpu in timer.marks]
+    # marks[i]: the commit that moved expected_version -> expected_version + k.
+    rows = [(vsteps[v + k][0], sum(vsteps[v + i][1] for i in range(1, k + 1)), wall, cpu)
+            for v, k, wall, cpu in timer.marks]
     out: dict[str, Any] = {"total": {"wall": total, "transitions": counts["transitions"]}, "functions": totals}
     for name, (first, last) in window.bounds.items():
         idx = [i for i, r in enumerate(rows) if first <= r[0] <= last]

@@ -141,13 +141,14 @@ def long_scenario(steps: int) -> Scenario:
 
 
 def journal_counts(home: Path) -> dict[str, Any]:
-    """Transitions, commits (distinct run/state_version: one per commit) and
-    terminal states, read from the journal after the runner closed it."""
+    """Transitions, commits (distinct run/timestamp: the events of one
+    commit, held moves included, share its moment) and terminal states, read
+    from the journal after the runner closed it."""
     conn = sqlite3.connect(home / "journal.sqlite")
     try:
         transitions = conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'transition'").fetchone()[0]
         commits = conn.execute(
-            "SELECT COUNT(*) FROM (SELECT DISTINCT run_id, state_version FROM events WHERE kind != 'run_created')"
+            "SELECT COUNT(*) FROM (SELECT DISTINCT run_id, ts FROM events WHERE kind != 'run_created')"
         ).fetchone()[0]
         states = dict(conn.execute("SELECT state, COUNT(*) FROM runs GROUP BY state").fetchall())
     finally:
@@ -198,16 +199,19 @@ def timed_calls(targets: tuple[tuple[str, Any, str], ...]) -> Iterator[dict[str,
 
 @contextmanager
 def commits_by_kind() -> Iterator[dict[str, list[float]]]:
-    """Journal commits grouped by target state: kind -> [count, wall s, CPU s]."""
+    """Journal commits grouped by their target states (a chain of held moves
+    and the commit that writes them, e.g. ``VALIDATING>TOOL_RUNNING``):
+    kind -> [count, wall s, CPU s]."""
     kinds: dict[str, list[float]] = {}
     inner = store_mod.SQLRunStore.commit
 
-    def commit(self: Any, c: Any) -> Any:
+    def commit(self: Any, *chain: Any) -> Any:
         start, cpu = time.perf_counter(), time.process_time()
         try:
-            return inner(self, c)
+            return inner(self, *chain)
         finally:
-            entry = kinds.setdefault(c.to_state.value if c.to_state is not None else "(events only)", [0, 0.0, 0.0])
+            kind = ">".join(c.to_state.value if c.to_state is not None else "(events)" for c in chain)
+            entry = kinds.setdefault(kind, [0, 0.0, 0.0])
             entry[0] += 1
             entry[1] += time.perf_counter() - start
             entry[2] += time.process_time() - cpu

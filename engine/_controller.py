@@ -6,6 +6,15 @@ Nothing is acted on before it is committed: the context is frozen before
 the model is called, the candidate before it is validated, the operation
 before it is dispatched, the outcome before the run ends.
 
+A move into a state whose work is pure (it reads only what the run has
+recorded and touches nothing outside the process: VALIDATING, and READY
+after a step's tools) is *held*: its commit is written together with the
+next one, in the same transaction, before anything is acted on. A crash in
+between loses both, which is a crash just before the held move: the resumed
+run redoes the pure work from the same record. So a model call and its
+validation, or a tool's result and the next context, cost one fsync, and
+still nothing is sent, called or delivered before it is durable.
+
     READY          budgets; freeze the context artifact -> MODEL_RUNNING
     MODEL_RUNNING  collect the stream into a candidate -> VALIDATING, or a
                    new attempt on the same context, or FINALIZING
@@ -102,6 +111,9 @@ class Controller(PeopleMixin):
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.secret = secret
+        #: Held commits by run (see the module's docstring): written with the
+        #: run's next commit. Only the thread driving the run touches its entry.
+        self._held: dict[str, tuple[Commit, ...]] = {}
         self._contexts: OrderedDict[str, tuple[dict[str, Any], Context | None]] = OrderedDict()
         #: Candidates just recorded, read back from their canonical text
         #: (exactly what the journal returns) by the validation that follows.
@@ -145,9 +157,26 @@ class Controller(PeopleMixin):
         }
         return view, record
 
-    def _commit(self, view: RunView, commit: Commit) -> None:
-        result = self.store.commit(commit)
-        view.state_version = result.state_version
+    def _commit(self, view: RunView, commit: Commit, *, hold: bool = False) -> None:
+        """Write ``commit`` (after the run's held ones, in one transaction)
+        and fold it into the view; with ``hold``, fold it now and write it
+        with the next commit."""
+        held = self._held.pop(view.run_id, ())
+        if hold:
+            self._held[view.run_id] = (*held, commit)
+            version = view.state_version + 1
+        else:
+            version = self.store.commit(*held, commit).state_version
+        self._fold(view, commit, version)
+
+    def _flush(self, view: RunView) -> None:
+        """Write the run's held commits, if any."""
+        held = self._held.pop(view.run_id, ())
+        if held:
+            self.store.commit(*held)
+
+    def _fold(self, view: RunView, commit: Commit, version: int) -> None:
+        view.state_version = version
         step = view.step if commit.step is None else commit.step
         attempt = view.attempt if commit.attempt is None else commit.attempt
         if commit.to_state is not None:
@@ -158,8 +187,8 @@ class Controller(PeopleMixin):
         for name, delta in commit.counters.items():
             view.counters[name] += delta
 
-    def _move(self, view: RunView, to: State, **kwargs: Any) -> None:
-        self._commit(view, Commit(view.run_id, view.state_version, to, **kwargs))
+    def _move(self, view: RunView, to: State, *, hold: bool = False, **kwargs: Any) -> None:
+        self._commit(view, Commit(view.run_id, view.state_version, to, **kwargs), hold=hold)
 
     # -- driving ------------------------------------------------------------
 
@@ -167,21 +196,27 @@ class Controller(PeopleMixin):
         """Advance the run until it is terminal or waits for something outside."""
         view, record = self._load(run_id)
         config = self.config_for(record)
-        while view.state not in TERMINAL:
-            try:
-                if view.cancel_requested and view.state is not State.FINALIZING:
-                    self._cancel(view)
-                    continue
-                if view.state is State.WAITING_USER:
-                    if not self._expire_if_due(view):
+        try:
+            while view.state not in TERMINAL:
+                try:
+                    if view.cancel_requested and view.state is not State.FINALIZING:
+                        self._cancel(view)
+                        continue
+                    if view.state is State.WAITING_USER:
+                        if not self._expire_if_due(view):
+                            break
+                        continue
+                    if self._handlers[view.state](view, config) is False:  # background work still runs
                         break
-                    continue
-                if self._handlers[view.state](view, config) is False:  # background work still runs
-                    break
-            except StaleStateVersion:
-                # Someone else moved the run (a reply, a cancel, another
-                # worker): start again from what the journal says now.
-                view = self.load(run_id)
+                except StaleStateVersion:
+                    # Someone else moved the run (a reply, a cancel, another
+                    # worker): start again from what the journal says now.
+                    self._held.pop(run_id, None)
+                    view = self.load(run_id)
+            self._flush(view)
+        finally:
+            # Left by an error: never written, as if the process had died.
+            self._held.pop(run_id, None)
         return view
 
     # -- READY ----------------------------------------------------------------
@@ -343,7 +378,9 @@ class Controller(PeopleMixin):
                 self._candidates[candidate.artifact_id] = loads(candidate.canonical)
                 while len(self._candidates) > CONTEXT_CACHE:
                     self._candidates.popitem(last=False)
-            self._move(view, State.VALIDATING, payload={"candidate_id": candidate.artifact_id}, **common)
+            # Held: validation is pure, and its commit carries this one.
+            self._move(view, State.VALIDATING, hold=True, payload={"candidate_id": candidate.artifact_id},
+                       **common)
         elif collected.finish_reason == "content_filter":
             self._move(view, State.FINALIZING, payload={"status": "POLICY_STOPPED", "reason": "policy",
                                                          "detail": "the provider filtered the output"}, **common)
@@ -396,8 +433,16 @@ class Controller(PeopleMixin):
         with self._cache_lock:
             candidate = self._candidates.pop(view.candidate_id, None)
         if candidate is None:
-            candidate = self.store.get_artifact(view.candidate_id)
+            candidate = self._artifact(view, view.candidate_id)
         return decision_input(view, candidate, parsed or body)
+
+    def _artifact(self, view: RunView, artifact_id: str) -> Any:
+        """An artifact of the run, held (not yet written) or stored."""
+        for commit in self._held.get(view.run_id, ()):
+            for artifact in commit.artifacts:
+                if artifact.artifact_id == artifact_id:
+                    return loads(artifact.canonical)
+        return self.store.get_artifact(artifact_id)
 
     # Context artifacts are immutable, so what this process built (or read)
     # once can be reused by id: a step's model call and its validation do
@@ -548,7 +593,8 @@ class Controller(PeopleMixin):
             {"validator": d.validator, "code": d.code, "verdict": d.verdict.value, "message": d.message}
             for d in blocking
         ]
-        self._close_step(view, State.READY, payload={"feedback": feedback, "repair": True}, extra=recorded)
+        self._close_step(view, State.READY, payload={"feedback": feedback, "repair": True}, extra=recorded,
+                         hold=True)
 
     def _stop_on_decision(self, view: RunView, decision: Any, recorded: dict[str, Any]) -> None:
         reason = STOP_CODES[decision.code]
@@ -660,7 +706,9 @@ class Controller(PeopleMixin):
         if outcome.outcome in ("success", "background_accepted"):
             # The step's last result closes the step in the same commit.
             last = all(o.settled or o is op for o in view.step_ops())
-            self._record_result(view, op, outcome, close_step=last)
+            # Closing the step is held: the next context is pure work, and
+            # its commit carries this result before the model is called.
+            self._record_result(view, op, outcome, close_step=last, hold=last)
         else:
             self._record_result(view, op, outcome)
             self._cancel_rest(view)
@@ -679,7 +727,7 @@ class Controller(PeopleMixin):
     def _record_result(
         self, view: RunView, op: OpView, outcome: ToolOutcome, to: State | None = None,
         payload: dict[str, Any] | None = None, set_fields: dict[str, Any] | None = None,
-        close_step: bool = False, before: tuple[NewEvent, ...] = (),
+        close_step: bool = False, before: tuple[NewEvent, ...] = (), hold: bool = False,
     ) -> None:
         """Commit the request's one terminal result (with ``close_step``, also
         the move to READY that ends the step; ``before``: events committed
@@ -719,7 +767,7 @@ class Controller(PeopleMixin):
             artifacts=tuple(artifacts),
             operation_updates=(update,),
             set_fields=set_fields or {},
-        ))
+        ), hold=hold)
 
     def _cancel_rest(self, view: RunView) -> None:
         """Sequential policy: after a failed call, the calls after it in the
@@ -734,7 +782,7 @@ class Controller(PeopleMixin):
     def _after_tools(self, view: RunView) -> None:
         # Background work accepted in this step does not hold the run: the
         # model goes on, and a final answer while it runs will wait for it.
-        self._close_step(view, State.READY)
+        self._close_step(view, State.READY, hold=True)
 
     def _reconciling(self, view: RunView, config: RunConfig) -> None:
         op = next(o for o in view.step_ops() if o.in_flight)
@@ -797,11 +845,11 @@ class Controller(PeopleMixin):
     # -- FINALIZING ------------------------------------------------------------------
 
     def _close_step(self, view: RunView, to: State, payload: dict[str, Any] | None = None,
-                    extra: dict[str, Any] | None = None) -> None:
+                    extra: dict[str, Any] | None = None, hold: bool = False) -> None:
         extra = dict(extra or {})
         record = view.step_record()
         events = tuple(extra.pop("events", ())) + (NewEvent("step_closed", record.to_dict()),)
-        self._move(view, to, payload=payload or {}, events=events, **extra)
+        self._move(view, to, hold=hold, payload=payload or {}, events=events, **extra)
 
     def _finalize(self, view: RunView, status: str, reason: str, *, extra: dict[str, Any] | None = None,
                   detail: str | None = None, payload_extra: dict[str, Any] | None = None) -> None:

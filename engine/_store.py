@@ -27,7 +27,7 @@ import threading
 from operator import itemgetter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from loopledger.canonical import canonical_json
@@ -119,7 +119,7 @@ class RunStore(Protocol):
 
     def create_run(self, new: NewRun) -> RunRecord: ...
 
-    def commit(self, commit: Commit) -> CommitResult: ...
+    def commit(self, commit: Commit, *then: Commit) -> CommitResult: ...
 
     def get_run(self, run_id: str) -> RunRecord: ...
 
@@ -374,23 +374,33 @@ class SQLRunStore:
 
     # -- the commit ------------------------------------------------------
 
-    def commit(self, commit: Commit) -> CommitResult:
+    def commit(self, commit: Commit, *then: Commit) -> CommitResult:
+        """Apply ``commit`` atomically; with ``then``, also each of those
+        commits of the same run, in order, each expecting the state version
+        the one before it leaves, in the same transaction: all of them are
+        durable or none is. Returns the last one's result (its ``first_seq``
+        the first one's)."""
+        chain = (commit, *then) if then else None
         _check_commit_shape(commit)
+        for c in then:
+            _check_commit_shape(c)
+            if c.run_id != commit.run_id:
+                raise ValueError(f"a chain of commits is one run's: {c.run_id} after {commit.run_id}")
         if self._in_batch():
             with self._write() as conn:
-                result, late = self._commit_txn(conn, commit)
+                result, late = self._chain_txn(conn, chain) if chain else self._commit_txn(conn, commit)
             if late is not None:
                 raise late
             return result
         if self.group_commit:
-            return self._group.submit(commit)
+            return self._group.submit(chain or (commit,))
         # The transaction is spelled out rather than taken from _write(): this
         # is the hottest path of the engine.
         with self._lock:
             conn = self._conn
             self._begin_write(conn)
             try:
-                result, late = self._commit_txn(conn, commit)
+                result, late = self._chain_txn(conn, chain) if chain else self._commit_txn(conn, commit)
             except BaseException:
                 conn.execute("ROLLBACK")
                 self._heads.pop(commit.run_id, None)
@@ -401,14 +411,29 @@ class SQLRunStore:
             raise late
         return result
 
-    def _commit_txn(self, conn: Any, c: Commit) -> tuple[CommitResult, TerminalAlreadySet | None]:
+    def _chain_txn(self, conn: Any, chain: Sequence[Commit]) -> tuple[CommitResult, TerminalAlreadySet | None]:
+        """Each commit of ``chain`` in turn, in the caller's transaction. On a
+        terminal run every one of them is kept as late events, and the first
+        refusal is the chain's."""
+        first_seq = None
+        refused = None
+        now = now_us()  # one transaction, one moment
+        for c in chain:
+            result, late = self._commit_txn(conn, c, now)
+            first_seq = result.first_seq if first_seq is None else first_seq
+            refused = refused or late
+        return replace(result, first_seq=first_seq), refused
+
+    def _commit_txn(
+        self, conn: Any, c: Commit, now: int | None = None
+    ) -> tuple[CommitResult, TerminalAlreadySet | None]:
         run_id = c.run_id
         head = self._heads.get(run_id)
         remembered = head is not None and head[0] == c.expected_version
         if not remembered:
             head = self._read_head(conn, run_id)
         version, state, last_seq, step, attempt = head
-        now = now_us()
+        now = now or now_us()
         source = state._value_
         if source in _TERMINAL_NAMES:
             return self._late_txn(conn, c, state, version, last_seq, step, attempt, now)
@@ -442,7 +467,7 @@ class SQLRunStore:
         if updated.rowcount != 1:
             if remembered:
                 self._heads.pop(run_id, None)
-                return self._commit_txn(conn, c)
+                return self._commit_txn(conn, c, now)
             # Read under the write lock a moment ago: cannot happen; refuse loudly.
             raise StaleStateVersion(run_id, c.expected_version, -1)
 
@@ -503,7 +528,7 @@ class SQLRunStore:
                     conn.execute("ROLLBACK")
                     for slot in slots:
                         slot.result = slot.late = slot.error = None
-                        self._heads.pop(slot.commit.run_id, None)
+                        self._heads.pop(slot.chain[0].run_id, None)
                     self._begin_write(conn)
                     self._apply_slots_in_savepoints(conn, slots)
             except BaseException:
@@ -519,10 +544,16 @@ class SQLRunStore:
         """Apply each slot's commit; False when one failed after it may have
         written (the transaction then holds a partial commit)."""
         for slot in slots:
+            chain = slot.chain
             try:
-                slot.result, slot.late = self._commit_txn(conn, slot.commit)
+                if len(chain) == 1:
+                    slot.result, slot.late = self._commit_txn(conn, chain[0])
+                else:
+                    slot.result, slot.late = self._chain_txn(conn, chain)
             except _REFUSED_BEFORE_WRITING as exc:
-                self._heads.pop(slot.commit.run_id, None)
+                if len(chain) > 1:  # a later commit of the chain may be the one refused, after the first wrote
+                    return False
+                self._heads.pop(chain[0].run_id, None)
                 slot.error = exc
             except Exception:  # noqa: BLE001 - redone in savepoints, where it is handed to its caller
                 return False
@@ -532,10 +563,10 @@ class SQLRunStore:
         for slot in slots:
             conn.execute("SAVEPOINT one_commit")
             try:
-                slot.result, slot.late = self._commit_txn(conn, slot.commit)
+                slot.result, slot.late = self._chain_txn(conn, slot.chain)
             except Exception as exc:  # noqa: BLE001 - handed to the caller that owns it
                 conn.execute("ROLLBACK TO one_commit")
-                self._heads.pop(slot.commit.run_id, None)
+                self._heads.pop(slot.chain[0].run_id, None)
                 slot.error = exc
             conn.execute("RELEASE one_commit")
 
@@ -719,7 +750,7 @@ class SQLRunStore:
 
 @dataclass
 class _Slot:
-    commit: Commit
+    chain: tuple[Commit, ...]  # one commit, or a chain applied together
     result: CommitResult | None = None
     late: TerminalAlreadySet | None = None
     error: BaseException | None = None
@@ -743,8 +774,8 @@ class _GroupCommitter:
         self._queue: list[_Slot] = []
         self._leading = False
 
-    def submit(self, commit: Commit) -> CommitResult:
-        slot = _Slot(commit)
+    def submit(self, chain: tuple[Commit, ...]) -> CommitResult:
+        slot = _Slot(chain)
         wake = slot.wake = threading.Lock()
         wake.acquire()
         with self._mutex:

@@ -645,14 +645,14 @@ def test_a_group_commit_undoes_a_refused_commit_alone(store: Any, runs: Runs, ra
     versions = {run_id: store.get_run(run_id).state_version for run_id in "abcde"}
     before = {run_id: (store.events(run_id), store.facts("validations", run_id)) for run_id in "bcd"}
     slots = [
-        _Slot(Commit("a", versions["a"], S.TOOL_RUNNING, facts={"validations": (validation(1, 1),)},
-                     new_operations=(operation("fresh"),))),
-        _Slot(Commit("b", versions["b"] - 1, S.TOOL_RUNNING)),  # stale
-        _Slot(Commit("c", versions["c"], S.SUCCEEDED)),  # not allowed from VALIDATING
-        _Slot(Commit("d", versions["d"], S.TOOL_RUNNING, events=(NewEvent("e"),),
+        _Slot((Commit("a", versions["a"], S.TOOL_RUNNING, facts={"validations": (validation(1, 1),)},
+                     new_operations=(operation("fresh"),)),)),
+        _Slot((Commit("b", versions["b"] - 1, S.TOOL_RUNNING),)),  # stale
+        _Slot((Commit("c", versions["c"], S.SUCCEEDED),)),  # not allowed from VALIDATING
+        _Slot((Commit("d", versions["d"], S.TOOL_RUNNING, events=(NewEvent("e"),),
                      facts={"validations": (validation(1, 1),)},
-                     new_operations=(operation("taken", call_id="other"),))),  # conflicts with run e
-        _Slot(Commit("e", versions["e"], S.READY, events=(NewEvent("e"),))),
+                     new_operations=(operation("taken", call_id="other"),)),)),  # conflicts with run e
+        _Slot((Commit("e", versions["e"], S.READY, events=(NewEvent("e"),)),)),
     ]
     store._apply_group(slots)
     assert [type(slot.error) for slot in slots] == [
@@ -710,6 +710,80 @@ def test_group_commit_from_many_threads_returns_each_caller_its_own_durable_comm
         run = store.get_run(f"g{n}")
         assert run.state_version == 1 + moves
         assert [e.seq for e in store.events(f"g{n}")] == list(range(1, run.last_seq + 1))
+
+
+def test_a_chain_of_commits_is_one_transaction(store: Any, runs: Runs, raw: Any) -> None:
+    """Commits of one run chained in one call land together, each with its
+    own state version and contiguous seq; a chain whose later commit is
+    refused writes nothing, not even its earlier commits."""
+    runs.new("r")
+    ready = runs.drive_to("r", S.MODEL_RUNNING)
+    v = ready.state_version
+    to_validating = Commit("r", v, S.VALIDATING, events=(NewEvent("candidate_recorded", {"n": 1}),),
+                           artifacts=(Artifact("candidate", {"n": 1}),), facts={"candidates": (candidate(1, 1),)})
+    to_tools = Commit("r", v + 1, S.TOOL_RUNNING, facts={"validations": (validation(1, 1),)},
+                      new_operations=(operation("one"),))
+
+    before = snapshot(raw)
+    refused = Commit("r", v + 1, S.SUCCEEDED)  # not allowed from VALIDATING
+    with pytest.raises(TransitionNotAllowed):
+        store.commit(to_validating, refused)
+    assert snapshot(raw) == before
+    with pytest.raises(StaleStateVersion):
+        store.commit(to_validating, Commit("r", v, S.TOOL_RUNNING))  # expects the version before the chain
+    assert snapshot(raw) == before
+
+    result = store.commit(to_validating, to_tools)
+    assert (result.state, result.state_version) == (S.TOOL_RUNNING, v + 2)
+    events = store.events("r", after_seq=ready.last_seq)
+    assert (result.first_seq, result.last_seq) == (ready.last_seq + 1, ready.last_seq + 3)
+    assert [(e.kind, e.to_state, e.state_version) for e in events] == [
+        ("transition", "VALIDATING", v + 1), ("candidate_recorded", None, v + 1),
+        ("transition", "TOOL_RUNNING", v + 2)]
+    assert [e.seq for e in events] == [ready.last_seq + 1, ready.last_seq + 2, ready.last_seq + 3]
+    assert [f["seq"] for f in store.facts("candidates", "r")] == [ready.last_seq + 2]
+    assert [f["seq"] for f in store.facts("validations", "r")] == [ready.last_seq + 3]
+    assert store.get_artifact(Artifact("candidate", {"n": 1}).artifact_id) == {"n": 1}
+    # Commits of another run do not belong in the chain.
+    runs.new("other")
+    with pytest.raises(ValueError, match="one run"):
+        store.commit(Commit("r", v + 2, S.READY), Commit("other", 1, S.MODEL_RUNNING))
+
+
+def test_a_chain_through_finalizing_ends_the_run_once(store: Any, runs: Runs) -> None:
+    runs.new("r")
+    validating = runs.drive_to("r", S.VALIDATING)
+    v = validating.state_version
+    result = store.commit(Commit("r", v, S.FINALIZING), Commit("r", v + 1, S.SUCCEEDED, set_fields={"reason": "ok"}))
+    assert result.state is S.SUCCEEDED
+    moves = [(e.from_state, e.to_state) for e in store.events("r") if e.kind == "transition"]
+    assert moves[-2:] == [("VALIDATING", "FINALIZING"), ("FINALIZING", "SUCCEEDED")]
+    # A chain on an ended run is kept as late events, and refused as a whole.
+    with pytest.raises(TerminalAlreadySet):
+        store.commit(Commit("r", v, S.FINALIZING), Commit("r", v + 1, S.FAILED))
+    late = store.events("r", after_seq=result.last_seq)
+    assert [e.kind for e in late] == ["late_event", "late_event"]
+    assert store.get_run("r").state is S.SUCCEEDED
+
+
+def test_a_group_commit_applies_a_chain_whole_or_not_at_all(store: Any, runs: Runs, raw: Any) -> None:
+    from loopledger.engine._store import _Slot
+
+    for run_id in ("a", "b"):
+        runs.new(run_id)
+        runs.drive_to(run_id, S.MODEL_RUNNING)
+    va, vb = (store.get_run(r).state_version for r in "ab")
+    before_b = store.events("b")
+    slots = [
+        _Slot((Commit("a", va, S.VALIDATING), Commit("a", va + 1, S.TOOL_RUNNING))),
+        # Its first commit goes in, its second is refused: the chain is undone alone.
+        _Slot((Commit("b", vb, S.VALIDATING, events=(NewEvent("e"),)), Commit("b", vb + 1, S.SUCCEEDED))),
+    ]
+    store._apply_group(slots)
+    assert slots[0].error is None and isinstance(slots[1].error, TransitionNotAllowed)
+    assert (store.get_run("a").state, store.get_run("a").state_version) == (S.TOOL_RUNNING, va + 2)
+    assert store.get_run("b").state_version == vb and store.events("b") == before_b
+    assert store.commit(Commit("b", vb, S.VALIDATING)).state is S.VALIDATING
 
 
 def test_many_fact_rows_in_one_commit_keep_their_order(store: Any, runs: Runs) -> None:
