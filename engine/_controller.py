@@ -111,9 +111,6 @@ class Controller(PeopleMixin):
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.secret = secret
-        #: Held commits by run (see the module's docstring): written with the
-        #: run's next commit. Only the thread driving the run touches its entry.
-        self._held: dict[str, tuple[Commit, ...]] = {}
         self._contexts: OrderedDict[str, tuple[dict[str, Any], Context | None]] = OrderedDict()
         #: Candidates just recorded, read back from their canonical text
         #: (exactly what the journal returns) by the validation that follows.
@@ -158,20 +155,20 @@ class Controller(PeopleMixin):
         return view, record
 
     def _commit(self, view: RunView, commit: Commit, *, hold: bool = False) -> None:
-        """Write ``commit`` (after the run's held ones, in one transaction)
+        """Write ``commit`` (after the view's held ones, in one transaction)
         and fold it into the view; with ``hold``, fold it now and write it
         with the next commit."""
-        held = self._held.pop(view.run_id, ())
+        held, view.unwritten = view.unwritten, ()
         if hold:
-            self._held[view.run_id] = (*held, commit)
+            view.unwritten = (*held, commit)
             version = view.state_version + 1
         else:
             version = self.store.commit(*held, commit).state_version
         self._fold(view, commit, version)
 
     def _flush(self, view: RunView) -> None:
-        """Write the run's held commits, if any."""
-        held = self._held.pop(view.run_id, ())
+        """Write the view's held commits, if any."""
+        held, view.unwritten = view.unwritten, ()
         if held:
             self.store.commit(*held)
 
@@ -196,27 +193,24 @@ class Controller(PeopleMixin):
         """Advance the run until it is terminal or waits for something outside."""
         view, record = self._load(run_id)
         config = self.config_for(record)
-        try:
-            while view.state not in TERMINAL:
-                try:
-                    if view.cancel_requested and view.state is not State.FINALIZING:
-                        self._cancel(view)
-                        continue
-                    if view.state is State.WAITING_USER:
-                        if not self._expire_if_due(view):
-                            break
-                        continue
-                    if self._handlers[view.state](view, config) is False:  # background work still runs
+        # An error leaves the view, and the moves it holds, unwritten: as if
+        # the process had died there.
+        while view.state not in TERMINAL:
+            try:
+                if view.cancel_requested and view.state is not State.FINALIZING:
+                    self._cancel(view)
+                    continue
+                if view.state is State.WAITING_USER:
+                    if not self._expire_if_due(view):
                         break
-                except StaleStateVersion:
-                    # Someone else moved the run (a reply, a cancel, another
-                    # worker): start again from what the journal says now.
-                    self._held.pop(run_id, None)
-                    view = self.load(run_id)
-            self._flush(view)
-        finally:
-            # Left by an error: never written, as if the process had died.
-            self._held.pop(run_id, None)
+                    continue
+                if self._handlers[view.state](view, config) is False:  # background work still runs
+                    break
+            except StaleStateVersion:
+                # Someone else moved the run (a reply, a cancel, another
+                # worker): start again from what the journal says now.
+                view = self.load(run_id)
+        self._flush(view)
         return view
 
     # -- READY ----------------------------------------------------------------
@@ -438,7 +432,7 @@ class Controller(PeopleMixin):
 
     def _artifact(self, view: RunView, artifact_id: str) -> Any:
         """An artifact of the run, held (not yet written) or stored."""
-        for commit in self._held.get(view.run_id, ()):
+        for commit in view.unwritten:
             for artifact in commit.artifacts:
                 if artifact.artifact_id == artifact_id:
                     return loads(artifact.canonical)

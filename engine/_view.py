@@ -16,7 +16,7 @@ from typing import Any
 
 from loopledger.validators import Evidence, Operation, Pending, RunFacts, StepRecord
 
-from ._records import RunRecord
+from ._records import Commit, RunRecord
 from ._states import State
 
 #: Operation outcomes that are a request's terminal result (CONTRACT).
@@ -133,6 +133,10 @@ class RunView:
     op_models: list[Operation | None] = field(default_factory=list, repr=False)
     _op_index: dict[str, int] = field(default_factory=dict, repr=False)
     _stale_models: list[str] = field(default_factory=list, repr=False)  # operation ids
+    #: Commits folded into this view but not yet written: held moves (see
+    #: the controller), written with the next commit of whoever holds this
+    #: view. Another caller's view of the same run never sees them.
+    unwritten: tuple[Commit, ...] = field(default=(), repr=False)
 
     @classmethod
     def blank(cls, run_id: str, tenant: str, prompt_version: str = "", model_route: str = "") -> RunView:

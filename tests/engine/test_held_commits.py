@@ -171,7 +171,6 @@ def test_an_error_with_held_commits_writes_none_of_them(runner: Runner, tmp_path
     handlers[State.VALIDATING] = broken
     with pytest.raises(RuntimeError, match="blew up"):
         runner.controller.drive(run_id)
-    assert runner.controller._held == {}
     record = runner.store.get_run(run_id)
     # Step 2's candidate (held with VALIDATING) was never written; step 1's
     # result went in with step 2's context.
@@ -182,4 +181,39 @@ def test_an_error_with_held_commits_writes_none_of_them(runner: Runner, tmp_path
     runner.drive_all([run_id])
     assert runner.outcome(run_id, scenario).ok
     assert [row["step"] for row in runner.store.facts("candidates", run_id)] == [1, 2, 3]
+    assert all_violations(tmp_path / "home") == []
+
+
+def test_a_cancel_from_another_caller_never_writes_the_drivers_held_moves(runner: Runner, tmp_path: Path) -> None:
+    """Held moves belong to the view of the caller that holds them: a cancel
+    requested meanwhile (its own view of the run) commits alone, and the
+    driver's next commit then loses its compare-and-set and starts again
+    from the journal, which has the cancel and not the held moves."""
+    scenario = load_scenario(SCENARIOS / "happy-refund.yaml")
+    run_id = runner.create(scenario, "v1")
+    handlers = runner.controller._handlers
+    evaluate = handlers[State.VALIDATING]
+    chains: list[tuple[str, ...]] = []
+    store_commit = runner.store.commit
+
+    def commit(*commits: Any) -> Any:
+        chains.append(tuple(c.to_state.value if c.to_state else "-" for c in commits))
+        return store_commit(*commits)
+
+    runner.store.commit = commit  # type: ignore[method-assign]
+
+    def cancel_first(view: Any, config: Any) -> None:
+        if not chains or chains[-1] != ("-",):
+            assert view.unwritten, "the move to VALIDATING is held"
+            assert runner.controller.request_cancel(run_id)
+        evaluate(view, config)
+
+    handlers[State.VALIDATING] = cancel_first
+    runner.drive_all([run_id])
+    assert runner.store.get_run(run_id).state is State.CANCELLED
+    assert chains[:3] == [("MODEL_RUNNING",), ("-",), ("VALIDATING", "TOOL_RUNNING")]  # the last one refused
+    assert runner.store.facts("candidates", run_id) == []
+    assert runner.store.operations(run_id) == []
+    kinds = [e.kind for e in runner.store.events(run_id)]
+    assert "cancel_requested" in kinds and "candidate_recorded" not in kinds
     assert all_violations(tmp_path / "home") == []
