@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from loopledger.canonical import canonical_json
-from loopledger.engine import Artifact, Commit, CommitResult, NewRun, State
+from loopledger.engine import Artifact, Commit, CommitResult, NewEvent, NewRun, State
 from loopledger.engine._clock import now_us
 from loopledger.engine._errors import StaleStateVersion, TerminalAlreadySet, TransitionNotAllowed, UnknownRun
 from loopledger.engine._records import FACT_COLUMNS, OPERATION_COLUMNS, SCHEMA_VERSION
@@ -39,6 +40,8 @@ _FACT_TABLE_COLUMNS = {name: tuple((c, c.endswith("_json")) for c in TABLES[name
                        for name in FACT_COLUMNS}
 _RUN_COLUMNS = tuple(TABLES["runs"].column_names)
 _OPERATION_COLUMNS = tuple(TABLES["operations"].column_names)
+#: An empty mapping, the default of a commit's mappings.
+_NONE: Mapping[str, Any] = MappingProxyType({})
 
 
 def _wall_us() -> int:
@@ -85,52 +88,72 @@ class TraceRows:
     def commit(self, c: Commit) -> CommitResult:
         check_commit_shape(c)
         run = self.runs.get(c.run_id)
+        first = run["last_seq"] + 1 if run is not None else 0
+        version = self.append(c.run_id, c.expected_version, c.to_state, c.step, c.attempt, c.payload, c.events,
+                              c.artifacts, c.facts, c.new_operations, c.operation_updates, c.counters, c.set_fields)
+        return CommitResult(c.run_id, self._state[c.run_id], version, first, self.runs[c.run_id]["last_seq"])
+
+    def append(self, run_id: str, expected_version: int, target: State | None, step: int | None,
+               attempt: int | None, payload: Mapping[str, Any], events: Iterable[NewEvent],
+               artifacts: Iterable[Artifact] = (), facts: Mapping[str, Iterable[Mapping[str, Any]]] = _NONE,
+               new_operations: Iterable[Mapping[str, Any]] = (),
+               operation_updates: Iterable[Mapping[str, Any]] = (), counters: Mapping[str, float] = _NONE,
+               set_fields: Mapping[str, Any] = _NONE) -> int:
+        """:meth:`commit` of a commit with these fields, without making the
+        :class:`Commit` or checking its shape: the importer's writer commits
+        through here (its commits have fixed shapes, which the journal path
+        of the tests checks with the journal's own rules). Returns the run's
+        new ``state_version``."""
+        run = self.runs.get(run_id)
         if run is None:
-            raise UnknownRun(c.run_id)
-        state = self._state[c.run_id]
+            raise UnknownRun(run_id)
+        state = self._state[run_id]
         if state in TERMINAL:
             # The journal keeps such commits as late events; an importer never makes one.
-            raise TerminalAlreadySet(c.run_id, state.value, c.to_state.value if c.to_state else None)
+            raise TerminalAlreadySet(run_id, state.value, target.value if target else None)
         version = run["state_version"]
-        if c.expected_version != version:
-            raise StaleStateVersion(c.run_id, c.expected_version, version)
-        target = c.to_state
+        if expected_version != version:
+            raise StaleStateVersion(run_id, expected_version, version)
         if target is not None and target not in ALLOWED[state]:
-            raise TransitionNotAllowed(c.run_id, state.value, target.value)
+            raise TransitionNotAllowed(run_id, state.value, target.value)
         final = target or state
         now = self._now()
         new_version = version + 1
-        step = run["steps"] if c.step is None else c.step
-        attempt = run["attempt"] if c.attempt is None else c.attempt
-        first = seq = run["last_seq"]
+        if step is None:
+            step = run["steps"]
+        if attempt is None:
+            attempt = run["attempt"]
+        seq = run["last_seq"]
+        rows = self.events
         if target is not None:
             seq += 1
-            self.events.append((c.run_id, seq, now, "transition", state._value_, target._value_, step, attempt,
-                                new_version, canonical_json(c.payload), SCHEMA_VERSION))
-        for event in c.events:
+            rows.append((run_id, seq, now, "transition", state._value_, target._value_, step, attempt,
+                         new_version, canonical_json(payload), SCHEMA_VERSION))
+        for event in events:
             seq += 1
-            self.events.append((c.run_id, seq, now, event.kind, final._value_, None, step, attempt, new_version,
-                                canonical_json(event.payload), SCHEMA_VERSION))
-        self._store(c.artifacts, c.run_id, now)
-        for table, rows in c.facts.items():
+            rows.append((run_id, seq, now, event.kind, final._value_, None, step, attempt, new_version,
+                         canonical_json(event.payload), SCHEMA_VERSION))
+        if artifacts:
+            self._store(artifacts, run_id, now)
+        for table, table_rows in facts.items():
             out = self.facts[table]
-            for row in rows:
-                values = {**row, "run_id": c.run_id, "seq": seq, "schema_version": SCHEMA_VERSION}
+            for row in table_rows:
+                values = {**row, "run_id": run_id, "seq": seq, "schema_version": SCHEMA_VERSION}
                 out.append(tuple((column_value(values, name) if is_json else values[name]) if name in values
                                  else DEFAULTS.get(name) for name, is_json in _FACT_TABLE_COLUMNS[table]))
-        for op in c.new_operations:
-            self._new_operation(c.run_id, seq, op)
-        for update in c.operation_updates:
-            self._update_operation(c.run_id, seq, update)
+        for op in new_operations:
+            self._new_operation(run_id, seq, op)
+        for update in operation_updates:
+            self._update_operation(run_id, seq, update)
         run.update(status=final._value_, state_version=new_version, last_seq=seq, steps=step, attempt=attempt)
-        for name, amount in c.counters.items():
+        for name, amount in counters.items():
             run[name] += amount
-        for name in c.set_fields:
-            run[name] = column_value(c.set_fields, name)
+        for name in set_fields:
+            run[name] = column_value(set_fields, name)
         if final in TERMINAL:
             run["ended_at"] = now
-        self._state[c.run_id] = final
-        return CommitResult(c.run_id, final, new_version, first + 1, seq)
+        self._state[run_id] = final
+        return new_version
 
     def add_label(self, label: Mapping[str, Any]) -> None:
         # label_id numbers the journal's labels; an imported label has none.
@@ -140,7 +163,7 @@ class TraceRows:
 
     # -- helpers ------------------------------------------------------------------
 
-    def _store(self, artifacts: tuple[Artifact, ...], run_id: str, now: int) -> None:
+    def _store(self, artifacts: Iterable[Artifact], run_id: str, now: int) -> None:
         for a in artifacts:
             if a.artifact_id in self.stored or a.artifact_id in self.known_artifacts:
                 continue

@@ -45,6 +45,7 @@ from loopledger.engine import Artifact, Commit, NewEvent, NewRun, RunView, State
 from loopledger.engine._results import reduce_result
 
 from ._import_model import NO_RESULT, Conversation, Message, Outcome, ToolResult, outcome_of
+from ._import_tables import TraceRows
 from ._import_tau import pair_results
 
 #: How a source's termination maps onto the engine's terminal states.
@@ -102,6 +103,8 @@ class RunWriter:
 
     def __init__(self, store: Any, conv: Conversation, suite: Any = None) -> None:
         self.store, self.conv, self.suite = store, conv, suite
+        # Trace rows take the commits' fields as they are; a journal takes Commits.
+        self.rows = store if isinstance(store, TraceRows) else None
         self.run_id = conv.run_id
         self.prompt_version = conv.prompt_version  # a hash of the system prompt: computed once
         self.version = 1
@@ -129,17 +132,22 @@ class RunWriter:
 
     def _commit(self, to: State | None, *, step: int | None = None, attempt: int | None = None,
                 payload: dict[str, Any] | None = None, events: Sequence[NewEvent] = (), **fields: Any) -> None:
-        commit = Commit(self.run_id, self.version, to, step, attempt, payload or {}, tuple(events), **fields)
-        result = self.store.commit(commit)
-        self.version = result.state_version
-        # The controller's fold of a commit (Controller._commit).
+        if payload is None:
+            payload = {}
+        if self.rows is not None:
+            self.version = self.rows.append(self.run_id, self.version, to, step, attempt, payload, events, **fields)
+        else:
+            commit = Commit(self.run_id, self.version, to, step, attempt, payload, tuple(events), **fields)
+            self.version = self.store.commit(commit).state_version
+        # The controller's fold of a commit (Controller._commit). Nothing here
+        # or in the view changes a payload, so the view is handed the writer's own.
         view = self.view
         step = view.step if step is None else step
         attempt = view.attempt if attempt is None else attempt
         if to is not None:
-            view.apply("transition", to.value, step, attempt, dict(commit.payload))
-        for event in commit.events:
-            view.apply(event.kind, None, step, attempt, dict(event.payload))
+            view.apply("transition", to._value_, step, attempt, payload)
+        for event in events:
+            view.apply(event.kind, None, step, attempt, event.payload)
         view.step, view.attempt = step, attempt
 
     def _label(self, step: int, candidate_id: str, expected: str, note: str) -> None:
