@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from loopledger.canonical import Canonical
 from loopledger.engine import BadInput
@@ -133,6 +133,34 @@ class Conversation:
     @property
     def prompt_version(self) -> str:
         return "sha256:" + hashlib.sha256(self.system_prompt.encode()).hexdigest()[:12]
+
+
+class Runs(Sequence[Conversation]):
+    """A file's runs, each converted from its record (and checked) when it is
+    asked for: a process that imports part of a file (see ``_import_run``)
+    converts that part only. Asking twice converts twice."""
+
+    def __init__(self, count: int, convert: Callable[[int], Conversation]) -> None:
+        self._count = count
+        self._convert = convert
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> Conversation: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Conversation]: ...
+
+    def __getitem__(self, index: int | slice) -> Conversation | list[Conversation]:
+        if isinstance(index, slice):
+            return [self._convert(i) for i in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(index)
+        return self._convert(index)
 
 
 # --- tool catalogues ----------------------------------------------------------------

@@ -19,21 +19,21 @@ from pathlib import Path
 
 from loopledger.canonical import Canonical
 
-from ._import_model import Conversation, ImportInputError, tool_specs
+from ._import_model import Conversation, ImportInputError, Runs, tool_specs
 from ._import_tau import load_catalogue, openai_message, read_json
 
 
-def read_openai_jsonl(path: Path, tools: Path | None = None) -> list[Conversation]:
+def read_openai_jsonl(path: Path, tools: Path | None = None) -> Runs:
     file = str(path)
     shared = load_catalogue(tools)[0] if tools is not None else None
-    out = []
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ImportInputError(file, None, f"cannot read as UTF-8 text: {exc}") from None
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+
+    def convert(index: int) -> Conversation:
+        number, line = lines[index]
         where = f"line {number}"
         try:
             record = json.loads(line)
@@ -54,7 +54,7 @@ def read_openai_jsonl(path: Path, tools: Path | None = None) -> list[Conversatio
         reward = meta.get("reward")
         if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
             raise ImportInputError(file, f"{where}.metadata.reward", "expected a number")
-        out.append(Conversation(
+        return Conversation(
             source=str(meta.get("source") or "openai-jsonl"), file=path.name, record=where,
             source_id=str(meta.get("id") or where), task_id=str(meta.get("task_id") or f"{path.stem}/{number}"),
             model=str(meta.get("model") or "unknown"),
@@ -63,8 +63,9 @@ def read_openai_jsonl(path: Path, tools: Path | None = None) -> list[Conversatio
             reward=float(reward) if reward is not None else None,
             termination=str(meta.get("termination") or "completed"),
             metadata={k: v for k, v in meta.items() if k not in ("reward",)},
-        ))
-    return out
+        )
+
+    return Runs(len(lines), convert)
 
 
 def read_toolbench(path: Path, tools: Path | None = None) -> list[Conversation]:

@@ -25,7 +25,9 @@ from ._import_model import Conversation, ImportInputError
 from ._import_openai import read_openai_jsonl, read_toolbench
 from ._import_tau import expand, read_tau2, read_tau_bench
 
-Reader = Callable[[Path, "Path | None"], list[Conversation]]
+#: A format's reader: a file (and the ``--tools`` file) → its runs, each
+#: converted when asked for (a :class:`~._import_model.Runs`) or all at once.
+Reader = Callable[[Path, "Path | None"], Sequence[Conversation]]
 
 #: Format name → (reader, file patterns a folder is searched for).
 FORMATS: dict[str, tuple[Reader, tuple[str, ...]]] = {
@@ -84,23 +86,29 @@ def _sources(fmt: str, paths: Iterable[str | os.PathLike[str]], tools: str | os.
     return _Source(fmt, reader, list(expand([Path(p) for p in paths], patterns)), tools_path)
 
 
-def _read_file(source: _Source, path: Path) -> list[Conversation]:
-    """One file's conversations, checked; :class:`ImportInputError` if it is bad."""
+def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) -> tuple[int, list[Conversation]]:
+    """How many runs one file holds, and those of the fraction ``[lo, hi)``
+    of them, converted and checked; :class:`ImportInputError` if the file,
+    or a record of that part, is bad."""
     fmt = source.fmt
-    conversations = source.reader(path, source.tools)
-    if not conversations and fmt != "toolbench":  # toolbench: see read_toolbench
+    runs = source.reader(path, source.tools)
+    n = len(runs)
+    if not n and fmt != "toolbench":  # toolbench: see read_toolbench
         raise ImportInputError(str(path), None, f"no runs in this file; is it {fmt}?")
-    for conv in conversations:
+    conversations = []
+    for index in range(int(lo * n), int(hi * n)):  # the first bad record is the one named, in any part
+        conv = runs[index]
         if not any(m.role == "assistant" for m in conv.messages):
             raise ImportInputError(str(path), conv.record, "no assistant message: nothing the agent decided")
-    return conversations
+        conversations.append(conv)
+    return n, conversations
 
 
 def read_conversations(fmt: str, paths: Iterable[str | os.PathLike[str]],
                        tools: str | os.PathLike[str] | None = None) -> list[tuple[Path, list[Conversation]]]:
     """Read and check every file; raise :class:`ImportInputError` on the first bad one."""
     source = _sources(fmt, paths, tools)
-    return [(path, _read_file(source, path)) for path in source.files]
+    return [(path, _read_file(source, path)[1]) for path in source.files]
 
 
 def import_traces(fmt: str, paths: Sequence[str | os.PathLike[str]], *, home: str | os.PathLike[str] | None = None,
@@ -239,9 +247,10 @@ def _write_pieces(job: _Job, pieces: Sequence[Piece], rows: Any) -> tuple[Any, d
     totals: dict[int, int] = {}
     seen: set[str] = set()
     for index, lo, hi in pieces:
-        conversations = _read_file(job.source, job.source.files[index])
-        n = totals[index] = len(conversations)
-        for conv in conversations[int(lo * n):int(hi * n)]:
+        # Only this piece's runs are converted and checked: those of a file
+        # cut between shares are checked by one share or the other.
+        totals[index], conversations = _read_file(job.source, job.source.files[index], lo, hi)
+        for conv in conversations:
             if conv.run_id in job.existing or conv.run_id in seen:
                 continue  # a run repeated (in a file or across files) is imported once
             seen.add(conv.run_id)

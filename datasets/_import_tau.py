@@ -32,6 +32,7 @@ from ._import_model import (
     Conversation,
     ImportInputError,
     Message,
+    Runs,
     ToolCall,
     ToolResult,
     read_only_map,
@@ -162,7 +163,7 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Mess
 # --- tau-bench -----------------------------------------------------------------------
 
 
-def read_tau_bench(path: Path, tools: Path | None = None) -> list[Conversation]:
+def read_tau_bench(path: Path, tools: Path | None = None) -> Runs:
     data = read_json(path)
     file = str(path)
     if not isinstance(data, list):
@@ -171,15 +172,16 @@ def read_tau_bench(path: Path, tools: Path | None = None) -> list[Conversation]:
     # gpt-4o-airline.json: the model, then the domain.
     stem = path.name.removesuffix(".gz").removesuffix(".json")
     model, _, domain = stem.rpartition("-")
-    catalogue = None
-    out = []
-    for index, record in enumerate(data):
+    catalogue: list[Canonical] = []  # read with the first record converted
+
+    def convert(index: int) -> Conversation:
+        record = data[index]
         where = f"record {index}"
         if not isinstance(record, dict) or not isinstance(record.get("traj"), list):
             raise ImportInputError(file, where, "expected {task_id, trial, reward, info, traj} with traj a list")
         messages = [openai_message(m, f"{where}.traj[{i}]", file) for i, m in enumerate(record["traj"])]
-        if catalogue is None:
-            catalogue = _catalogue_near(path, domain or "airline", tools)
+        if not catalogue:
+            catalogue.append(_catalogue_near(path, domain or "airline", tools))
         system = next((m.content or "" for m in messages if m.role == "system"), "")
         last = messages[-1] if messages else None
         stopped = last is not None and last.role == "user" and "###STOP###" in (last.content or "")
@@ -188,19 +190,20 @@ def read_tau_bench(path: Path, tools: Path | None = None) -> list[Conversation]:
             raise ImportInputError(file, f"{where}.reward", "expected a number")
         info = record.get("info") if isinstance(record.get("info"), dict) else {}
         task = info.get("task") if isinstance(info.get("task"), dict) else {}
-        out.append(Conversation(
+        return Conversation(
             source="tau-bench", file=path.name, record=where,
             source_id=f"{record.get('task_id')}:{record.get('trial')}:{index}",
             task_id=f"{domain or 'tau-bench'}/{record.get('task_id')}", model=model or "unknown",
-            system_prompt=system, messages=tuple(messages), tools=catalogue,
+            system_prompt=system, messages=tuple(messages), tools=catalogue[0],
             reward=float(reward) if reward is not None else None,
             # tau-bench records no termination; a transcript that ends on a
             # tool result instead of the user's ###STOP### ran out of steps.
             termination="user_stop" if stopped else "max_steps",
             metadata={"trial": record.get("trial"), "domain": domain, "user_id": task.get("user_id"),
                       "termination_inferred": True},
-        ))
-    return out
+        )
+
+    return Runs(len(data), convert)
 
 
 # --- tau2 ----------------------------------------------------------------------------
@@ -215,7 +218,7 @@ def _tau2_catalogues(path: Path, domain: str, explicit: Path | None) -> Canonica
     return _catalogue_near(path, base, None)
 
 
-def read_tau2(path: Path, tools: Path | None = None) -> list[Conversation]:
+def read_tau2(path: Path, tools: Path | None = None) -> Runs:
     data = read_json(path)
     file = str(path)
     if not isinstance(data, dict) or not isinstance(data.get("simulations"), list):
@@ -228,33 +231,36 @@ def read_tau2(path: Path, tools: Path | None = None) -> list[Conversation]:
     policy = str(env.get("policy") or "")
     model = str(agent.get("llm") or "unknown")
     tasks = {str(t.get("id")): t for t in data.get("tasks") or () if isinstance(t, dict)}
-    catalogue = None
-    out = []
-    for index, sim in enumerate(data["simulations"]):
+    simulations = data["simulations"]
+    catalogue: list[Canonical] = []  # read with the first simulation converted
+
+    def convert(index: int) -> Conversation:
+        sim = simulations[index]
         where = f"simulations[{index}]"
         if not isinstance(sim, dict) or not isinstance(sim.get("messages"), list) or "id" not in sim:
             raise ImportInputError(file, where, "expected a simulation with 'id' and a 'messages' list")
         messages = [openai_message(m, f"{where}.messages[{i}]", file, tau2=True)
                     for i, m in enumerate(sim["messages"])]
-        if catalogue is None:
-            catalogue = _tau2_catalogues(path, domain, tools)
+        if not catalogue:
+            catalogue.append(_tau2_catalogues(path, domain, tools))
         reward_info = sim.get("reward_info") if isinstance(sim.get("reward_info"), dict) else {}
         reward = reward_info.get("reward")
         if reward is not None and not isinstance(reward, (int, float)):
             raise ImportInputError(file, f"{where}.reward_info.reward", "expected a number")
         task_id = str(sim.get("task_id"))
-        out.append(Conversation(
+        return Conversation(
             source="tau2", file=path.name, record=where, source_id=str(sim["id"]),
             task_id=f"{domain}/{task_id}", model=model,
             # The agent's system prompt is tau2's fixed wrapper around the
             # domain policy: the policy is what varies between files.
-            system_prompt=policy, messages=(Message("system", policy),) + tuple(messages), tools=catalogue,
+            system_prompt=policy, messages=(Message("system", policy),) + tuple(messages), tools=catalogue[0],
             reward=float(reward) if reward is not None else None,
             termination=str(sim.get("termination_reason") or "completed"),
             metadata={"trial": sim.get("trial"), "domain": domain, "start_time": sim.get("start_time"),
                       "task_known": task_id in tasks},
-        ))
-    return out
+        )
+
+    return Runs(len(simulations), convert)
 
 
 def expand(paths: list[Path], patterns: tuple[str, ...]) -> Iterator[Path]:

@@ -139,6 +139,26 @@ def test_a_bad_file_read_by_a_worker_process_names_it(tmp_path: Path, monkeypatc
     assert table(tmp_path / "home", "runs") == []
 
 
+def test_a_share_converts_and_checks_only_its_part_of_a_cut_file(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file cut between processes: each converts its part of the runs, and
+    a bad record is found by the process whose part holds it."""
+    from loopledger.datasets._import_run import _Job, _sources, _write_pieces
+
+    path = tmp_path / "chats.jsonl"
+    good = _chats(tmp_path, 7, "good.jsonl").read_text()
+    path.write_text('{"messages": [{"role": "robot", "content": "beep"}]}\n' + good)  # 8 runs, the first bad
+    job = _Job(_sources("openai-jsonl", [path], None), None, set(), set())
+    counts, totals, written = _write_pieces(job, [(0, 0.5, 1.0)], TraceRows())
+    assert totals == {0: 8} and counts[0]["runs"] == 4 and len(written) == 4
+    with pytest.raises(ImportInputError, match="robot"):
+        _write_pieces(job, [(0, 0.0, 0.5)], TraceRows())
+    _in_parallel(monkeypatch, 2)
+    with pytest.raises(ImportInputError, match="robot") as caught:
+        import_traces("openai-jsonl", [path], home=tmp_path / "home")
+    assert caught.value.record and "line 1" in caught.value.record
+
+
 def test_an_import_cut_before_its_manifest_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from loopledger.engine import _recorder
 
