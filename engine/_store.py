@@ -380,7 +380,7 @@ class SQLRunStore:
         the one before it leaves, in the same transaction: all of them are
         durable or none is. Returns the last one's result (its ``first_seq``
         the first one's)."""
-        chain = (commit, *then) if then else None
+        chain = (commit, *then)
         _check_commit_shape(commit)
         for c in then:
             _check_commit_shape(c)
@@ -388,19 +388,19 @@ class SQLRunStore:
                 raise ValueError(f"a chain of commits is one run's: {c.run_id} after {commit.run_id}")
         if self._in_batch():
             with self._write() as conn:
-                result, late = self._chain_txn(conn, chain) if chain else self._commit_txn(conn, commit)
+                result, late = self._commit_txn(conn, chain)
             if late is not None:
                 raise late
             return result
         if self.group_commit:
-            return self._group.submit(chain or (commit,))
+            return self._group.submit(chain)
         # The transaction is spelled out rather than taken from _write(): this
         # is the hottest path of the engine.
         with self._lock:
             conn = self._conn
             self._begin_write(conn)
             try:
-                result, late = self._chain_txn(conn, chain) if chain else self._commit_txn(conn, commit)
+                result, late = self._commit_txn(conn, chain)
             except BaseException:
                 conn.execute("ROLLBACK")
                 self._heads.pop(commit.run_id, None)
@@ -411,88 +411,108 @@ class SQLRunStore:
             raise late
         return result
 
-    def _chain_txn(self, conn: Any, chain: Sequence[Commit]) -> tuple[CommitResult, TerminalAlreadySet | None]:
-        """Each commit of ``chain`` in turn, in the caller's transaction. On a
-        terminal run every one of them is kept as late events, and the first
-        refusal is the chain's."""
-        first_seq = None
-        refused = None
-        now = now_us()  # one transaction, one moment
-        for c in chain:
-            result, late = self._commit_txn(conn, c, now)
-            first_seq = result.first_seq if first_seq is None else first_seq
-            refused = refused or late
-        return replace(result, first_seq=first_seq), refused
-
     def _commit_txn(
-        self, conn: Any, c: Commit, now: int | None = None
+        self, conn: Any, chain: Sequence[Commit], now: int | None = None
     ) -> tuple[CommitResult, TerminalAlreadySet | None]:
-        run_id = c.run_id
+        """Apply ``chain`` (one commit, or several of one run, each expecting
+        the version the one before it leaves) in the caller's transaction.
+
+        Every commit is checked before anything is written, so a refusal
+        writes nothing. Then one update of the run row (the compare-and-set,
+        for the whole chain) and one insert of all the events; each commit
+        keeps its own state version, transition event, and ``seq`` on its
+        facts and operations.
+        """
+        run_id = chain[0].run_id
         head = self._heads.get(run_id)
-        remembered = head is not None and head[0] == c.expected_version
+        remembered = head is not None and head[0] == chain[0].expected_version
         if not remembered:
             head = self._read_head(conn, run_id)
         version, state, last_seq, step, attempt = head
         now = now or now_us()
-        source = state._value_
-        if source in _TERMINAL_NAMES:
-            return self._late_txn(conn, c, state, version, last_seq, step, attempt, now)
-        if c.expected_version != version:
-            raise StaleStateVersion(run_id, c.expected_version, version)
-        target = c.to_state
-        if target is not None and target._value_ not in _ALLOWED_NAMES[source]:
-            raise TransitionNotAllowed(run_id, source, target._value_)
-        final = target or state
-        final_name = final._value_
-        new_version = version + 1
-        new_step = step if c.step is None else c.step
-        new_attempt = attempt if c.attempt is None else c.attempt
-        events = c.events
-        seq = last_seq + (target is not None) + len(events)
+        if state._value_ in _TERMINAL_NAMES:
+            return self._late_chain(conn, chain, head, now)
+
+        seq, rows, ends = last_seq, [], []
+        deltas: dict[str, list[Any]] = {}
+        set_fields: dict[str, Any] = {}
+        for c in chain:
+            if c.expected_version != version:
+                raise StaleStateVersion(run_id, c.expected_version, version)
+            source = state._value_
+            if source in _TERMINAL_NAMES:
+                raise ValueError(f"run {run_id}: a commit after the terminal state in one chain")
+            target = c.to_state
+            if target is not None:
+                if target._value_ not in _ALLOWED_NAMES[source]:
+                    raise TransitionNotAllowed(run_id, source, target._value_)
+                state = target
+            name = state._value_
+            version += 1
+            if c.step is not None:
+                step = c.step
+            if c.attempt is not None:
+                attempt = c.attempt
+            if target is not None:
+                seq += 1
+                rows.append((run_id, seq, now, "transition", source, name, step, attempt, version,
+                             canonical_json(c.payload), SCHEMA_VERSION))
+            for event in c.events:
+                seq += 1
+                rows.append((run_id, seq, now, event.kind, name, None, step, attempt, version,
+                             canonical_json(event.payload), SCHEMA_VERSION))
+            ends.append(seq)
+            for counter, delta in c.counters.items():
+                deltas.setdefault(counter, []).append(delta)
+            set_fields.update(c.set_fields)
 
         # The compare-and-set comes first: when the head this store
         # remembered is stale (another process moved the run), nothing has
         # been written yet, and the run is read for the precise refusal.
-        terminal = final_name in _TERMINAL_NAMES
-        params: list[Any] = [final_name, new_version, seq, new_step, new_attempt, now]
-        counters, set_fields = c.counters, c.set_fields
-        if counters:
-            params += counters.values()
+        # Counters add each commit's delta in turn, as separate commits would.
+        terminal = state._value_ in _TERMINAL_NAMES
+        params: list[Any] = [state._value_, version, seq, step, attempt, now]
+        for values in deltas.values():
+            params += values
         if set_fields:
             params += (_column_value(set_fields, name) for name in set_fields)
         if terminal:
             params.append(now)
-        params += (run_id, version)
-        updated = conn.execute(self._update_run_sql(tuple(counters), tuple(set_fields), terminal), params)
+        params += (run_id, head[0])
+        shape = tuple((counter, len(values)) for counter, values in deltas.items())
+        updated = conn.execute(self._update_run_sql(shape, tuple(set_fields), terminal), params)
         if updated.rowcount != 1:
             if remembered:
                 self._heads.pop(run_id, None)
-                return self._commit_txn(conn, c, now)
+                return self._commit_txn(conn, chain, now)
             # Read under the write lock a moment ago: cannot happen; refuse loudly.
-            raise StaleStateVersion(run_id, c.expected_version, -1)
+            raise StaleStateVersion(run_id, chain[0].expected_version, -1)
 
-        seq = last_seq
-        rows = []
-        if target is not None:
-            seq += 1
-            rows.append((run_id, seq, now, "transition", source, final_name, new_step, new_attempt,
-                         new_version, canonical_json(c.payload), SCHEMA_VERSION))
-        for event in events:
-            seq += 1
-            rows.append((run_id, seq, now, event.kind, final_name, None, new_step, new_attempt,
-                         new_version, canonical_json(event.payload), SCHEMA_VERSION))
         self._insert_rows(conn, _EVENTS_INSERT, _EVENT_WIDTH, rows)
-        if c.artifacts:
-            self._store_artifacts(conn, run_id, seq, now, c.artifacts)
-        if c.facts:
-            self._insert_facts(conn, run_id, seq, c.facts)
-        if c.new_operations or c.operation_updates:
-            self._write_operations(conn, run_id, seq, c.new_operations, c.operation_updates)
+        for c, at in zip(chain, ends):
+            if c.artifacts:
+                self._store_artifacts(conn, run_id, at, now, c.artifacts)
+            if c.facts:
+                self._insert_facts(conn, run_id, at, c.facts)
+            if c.new_operations or c.operation_updates:
+                self._write_operations(conn, run_id, at, c.new_operations, c.operation_updates)
         if terminal:
             self._heads.pop(run_id, None)
         else:
-            self._remember_head(run_id, (new_version, final, seq, new_step, new_attempt))
-        return CommitResult(run_id, final, new_version, last_seq + 1, seq), None
+            self._remember_head(run_id, (version, state, seq, step, attempt))
+        return CommitResult(run_id, state, version, last_seq + 1, seq), None
+
+    def _late_chain(
+        self, conn: Any, chain: Sequence[Commit], head: tuple[int, State, int, int, int], now: int
+    ) -> tuple[CommitResult, TerminalAlreadySet | None]:
+        """Every commit of ``chain`` on a run that has ended, as late events;
+        the first refusal is the chain's."""
+        version, state, last_seq, step, attempt = head
+        first_seq, refused = last_seq + 1, None
+        for c in chain:
+            result, late = self._late_txn(conn, c, state, version, last_seq, step, attempt, now)
+            last_seq, refused = result.last_seq, refused or late
+        return replace(result, first_seq=first_seq), refused
 
     def _read_head(self, conn: Any, run_id: str) -> tuple[int, State, int, int, int]:
         row = conn.execute(self._stmt["lock_run"], (run_id,)).fetchone()
@@ -544,16 +564,10 @@ class SQLRunStore:
         """Apply each slot's commit; False when one failed after it may have
         written (the transaction then holds a partial commit)."""
         for slot in slots:
-            chain = slot.chain
             try:
-                if len(chain) == 1:
-                    slot.result, slot.late = self._commit_txn(conn, chain[0])
-                else:
-                    slot.result, slot.late = self._chain_txn(conn, chain)
+                slot.result, slot.late = self._commit_txn(conn, slot.chain)
             except _REFUSED_BEFORE_WRITING as exc:
-                if len(chain) > 1:  # a later commit of the chain may be the one refused, after the first wrote
-                    return False
-                self._heads.pop(chain[0].run_id, None)
+                self._heads.pop(slot.chain[0].run_id, None)
                 slot.error = exc
             except Exception:  # noqa: BLE001 - redone in savepoints, where it is handed to its caller
                 return False
@@ -563,19 +577,21 @@ class SQLRunStore:
         for slot in slots:
             conn.execute("SAVEPOINT one_commit")
             try:
-                slot.result, slot.late = self._chain_txn(conn, slot.chain)
+                slot.result, slot.late = self._commit_txn(conn, slot.chain)
             except Exception as exc:  # noqa: BLE001 - handed to the caller that owns it
                 conn.execute("ROLLBACK TO one_commit")
                 self._heads.pop(slot.chain[0].run_id, None)
                 slot.error = exc
             conn.execute("RELEASE one_commit")
 
-    def _update_run_sql(self, counters: tuple[str, ...], fields: tuple[str, ...], terminal: bool) -> str:
+    def _update_run_sql(self, counters: tuple[tuple[str, int], ...], fields: tuple[str, ...], terminal: bool) -> str:
+        """The run row's compare-and-set; ``counters``: (name, how many
+        deltas are added to it)."""
         key = (counters, fields, terminal)
         sql = self._update_cache.get(key)
         if sql is None:
             assignments = ["state = ?", "state_version = ?", "last_seq = ?", "step = ?", "attempt = ?", "updated_at = ?"]
-            assignments += [f"{name} = {name} + ?" for name in counters]
+            assignments += [f"{name} = {name}" + " + ?" * times for name, times in counters]
             assignments += [f"{name} = ?" for name in fields]
             if terminal:
                 assignments.append("ended_at = ?")
