@@ -14,6 +14,7 @@ file twice adds nothing.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -186,10 +187,16 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
         return _in_one_process(job)
     shares = _cut(sizes, workers)
     _SHARES[:] = [job, shares]
+    # The forked processes share this one's objects until they write to them,
+    # and a full collection there writes to every one it visits (most of a
+    # share's collection time, and a copy of each page it touches): frozen,
+    # they are left out of collections until the processes are done.
+    gc.freeze()
     try:
         with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("fork")) as pool:
             outcomes = list(pool.map(_write_share, range(len(shares))))
     finally:
+        gc.unfreeze()
         _SHARES.clear()
     written = [run_ids for _, _, run_ids, _ in outcomes]
     if sum(map(len, written)) != len(set().union(*written)):
@@ -231,6 +238,9 @@ def _in_one_process(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
 def _write_share(number: int) -> tuple[Any, ...]:
     from ._import_tables import TraceRows
 
+    # A forked process that ends with the import: what it makes is kept to
+    # the end (the rows) or freed as it is dropped, with no cycles to find.
+    gc.disable()
     job, shares = _SHARES
     rows = TraceRows(job.known_artifacts)
     counts, totals, run_ids = _write_pieces(job, shares[number], rows)
