@@ -185,7 +185,7 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
     workers = min(os.cpu_count() or 1, len(files) * 4)
     if sum(sizes) < PARALLEL_FROM_BYTES or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return _in_one_process(job)
-    shares = _cut(sizes, workers)
+    shares = _cut([_json_bytes(path, size) for path, size in zip(files, sizes)], workers)
     _SHARES[:] = [job, shares]
     # The forked processes share this one's objects until they write to them,
     # and a full collection there writes to every one it visits (most of a
@@ -208,6 +208,22 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
             counts[index].update(counted)
         totals.update(share_totals)
     return _file_imports(files, counts, totals), concat_tables([tables for *_, tables in outcomes])
+
+
+def _json_bytes(path: Path, size: int) -> int:
+    """About how many bytes of JSON the file of ``size`` bytes holds, to
+    weigh the shares: a gzip file's own record of its uncompressed size (its
+    last four bytes, modulo 4 GiB), else its size. tau2's files compress 5
+    to 14 times: cut by their gzip bytes, the share holding the
+    least-compressed ones had 25% more work than the other."""
+    try:
+        with open(path, "rb") as handle:
+            if size < 18 or handle.read(2) != b"\x1f\x8b":
+                return size
+            handle.seek(-4, os.SEEK_END)
+            return max(1, int.from_bytes(handle.read(4), "little"))
+    except OSError:
+        return size  # reading it will say what is wrong
 
 
 def _cut(sizes: list[int], parts: int) -> list[list[Piece]]:

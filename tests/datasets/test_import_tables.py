@@ -159,6 +159,22 @@ def test_a_share_converts_and_checks_only_its_part_of_a_cut_file(tmp_path: Path,
     assert caught.value.record and "line 1" in caught.value.record
 
 
+def test_shares_are_weighed_by_the_bytes_of_json_a_file_holds(tmp_path: Path) -> None:
+    import gzip
+
+    from loopledger.datasets._import_run import _cut, _json_bytes
+
+    text = _chats(tmp_path, 40).read_bytes()
+    packed = tmp_path / "chats.json.gz"
+    packed.write_bytes(gzip.compress(text))
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(text)
+    assert _json_bytes(packed, packed.stat().st_size) == len(text) > 4 * packed.stat().st_size
+    assert _json_bytes(plain, len(text)) == len(text)
+    # A small gzip file and a large plain one of the same JSON weigh the same: the cut is between them.
+    assert _cut([_json_bytes(packed, packed.stat().st_size), len(text)], 2) == [[(0, 0.0, 1.0)], [(1, 0.0, 1.0)]]
+
+
 def test_an_import_cut_before_its_manifest_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from loopledger.engine import _recorder
 
