@@ -42,6 +42,10 @@ EMPTY_FILE = "empty.parquet"
 #: Segments published from outside the journal (imported runs): ``imp-<n>.parquet``.
 IMPORT_PREFIX = "imp-"
 LOCK_FILE = ".export.lock"
+#: The export's per-run seq ranges, which the append tables' queries join
+#: (engine/_tables.py); read in run_id order, its key.
+RANGES_TABLE_SQL = ("CREATE TEMP TABLE IF NOT EXISTS _export_ranges"
+                    " (run_id TEXT PRIMARY KEY, lo INTEGER NOT NULL, hi INTEGER NOT NULL) WITHOUT ROWID")
 COMPRESSION = "zstd"
 
 
@@ -199,10 +203,7 @@ class Recorder:
             reader.execute("BEGIN")
         result = ExportResult(export_id, runs=len(ranges))
         try:
-            reader.execute(
-                "CREATE TEMP TABLE IF NOT EXISTS _export_ranges"
-                " (run_id TEXT PRIMARY KEY, lo INTEGER NOT NULL, hi INTEGER NOT NULL)"
-            )
+            reader.execute(RANGES_TABLE_SQL)
             reader.execute("DELETE FROM _export_ranges")
             reader.executemany("INSERT INTO _export_ranges VALUES (?, ?, ?)", ranges)
             for name, table in TABLES.items():

@@ -8,7 +8,8 @@ the command line starts fast.
 Two kinds of table:
 
 * **append** tables grow by segments: rows are selected by the export's
-  per-run seq ranges (``_export_ranges``: run_id, lo, hi), or for the global
+  per-run seq ranges (``_export_ranges``: run_id, lo, hi; a WITHOUT ROWID
+  table, so it is read in run_id order), or for the global
   tables ``artifacts`` and ``labels`` by a sequence-number range (the two
   ``?``), and never change once written;
 * **snapshot** tables (``runs``, ``operations``) hold mutable records and
@@ -59,7 +60,12 @@ def _c(name: str, kind: str = "str", sql: str | None = None, doc: str = "") -> C
     return Column(name, kind, sql, doc)
 
 
-_BY_SEQ = "_export_ranges x JOIN {table} t ON t.run_id = x.run_id AND t.seq > x.lo AND t.seq <= x.hi"
+#: Rows of the export's per-run ranges. The ranges drive the join (CROSS JOIN
+#: keeps that order in SQLite, and the tables sort by ``x.run_id``, the
+#: ranges table's key): an export of a few runs seeks their rows instead of
+#: scanning every row of a large journal, and a full export still needs no
+#: sort.
+_BY_SEQ = "_export_ranges x CROSS JOIN {table} t ON t.run_id = x.run_id AND t.seq > x.lo AND t.seq <= x.hi"
 
 TABLES: dict[str, TraceTable] = {
     t.name: t
@@ -112,7 +118,7 @@ TABLES: dict[str, TraceTable] = {
                 _c("schema_version", "int"),
             ),
             _BY_SEQ.format(table="events"),
-            "t.run_id, t.seq",
+            "x.run_id, t.seq",
         ),
         TraceTable(
             "artifacts",
@@ -150,7 +156,7 @@ TABLES: dict[str, TraceTable] = {
                 _c("schema_version", "int"),
             ),
             _BY_SEQ.format(table="candidates"),
-            "t.run_id, t.seq, t.step, t.attempt",
+            "x.run_id, t.seq, t.step, t.attempt",
         ),
         TraceTable(
             "validations",
@@ -171,7 +177,7 @@ TABLES: dict[str, TraceTable] = {
                 _c("schema_version", "int"),
             ),
             _BY_SEQ.format(table="validations"),
-            "t.run_id, t.seq, t.rowid",
+            "x.run_id, t.seq, t.rowid",
         ),
         TraceTable(
             "operations",
@@ -213,7 +219,7 @@ TABLES: dict[str, TraceTable] = {
                 _c("schema_version", "int"),
             ),
             _BY_SEQ.format(table="loop_diagnoses"),
-            "t.run_id, t.seq, t.rowid",
+            "x.run_id, t.seq, t.rowid",
         ),
         TraceTable(
             "labels",

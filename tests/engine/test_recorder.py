@@ -617,3 +617,26 @@ def test_exports_from_several_processes_at_once_publish_each_row_once(store: Any
         assert proc.returncode == 0, err
     Recorder(store, traces).export()
     assert_traces_equal_journal(traces, journal)
+
+
+def test_an_export_seeks_the_rows_of_its_runs_instead_of_scanning_the_journal(tmp_path: Path) -> None:
+    """The per-run ranges drive every append table's query, in key order:
+    an export of a few runs costs their rows, not the journal's size, and a
+    full export needs no sort. Read from SQLite's own query plans."""
+    from loopledger.engine._recorder import RANGES_TABLE_SQL
+    from loopledger.engine._sqlite import connect
+    from loopledger.engine._tables import TABLES
+
+    store = SQLiteRunStore(tmp_path / "journal.sqlite")
+    store.close()
+    conn = connect(tmp_path / "journal.sqlite")
+    conn.execute(RANGES_TABLE_SQL)
+    by_range = [t for t in TABLES.values() if t.kind == "append" and not t.bounded]
+    assert {t.name for t in by_range} >= {"events", "candidates", "validations", "loop_diagnoses"}
+    for table in by_range:
+        plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + table.select_sql())]
+        assert plan[0] == "SCAN x", (table.name, plan)
+        assert plan[1].startswith("SEARCH t USING"), (table.name, plan)
+        assert not any(step.startswith("SCAN t") for step in plan), (table.name, plan)
+        assert "USE TEMP B-TREE FOR ORDER BY" not in plan, (table.name, plan)
+    conn.close()
