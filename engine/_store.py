@@ -6,15 +6,19 @@ now, PostgreSQL behind the same protocol) overrides only small hooks:
 connecting, beginning a write transaction, locking a run row, the parameter
 placeholder and telling a unique-key violation from other errors.
 
-The heart is :meth:`SQLRunStore.commit`. In one transaction it
+The heart is :meth:`SQLRunStore.commit`, of one commit or of a chain of one
+run's commits. In one transaction it
 
-1. reads the run row (locked for writing),
-2. keeps the commit as ``late_event`` rows if the run is already terminal,
-3. else checks ``expected_version == state_version`` (compare-and-set) and
-   the move against ``ALLOWED``,
-4. appends events with seq ``last_seq + 1 ...``, stores new artifacts (once
-   per content id), facts and operations,
-5. advances the run: state, ``state_version + 1``, ``last_seq``, counters.
+1. takes the run's head (the one it remembers, else the row, read under the
+   write lock),
+2. keeps the commits as ``late_event`` rows if the run is already terminal,
+3. else checks each commit's ``expected_version`` and move against
+   ``ALLOWED``, before anything is written,
+4. advances the run row: state, ``state_version`` (+1 per commit),
+   ``last_seq``, counters; guarded by the first expected version, this
+   update is the compare-and-set,
+5. appends events with seq ``last_seq + 1 ...``, stores new artifacts (once
+   per content id), facts and operations.
 
 A commit that is refused writes nothing (except the late-event case, which
 is the point of it). ``public()`` owns the transaction; ``_x_txn(conn)`` does
@@ -429,7 +433,8 @@ class SQLRunStore:
         if not remembered:
             head = self._read_head(conn, run_id)
         version, state, last_seq, step, attempt = head
-        now = now or now_us()
+        if now is None:
+            now = now_us()
         if state._value_ in _TERMINAL_NAMES:
             return self._late_chain(conn, chain, head, now)
 
