@@ -176,9 +176,10 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
     cut, which a single process imports once), the import is redone in one
     process."""
     import multiprocessing
+    import tempfile
     from concurrent.futures import ProcessPoolExecutor
 
-    from ._import_tables import concat_tables
+    from ._import_tables import concat_tables, load_tables
 
     files = job.source.files
     sizes = [max(1, path.stat().st_size) for path in files]
@@ -186,28 +187,35 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
     if sum(sizes) < PARALLEL_FROM_BYTES or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return _in_one_process(job)
     shares = _cut([_json_bytes(path, size) for path, size in zip(files, sizes)], workers)
-    _SHARES[:] = [job, shares]
-    # The forked processes share this one's objects until they write to them,
-    # and a full collection there writes to every one it visits (most of a
-    # share's collection time, and a copy of each page it touches): frozen,
-    # they are left out of collections until the processes are done.
-    gc.freeze()
-    try:
-        with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("fork")) as pool:
-            outcomes = list(pool.map(_write_share, range(len(shares))))
-    finally:
-        gc.unfreeze()
-        _SHARES.clear()
-    written = [run_ids for _, _, run_ids, _ in outcomes]
-    if sum(map(len, written)) != len(set().union(*written)):
-        return _in_one_process(job)  # a run written by two shares
+    # Each process hands its tables back as Arrow files in a scratch folder,
+    # which this one maps into memory: pickled through a pipe, a share's 30 MB
+    # of tables cost ~0.1 s of copying after the share was done.
+    with tempfile.TemporaryDirectory(prefix="loopledger-import-") as scratch:
+        _SHARES[:] = [job, shares, scratch]
+        # The forked processes share this one's objects until they write to
+        # them, and a full collection there writes to every one it visits
+        # (most of a share's collection time, and a copy of each page it
+        # touches): frozen, they are left out of collections until the
+        # processes are done.
+        gc.freeze()
+        try:
+            with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("fork")) as pool:
+                outcomes = list(pool.map(_write_share, range(len(shares))))
+        finally:
+            gc.unfreeze()
+            _SHARES.clear()
+        written = [run_ids for _, _, run_ids, _ in outcomes]
+        if sum(map(len, written)) != len(set().union(*written)):
+            return _in_one_process(job)  # a run written by two shares
+        # Mapped, the files can go: what is mapped stays readable.
+        parts = [load_tables(folder) for *_, folder in outcomes]
     counts: defaultdict[int, Counter[str]] = defaultdict(Counter)
     totals: dict[int, int] = {}
     for share_counts, share_totals, _, _ in outcomes:
         for index, counted in share_counts.items():
             counts[index].update(counted)
         totals.update(share_totals)
-    return _file_imports(files, counts, totals), concat_tables([tables for *_, tables in outcomes])
+    return _file_imports(files, counts, totals), concat_tables(parts)
 
 
 def _json_bytes(path: Path, size: int) -> int:
@@ -252,15 +260,17 @@ def _in_one_process(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
 
 
 def _write_share(number: int) -> tuple[Any, ...]:
-    from ._import_tables import TraceRows
+    from ._import_tables import TraceRows, save_tables
 
     # A forked process that ends with the import: what it makes is kept to
     # the end (the rows) or freed as it is dropped, with no cycles to find.
     gc.disable()
-    job, shares = _SHARES
+    job, shares, scratch = _SHARES
     rows = TraceRows(job.known_artifacts)
     counts, totals, run_ids = _write_pieces(job, shares[number], rows)
-    return counts, totals, run_ids, rows.tables()
+    folder = os.path.join(scratch, str(number))
+    save_tables(rows.tables(), folder)
+    return counts, totals, run_ids, folder
 
 
 def _write_pieces(job: _Job, pieces: Sequence[Piece], rows: Any) -> tuple[Any, dict[int, int], set[str]]:

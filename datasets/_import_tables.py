@@ -237,3 +237,22 @@ def concat_tables(parts: list[dict[str, Any]]) -> dict[str, Any]:
     out["operations"] = out["operations"].sort_by(
         [("run_id", "ascending"), ("created_seq", "ascending"), ("operation_id", "ascending")])
     return out
+
+
+def save_tables(tables: Mapping[str, Any], folder: str) -> None:
+    """Each table as an Arrow IPC file in ``folder`` (made here), for
+    :func:`load_tables` in another process."""
+    import pyarrow as pa
+
+    os.mkdir(folder)
+    for name, table in tables.items():
+        with pa.OSFile(os.path.join(folder, name), "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
+            out.write_table(table)
+
+
+def load_tables(folder: str) -> dict[str, Any]:
+    """The tables :func:`save_tables` wrote, memory-mapped (the files may be
+    removed once this returns)."""
+    import pyarrow as pa
+
+    return {name: pa.ipc.open_file(pa.memory_map(os.path.join(folder, name))).read_all() for name in TABLES}
