@@ -157,8 +157,8 @@ class _Job:
 
 #: Below this many bytes of input an import is done in this process alone.
 PARALLEL_FROM_BYTES = 1 << 20
-#: The import under way and each process's share of it, inherited by fork
-#: (see _write_all).
+#: The import under way, each process's share of it and the folder its tables
+#: go back through, inherited by fork (see _write_all).
 _SHARES: list[Any] = []
 
 Piece = tuple[int, float, float]  # a file (its index) and the fraction of its runs [lo, hi) to write
@@ -168,10 +168,11 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
     """Read, check and write every file of ``job``; return what each file
     gave and the trace tables' new rows.
 
-    A large import is cut into one share of the input per core, by bytes
-    (a file on a cut is shared: each side reads it and writes its part of
-    its runs), done by forked processes that inherit the job, and put
-    together here in order: the same rows as doing it all in one process.
+    A large import is cut into one share of the input per core, by bytes of
+    JSON (a file on a cut is shared: each side reads it and converts and
+    writes its part of its runs), done by forked processes that inherit the
+    job and hand their tables back as Arrow files, and put together here in
+    order: the same rows as doing it all in one process.
     Should two processes write the same run (a run id repeated across the
     cut, which a single process imports once), the import is redone in one
     process."""
