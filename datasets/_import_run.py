@@ -223,8 +223,8 @@ def _json_bytes(path: Path, size: int) -> int:
     """About how many bytes of JSON the file of ``size`` bytes holds, to
     weigh the shares: a gzip file's own record of its uncompressed size (its
     last four bytes, modulo 4 GiB), else its size. tau2's files compress 5
-    to 14 times: cut by their gzip bytes, the share holding the
-    least-compressed ones had 25% more work than the other."""
+    to 15 times: cut by their gzip bytes, one share of the benchmark's tau2
+    import had a third more work than the other."""
     try:
         with open(path, "rb") as handle:
             if size < 18 or handle.read(2) != b"\x1f\x8b":
