@@ -130,16 +130,16 @@ def _repeated_call(lf: pl.LazyFrame, threshold: int) -> Plan:
 
 
 def _repeated_error(lf: pl.LazyFrame, threshold: int) -> Plan:
-    # Few steps carry errors, so a per-(run, code) window over just those is cheap.
+    # Few steps carry errors: over just those (in run, step order), one
+    # grouping by (run, code) gives each code's first step and the step of
+    # its threshold-th occurrence (a third of the cost of two windows).
     query = (
         lf.select(_RUN, "step", pl.col("errors").alias("_code"))
         .filter(pl.col("_code").list.len() > 0)
         .explode("_code", **_EXPLODE_KW)
-        .with_columns(
-            (pl.int_range(pl.len()).over([_RUN, "_code"]) + 1).alias("_n"),
-            pl.col("step").first().over([_RUN, "_code"]).alias("_first"),
-        )
-        .filter(pl.col("_n") == threshold)
+        .group_by([_RUN, "_code"], maintain_order=True)
+        .agg(pl.col("step").slice(threshold - 1, 1).first().alias("step"), pl.col("step").first().alias("_first"))
+        .filter(pl.col("step").is_not_null())
         .select(_RUN, "step", "_code", "_first")
     )
 
