@@ -46,9 +46,9 @@ def runner(tmp_path: Path) -> Iterator[Runner]:
         runner.close()
 
 
-def spy(runner: Runner, journal: Journal, seen: list[tuple[str, Any]]) -> list[tuple[str, ...]]:
-    """Record, at every model call and every tool execution, what the journal
-    already holds; and the target states of every store commit."""
+def count_commits(runner: Runner) -> list[tuple[str, ...]]:
+    """The target states of every store commit from now on, a tuple per
+    commit (several for a chain; "-" for a commit of events only)."""
     chains: list[tuple[str, ...]] = []
     store_commit = runner.store.commit
 
@@ -57,7 +57,13 @@ def spy(runner: Runner, journal: Journal, seen: list[tuple[str, Any]]) -> list[t
         return store_commit(*commits)
 
     runner.store.commit = commit  # type: ignore[method-assign]
+    return chains
 
+
+def spy(runner: Runner, journal: Journal, seen: list[tuple[str, Any]]) -> list[tuple[str, ...]]:
+    """Record, at every model call and every tool execution, what the journal
+    already holds; and the target states of every store commit."""
+    chains = count_commits(runner)
     backend_execute = runner.backend.execute
 
     def execute(request: Any) -> Any:
@@ -193,14 +199,7 @@ def test_a_cancel_from_another_caller_never_writes_the_drivers_held_moves(runner
     run_id = runner.create(scenario, "v1")
     handlers = runner.controller._handlers
     evaluate = handlers[State.VALIDATING]
-    chains: list[tuple[str, ...]] = []
-    store_commit = runner.store.commit
-
-    def commit(*commits: Any) -> Any:
-        chains.append(tuple(c.to_state.value if c.to_state else "-" for c in commits))
-        return store_commit(*commits)
-
-    runner.store.commit = commit  # type: ignore[method-assign]
+    chains = count_commits(runner)
 
     def cancel_first(view: Any, config: Any) -> None:
         if not chains or chains[-1] != ("-",):
