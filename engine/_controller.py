@@ -7,13 +7,14 @@ the model is called, the candidate before it is validated, the operation
 before it is dispatched, the outcome before the run ends.
 
 A move into a state whose work is pure (it reads only what the run has
-recorded and touches nothing outside the process: VALIDATING, and READY
-after a step's tools) is *held*: its commit is written together with the
-next one, in the same transaction, before anything is acted on. A crash in
-between loses both, which is a crash just before the held move: the resumed
-run redoes the pure work from the same record. So a model call and its
-validation, or a tool's result and the next context, cost one fsync, and
-still nothing is sent, called or delivered before it is durable.
+recorded and touches nothing outside the process: VALIDATING, and the
+READY that closes a step, after its tools or a repair) is *held*: its
+commit is written together with the next one, in the same transaction,
+before anything is acted on. A crash in between loses both, which is a
+crash just before the held move: the resumed run redoes the pure work from
+the same record. So a model call and its validation, or a tool's result
+and the next context, cost one fsync, and still nothing is sent, called or
+delivered before it is durable.
 
     READY          budgets; freeze the context artifact -> MODEL_RUNNING
     MODEL_RUNNING  collect the stream into a candidate -> VALIDATING, or a
