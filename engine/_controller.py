@@ -11,10 +11,12 @@ recorded and touches nothing outside the process: VALIDATING, and the
 READY that closes a step, after its tools or a repair) is *held*: its
 commit is written together with the next one, in the same transaction,
 before anything is acted on. A crash in between loses both, which is a
-crash just before the held move: the resumed run redoes the pure work from
-the same record. So a model call and its validation, or a tool's result
-and the next context, cost one fsync, and still nothing is sent, called or
-delivered before it is durable.
+crash just before the held move: the run resumes from the last state
+written (MODEL_RUNNING, asking the model again as after a broken stream;
+or TOOL_RUNNING with the operation in flight, reconciled by its key). So a
+model call and its validation, or a tool's result and the next context,
+cost one fsync, and still nothing is sent, called or delivered before it
+is durable.
 
     READY          budgets; freeze the context artifact -> MODEL_RUNNING
     MODEL_RUNNING  collect the stream into a candidate -> VALIDATING, or a
