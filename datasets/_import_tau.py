@@ -21,6 +21,7 @@ import gzip
 import json
 import os
 from collections.abc import Iterator, Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +173,8 @@ def read_tau_bench(path: Path, tools: Path | None = None) -> Runs:
     # gpt-4o-airline.json: the model, then the domain.
     stem = path.name.removesuffix(".gz").removesuffix(".json")
     model, _, domain = stem.rpartition("-")
-    catalogue: list[Canonical] = []  # read with the first record converted
+    # Read when the first record is converted, once.
+    read_catalogue = cache(lambda: _catalogue_near(path, domain or "airline", tools))
 
     def convert(index: int) -> Conversation:
         record = data[index]
@@ -180,8 +182,7 @@ def read_tau_bench(path: Path, tools: Path | None = None) -> Runs:
         if not isinstance(record, dict) or not isinstance(record.get("traj"), list):
             raise ImportInputError(file, where, "expected {task_id, trial, reward, info, traj} with traj a list")
         messages = [openai_message(m, f"{where}.traj[{i}]", file) for i, m in enumerate(record["traj"])]
-        if not catalogue:
-            catalogue.append(_catalogue_near(path, domain or "airline", tools))
+        catalogue = read_catalogue()
         system = next((m.content or "" for m in messages if m.role == "system"), "")
         last = messages[-1] if messages else None
         stopped = last is not None and last.role == "user" and "###STOP###" in (last.content or "")
@@ -194,7 +195,7 @@ def read_tau_bench(path: Path, tools: Path | None = None) -> Runs:
             source="tau-bench", file=path.name, record=where,
             source_id=f"{record.get('task_id')}:{record.get('trial')}:{index}",
             task_id=f"{domain or 'tau-bench'}/{record.get('task_id')}", model=model or "unknown",
-            system_prompt=system, messages=tuple(messages), tools=catalogue[0],
+            system_prompt=system, messages=tuple(messages), tools=catalogue,
             reward=float(reward) if reward is not None else None,
             # tau-bench records no termination; a transcript that ends on a
             # tool result instead of the user's ###STOP### ran out of steps.
@@ -232,7 +233,8 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
     model = str(agent.get("llm") or "unknown")
     tasks = {str(t.get("id")): t for t in data.get("tasks") or () if isinstance(t, dict)}
     simulations = data["simulations"]
-    catalogue: list[Canonical] = []  # read with the first simulation converted
+    # Read when the first simulation is converted, once.
+    read_catalogue = cache(lambda: _tau2_catalogues(path, domain, tools))
 
     def convert(index: int) -> Conversation:
         sim = simulations[index]
@@ -241,8 +243,7 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
             raise ImportInputError(file, where, "expected a simulation with 'id' and a 'messages' list")
         messages = [openai_message(m, f"{where}.messages[{i}]", file, tau2=True)
                     for i, m in enumerate(sim["messages"])]
-        if not catalogue:
-            catalogue.append(_tau2_catalogues(path, domain, tools))
+        catalogue = read_catalogue()
         reward_info = sim.get("reward_info") if isinstance(sim.get("reward_info"), dict) else {}
         reward = reward_info.get("reward")
         if reward is not None and not isinstance(reward, (int, float)):
@@ -253,7 +254,7 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
             task_id=f"{domain}/{task_id}", model=model,
             # The agent's system prompt is tau2's fixed wrapper around the
             # domain policy: the policy is what varies between files.
-            system_prompt=policy, messages=(Message("system", policy),) + tuple(messages), tools=catalogue[0],
+            system_prompt=policy, messages=(Message("system", policy),) + tuple(messages), tools=catalogue,
             reward=float(reward) if reward is not None else None,
             termination=str(sim.get("termination_reason") or "completed"),
             metadata={"trial": sim.get("trial"), "domain": domain, "start_time": sim.get("start_time"),
