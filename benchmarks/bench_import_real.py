@@ -77,7 +77,6 @@ def main() -> None:
             values.append(time.perf_counter() - start)
         assert imported == runs, (imported, runs)
     value, baseline = min(values), min(baselines)
-    assert imported == runs, (imported, runs)
     report("import_real", value=value, unit="s", baseline=baseline, goal=10.0, n=runs,
            under_10s=value < 10.0, runs_per_s=round(runs / value, 1))
 
