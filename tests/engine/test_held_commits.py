@@ -107,14 +107,20 @@ def spy(runner: Runner, journal: Journal, seen: list[tuple[str, Any]]) -> list[t
     return chains
 
 
-def test_a_refund_run_writes_each_pure_move_with_the_next_commit(runner: Runner, tmp_path: Path) -> None:
-    journal = Journal(tmp_path / "home" / "journal.sqlite")
+def spied_run(runner: Runner, tmp_path: Path, name: str) -> tuple[list[tuple[str, ...]], list[tuple[str, Any]]]:
+    """Drive one run of the bundled scenario ``name`` under :func:`spy`;
+    its commits' target states, and what the journal held at each call."""
     seen: list[tuple[str, Any]] = []
-    chains = spy(runner, journal, seen)
-    scenario = load_scenario(SCENARIOS / "happy-refund.yaml")
+    chains = spy(runner, Journal(tmp_path / "home" / "journal.sqlite"), seen)
+    scenario = load_scenario(SCENARIOS / f"{name}.yaml")
     run_id = runner.create(scenario, "v1")
     runner.drive_all([run_id])
     assert runner.outcome(run_id, scenario).ok
+    return chains, seen
+
+
+def test_a_refund_run_writes_each_pure_move_with_the_next_commit(runner: Runner, tmp_path: Path) -> None:
+    chains, seen = spied_run(runner, tmp_path, "happy-refund")
 
     # Twelve transitions in seven commits: the model's candidate with its
     # validation and operations, a step's last result with the next context.
@@ -144,13 +150,7 @@ def test_a_refund_run_writes_each_pure_move_with_the_next_commit(runner: Runner,
 
 
 def test_a_repair_is_held_until_the_next_context(runner: Runner, tmp_path: Path) -> None:
-    journal = Journal(tmp_path / "home" / "journal.sqlite")
-    seen: list[tuple[str, Any]] = []
-    chains = spy(runner, journal, seen)
-    scenario = load_scenario(SCENARIOS / "final-premature.yaml")
-    run_id = runner.create(scenario, "v1")
-    runner.drive_all([run_id])
-    assert runner.outcome(run_id, scenario).ok
+    chains, _ = spied_run(runner, tmp_path, "final-premature")
     # The rejected final goes back to the model in the commit that freezes
     # the next context: VALIDATING -> READY -> MODEL_RUNNING in one.
     assert ("VALIDATING", "READY", "MODEL_RUNNING") in chains
