@@ -54,7 +54,11 @@ BARE_N = 500
 
 class StubBackend:
     """Instantaneous tools: every call succeeds at once, in memory, with one
-    piece of evidence about its subject (the order id, path, ...)."""
+    piece of evidence about its subject (the order id, path, ...). Made,
+    like the demo backend, from the data directory, which it does not use."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home
 
     def execute(self, req: ToolRequest) -> ToolOutcome:
         args = req.arguments
@@ -82,14 +86,7 @@ class StubBackend:
 
 def make_runner(home: Path) -> Runner:
     """A runner on ``home`` with the stub backend and no Parquet export."""
-    runner = Runner(Home.resolve(home))
-    runner.backend.close()  # the demo backend (real SQLite work) is not used
-    stub = StubBackend()
-    runner.backend = stub
-    runner.controller.backend = stub
-    runner.recorder.request = lambda: None  # type: ignore[method-assign]
-    runner.recorder.flush = lambda: None  # type: ignore[method-assign]
-    return runner
+    return Runner(Home.resolve(home), backend=StubBackend, export=False)
 
 
 def refund_scenario() -> Scenario:

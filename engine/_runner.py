@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from loopledger.validators import Suite, Verdict, load_suite
@@ -122,12 +123,14 @@ class _CoalescingRecorder:
     """Exports when asked, at most one export at a time, never more often
     than needed: requests made during an export are served by the next one."""
 
-    def __init__(self, recorder: Recorder) -> None:
-        self.recorder = recorder
+    def __init__(self, recorder: Recorder | None) -> None:
+        self.recorder = recorder  # None: exports are switched off
         self._lock = threading.Lock()
         self._wanted = threading.Event()
 
     def request(self) -> None:
+        if self.recorder is None:
+            return
         self._wanted.set()
         if self._lock.acquire(blocking=False):
             try:
@@ -138,6 +141,8 @@ class _CoalescingRecorder:
                 self._lock.release()
 
     def flush(self) -> None:
+        if self.recorder is None:
+            return
         with self._lock:
             self._wanted.clear()
             self.recorder.export()
@@ -145,7 +150,8 @@ class _CoalescingRecorder:
 
 class Runner:
     def __init__(self, home: Home, *, sleep: Callable[[float], None] = time.sleep,
-                 auto_reply: bool = True) -> None:
+                 auto_reply: bool = True, backend: Callable[[Path], Any] = DemoBackend,
+                 export: bool = True) -> None:
         self.home = home
         #: Deliver a scenario's scripted ``user:`` replies to its waits.
         self.auto_reply = auto_reply
@@ -153,10 +159,16 @@ class Runner:
         self.tokens: dict[str, str] = {}
         #: Why a scripted reply was refused, per run.
         self.rejections: dict[str, str] = {}
+        #: CPU seconds used by worker processes (``drive_all(workers=...)``).
+        self.worker_cpu_s = 0.0
         self.store = home.open_store()
-        self.backend = DemoBackend(home.root)
+        #: Makes the tool backends from the data directory (a worker process makes its own).
+        self.backend_factory = backend
+        self.backend = backend(home.root)
         self.controller = Controller(self.store, self.backend, config_for, load_secret(home.root), sleep=sleep)
-        self.recorder = _CoalescingRecorder(Recorder(self.store, home.traces))
+        #: Export the traces when runs end or wait (off in benchmarks that time the engine alone).
+        self.export = export
+        self.recorder = _CoalescingRecorder(Recorder(self.store, home.traces) if export else None)
 
     def close(self) -> None:
         self.store.close()
@@ -178,9 +190,21 @@ class Runner:
         return run_id
 
     def drive_all(self, run_ids: Sequence[str], concurrency: int = 1,
-                  on_settled: Callable[[str], None] | None = None, wait_for_tools: bool = True) -> None:
+                  on_settled: Callable[[str], None] | None = None, wait_for_tools: bool = True,
+                  workers: int = 1) -> None:
         """Drive every run until it is terminal or waits for a person (and,
-        unless ``wait_for_tools`` is False, until its background work is done)."""
+        unless ``wait_for_tools`` is False, until its background work is done).
+        With ``workers`` > 1, in that many processes (engine/_workers.py),
+        ``concurrency`` threads in all."""
+        if workers > 1 and len(run_ids) > 1:
+            from ._workers import WorkerSpec, drive_in_workers
+
+            spec = WorkerSpec(self.home, self.auto_reply, self.backend_factory, self.export)
+            report = drive_in_workers(spec, run_ids, concurrency, workers, on_settled, wait_for_tools)
+            self.tokens.update(report.tokens)
+            self.rejections.update(report.rejections)
+            self.worker_cpu_s += report.cpu_s
+            return
         timers: list[tuple[float, str]] = []
         queue = list(run_ids)
         # Runs driven side by side share fsyncs (see SQLRunStore.group_commit).
