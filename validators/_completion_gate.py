@@ -42,7 +42,7 @@ def completion_gate(*, patterns: tuple[str, ...] = ("secret_key",)):
     """Codes: pending_work, missing_evidence, unsupported_claim,
     sensitive_output (all reject). Params: patterns (output rules checked on
     the final answer; [] to leave it to output_rules)."""
-    rules = build_rules(list(patterns), {})
+    rules = build_rules(patterns, {})
 
     def check(inp: DecisionInput) -> list[Issue]:
         cand = inp.candidate

@@ -260,7 +260,7 @@ class Oscillation(Detector):
         return new
 
     def __init__(self, *, period: int = 2, cycles: int = 3, channels: Iterable[str] = ("calls", "states")) -> None:
-        channels = str_list_param("channels", list(channels), _CHANNELS)
+        channels = str_list_param("channels", channels, _CHANNELS)
         if not channels:
             raise ParamError("channels", "at least one of calls, states", channels)
         super().__init__(

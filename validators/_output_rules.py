@@ -130,7 +130,7 @@ def scan_candidate(candidate: Candidate, rules: tuple[Rule, ...], scopes: tuple[
 def build_rules(patterns: Any, custom: Any) -> tuple[Rule, ...]:
     names = str_list_param("patterns", patterns, RULES)
     rules = [RULES[n] for n in names]
-    if not isinstance(custom, dict):
+    if not isinstance(custom, Mapping):
         raise ParamError("custom", "a mapping of rule name to regular expression", custom)
     for name in sorted(custom):
         if not isinstance(custom[name], str):
@@ -166,8 +166,8 @@ def output_rules(
     Params: patterns (built-in rules: secret_key, credential, email,
     credit_card, iban), custom (name -> regex), scopes (text, claim, plan,
     tool_arguments), verdict (reject or repair), max_matches."""
-    rules = build_rules(list(patterns), dict(custom or {}))
-    scopes = str_list_param("scopes", list(scopes), SCOPES)
+    rules = build_rules(patterns, {} if custom is None else custom)
+    scopes = str_list_param("scopes", scopes, SCOPES)
     verdict_ = Verdict(choice_param("verdict", verdict, ("reject", "repair")))
     max_matches = int_param("max_matches", max_matches, 1)
 

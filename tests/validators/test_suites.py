@@ -96,6 +96,12 @@ def test_load_from_file_and_module(tmp_path, monkeypatch):
         ("validators: [structure]\n", r"^strict\.yaml: name: expected a non-empty string"),
         ("name: s\nvalidators: [{name: structure, version: '9'}]\n", r"validators\[0\]\.version: unknown version '9'"),
         ("name: s\nvalidators: [structure\n", r"^strict\.yaml: line \d+: not valid YAML"),
+        ("name: s\nvalidators:\n  - output_rules: {patterns: secret_key}\n",
+         r"^strict\.yaml: validators\[0\]\.output_rules\.patterns: expected a list of strings, got 'secret_key'$"),
+        ("name: s\nvalidators:\n  - output_rules: {custom: abc}\n",
+         r"^strict\.yaml: validators\[0\]\.output_rules\.custom: expected a mapping of rule name to regular"),
+        ("name: s\nvalidators:\n  - loop.oscillation: {channels: 5}\n",
+         r"^strict\.yaml: validators\[0\]\.loop\.oscillation\.channels: expected a list of strings, got 5$"),
     ],
 )
 def test_bad_suites_name_file_and_field(tmp_path, monkeypatch, body, message):
@@ -103,6 +109,25 @@ def test_bad_suites_name_file_and_field(tmp_path, monkeypatch, body, message):
     (tmp_path / "strict.yaml").write_text(body)
     with pytest.raises(SuiteError, match=message):
         load_suite("strict.yaml")
+
+
+WRONG_VALUES = [5, -1, 0, 1.5, "x", "", [], ["nope"], [5], {}, {"a": 1}, {"a": "("}, None, True]
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_every_param_of_the_wrong_shape_is_a_suite_error(tmp_path, monkeypatch, name):
+    """Whatever a suite file puts in a param, building the suite either works
+    or fails with one SuiteError naming the param; nothing else escapes."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    for param in [*get_factory(name).defaults, "no_such_param"]:
+        for value in WRONG_VALUES:
+            (tmp_path / "s.yaml").write_text(f"name: s\nvalidators:\n  - {name}: {{{param}: {json.dumps(value)}}}\n")
+            try:
+                load_suite("s.yaml")
+            except SuiteError as exc:
+                assert str(exc).startswith(f"s.yaml: validators[0].{name}.{param}"), str(exc)
 
 
 def test_unknown_references():
