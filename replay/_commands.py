@@ -4,6 +4,7 @@ heavy)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,15 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _writable(path: Path | None, option: str) -> None:
-    if path is not None and not path.parent.is_dir():
+    """Refuse a report path that cannot be written, before any work is done."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ReplayInputError(option, f"cannot write {path}: it is a folder; expected a file path")
+    if not path.parent.is_dir():
         raise ReplayInputError(option, f"cannot write {path}: no folder {path.parent}")
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ReplayInputError(option, f"cannot write {path}: permission denied")
 
 
 def replay_command(*, home: Any, suite: str, baseline: str, traces: Path | None, fail_on: str,

@@ -9,6 +9,7 @@ validator (a version change, not a trend in the data).
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,20 @@ SHOWN = 15
 
 DIVERGENCE_NOTE = ("Past a run's divergence point the recorded path is no longer what the replayed suite would "
                    "have produced; later decisions are judged on the recorded path, not on a counterfactual one.")
+
+
+#: What XML 1.0 cannot hold, even escaped (control characters, lone surrogates).
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_text(text: str) -> str:
+    """``text`` with every character XML cannot hold written as ``\\xNN``."""
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _side(verdict: str | None, code: str | None) -> str:
+    """One side of a diff; a decision one side never made shows as a dash."""
+    return "—" if verdict is None else f"{verdict}/{code}"
 
 
 def _counts(result: ReplayResult) -> list[tuple[str, str]]:
@@ -54,7 +69,7 @@ def flip_groups(diffs: Sequence[Diff]) -> list[tuple[tuple[str, str, str, str, s
         if d.candidate_level:
             continue
         versions = (f"{d.baseline_validator_version}→{d.replay_validator_version}" if d.across_versions else "")
-        key = (d.validator, f"{d.baseline_verdict}/{d.baseline_code}", f"{d.replay_verdict}/{d.replay_code}",
+        key = (d.validator, _side(d.baseline_verdict, d.baseline_code), _side(d.replay_verdict, d.replay_code),
                versions, "")
         groups.setdefault(key, Counter())[d.kind] += 1
     return sorted(groups.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
@@ -134,8 +149,8 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
                   "|---|---:|---:|---|---|---|---|"]
         for d in regressions[:100]:
             lines.append(f"| `{d.run_id}` | {d.step} | {d.attempt} | `{d.validator or '(candidate)'}` | "
-                         f"{d.expected_verdict} ({d.label_source}) | {d.baseline_verdict}/{d.baseline_code} | "
-                         f"{d.replay_verdict}/{d.replay_code} |")
+                         f"{d.expected_verdict} ({d.label_source}) | {_side(d.baseline_verdict, d.baseline_code)} | "
+                         f"{_side(d.replay_verdict, d.replay_code)} |")
     diverged = result.diverged
     if diverged:
         lines += ["", f"## Runs diverged ({len(diverged)})", "", DIVERGENCE_NOTE, "",
@@ -155,8 +170,8 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
 
 def _failure_text(diffs: Sequence[Diff]) -> str:
     return "\n".join(
-        f"step {d.step} attempt {d.attempt} {d.validator or '(candidate)'}: {d.baseline_verdict}/{d.baseline_code}"
-        f" -> {d.replay_verdict}/{d.replay_code} ({d.kind}"
+        f"step {d.step} attempt {d.attempt} {d.validator or '(candidate)'}: {_side(d.baseline_verdict, d.baseline_code)}"
+        f" -> {_side(d.replay_verdict, d.replay_code)} ({d.kind}"
         + (f", label {d.expected_verdict} from {d.label_source}" if d.expected_verdict else "") + ")"
         for d in diffs)
 
@@ -188,6 +203,11 @@ def junit(result: ReplayResult, fail_on: str) -> str:
         elif r.diffs:
             out = ET.SubElement(case, "system-out")
             out.text = _failure_text(r.diffs)
+    # Task ids and error texts come from the traces, which may hold anything.
+    for element in suite.iter():
+        element.attrib.update({k: _xml_text(v) for k, v in element.attrib.items()})
+        if element.text:
+            element.text = _xml_text(element.text)
     ET.indent(suite)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
 

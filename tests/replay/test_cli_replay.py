@@ -100,6 +100,17 @@ def test_corrupt_parquet(home_copy: Path) -> None:
     one_line(out.stderr, victim.name, "not a readable Parquet file")
 
 
+def test_corrupt_data_pages_name_the_file(home_copy: Path) -> None:
+    """The footer reads, the pages do not: the file is still named."""
+    victim = sorted((home_copy / "traces" / "candidates").glob("*.parquet"))[0]
+    data = bytearray(victim.read_bytes())
+    data[4:40] = bytes(b ^ 0xFF for b in data[4:40])  # the first page header
+    victim.write_bytes(bytes(data))
+    out = replay_on(home_copy)
+    assert out.returncode == 2
+    one_line(out.stderr, f"candidates/{victim.name}", "not a readable Parquet file")
+
+
 def test_missing_column(home_copy: Path) -> None:
     (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
     pq.write_table(pq.read_table(path).drop_columns(["status"]), path)
@@ -122,6 +133,25 @@ def test_bad_options(recorded_home: Path, tmp_path: Path, args: list[str], names
     out = cli("replay", *args, "--traces", str(recorded_home / "traces"), "--home", str(tmp_path))
     assert out.returncode == 2, out.stdout
     one_line(out.stderr, *names)
+
+
+def test_a_report_path_that_is_a_folder_is_refused_before_the_work(recorded_home: Path, tmp_path: Path) -> None:
+    out = cli("replay", "--suite", "default", "--traces", str(recorded_home / "traces"), "--home", str(tmp_path),
+              "--markdown", str(tmp_path))
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, "--markdown", "it is a folder")
+    assert not (tmp_path / "replays").exists()
+
+
+def test_junit_stays_xml_whatever_the_task_ids_hold(home_copy: Path, tmp_path: Path) -> None:
+    (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
+    table = pq.read_table(path)
+    odd = pa.array([f"ctl\x01{t}\x1b[31m<&>" for t in table.column("task_id").to_pylist()])
+    pq.write_table(table.set_column(table.schema.get_field_index("task_id"), "task_id", odd), path)
+    out = cli("replay", "--suite", "default", "--home", str(home_copy), "--junit", str(tmp_path / "r.xml"))
+    assert out.returncode == 0, out.stderr
+    classes = {case.get("classname") for case in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")}
+    assert "ctl\\x01happy-refund\\x1b[31m<&>" in classes
 
 
 def test_a_missing_artifact_is_named_and_the_other_runs_replay(home_copy: Path, tmp_path: Path) -> None:
