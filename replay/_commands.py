@@ -47,25 +47,44 @@ def replay_command(*, home: Any, suite: str, baseline: str, traces: Path | None,
     return EXIT_OK if result.ok(fail_on) else EXIT_FAILED
 
 
+def _recorded_run(home: Any, run_id: str) -> Any:
+    """Where ``run_id`` is recorded: the journal (the engine's runs) or the
+    trace tables (imported runs, which never were in the journal). Creates
+    nothing."""
+    from loopledger.engine import UnknownRun
+    from loopledger.engine._show import TracedRuns
+
+    if home.journal_path.exists() or home.store_url is not None:
+        store = home.open_store()
+        try:
+            store.get_run(run_id)
+            return store
+        except UnknownRun:
+            store.close()
+    traced = TracedRuns(home.traces)
+    try:
+        traced.get_run(run_id)
+    except UnknownRun:
+        raise ReplayInputError("RUN_ID", f"unknown run {run_id!r}: neither in the journal nor in "
+                                         f"{home.traces}") from None
+    return traced
+
+
 def label_command(*, home: Any, run_id: str, step: int, attempt: int, validator: str, expect: str, note: str,
                   source: str) -> dict[str, Any]:
-    """Record a label in the journal and export it to ``traces/labels``."""
-    from loopledger.engine import Recorder, UnknownRun
+    """Record a label in the journal and export it to ``traces/labels``. The
+    run may be the engine's or an imported one (labels name a run, they do
+    not need it in the journal)."""
+    from loopledger.engine import Recorder
 
     if expect not in VERDICTS:
         raise ReplayInputError("--expect", f"expected one of {', '.join(VERDICTS)}, got {expect!r}")
     if source not in SOURCES:
         raise ReplayInputError("--source", f"expected one of {', '.join(SOURCES)}, got {source!r}")
-    if not home.journal_path.exists() and home.store_url is None:
-        raise ReplayInputError(str(home.root), "no journal here (run `loopledger run` first)")
-    store = home.open_store()
+    runs = _recorded_run(home, run_id)
     try:
-        try:
-            store.get_run(run_id)
-        except UnknownRun:
-            raise ReplayInputError("RUN_ID", f"unknown run {run_id!r}") from None
         candidates = {(int(c["step"]), int(c["attempt"])): c["candidate_id"]
-                      for c in store.facts("candidates", run_id)}
+                      for c in runs.facts("candidates", run_id)}
         candidate_id = candidates.get((step, attempt))
         if candidate_id is None:
             known = ", ".join(f"{s}/{a}" for s, a in sorted(candidates)) or "none"
@@ -73,15 +92,20 @@ def label_command(*, home: Any, run_id: str, step: int, attempt: int, validator:
                                    f"run {run_id} has no candidate at step {step} attempt {attempt}; "
                                    f"step/attempt with candidates: {known}")
         if validator:
-            recorded = {v["validator"] for v in store.facts("validations", run_id)
+            recorded = {v["validator"] for v in runs.facts("validations", run_id)
                         if v["candidate_id"] == candidate_id}
             from loopledger.validators import registered
 
             if validator not in recorded and validator not in registered():
                 raise ReplayInputError("--validator", f"unknown validator {validator!r}; recorded for this "
                                        f"candidate: {', '.join(sorted(recorded)) or 'none'}")
-        label = {"run_id": run_id, "step": step, "attempt": attempt, "candidate_id": candidate_id,
-                 "validator": validator, "expected_verdict": expect, "source": source, "note": note}
+    finally:
+        if hasattr(runs, "close"):
+            runs.close()
+    label = {"run_id": run_id, "step": step, "attempt": attempt, "candidate_id": candidate_id,
+             "validator": validator, "expected_verdict": expect, "source": source, "note": note}
+    store = home.open_store()
+    try:
         label["label_id"] = store.add_label(label)
         Recorder(store, home.traces).export()
     finally:

@@ -183,3 +183,36 @@ def test_label_rejects_bad_input(home_copy: Path) -> None:
     out = cli("label", "x", "--step", "1", "--expect", "maybe", "--home", str(home_copy))
     assert out.returncode == 2
     one_line(out.stderr, "--expect", "maybe")
+
+
+CONVERSATION = {
+    "messages": [
+        {"role": "user", "content": "Cancel order A"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "cancel_order", "arguments": '{"order_id": "A"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Error: order A not found"},
+        {"role": "assistant", "content": "There is no order A."},
+    ],
+    "tools": [{"type": "function", "function": {"name": "cancel_order", "parameters": {"type": "object"}}}],
+    "metadata": {"id": "conv-1", "task_id": "cancel/1"},
+}
+
+
+def test_an_imported_run_can_be_labelled(tmp_path: Path) -> None:
+    """Imported runs live in the trace tables only; a label names them all the same."""
+    import json
+
+    source = tmp_path / "conversations.jsonl"
+    source.write_text(json.dumps(CONVERSATION) + "\n")
+    home = tmp_path / "home"
+    assert cli("import", "openai-jsonl", str(source), "--home", str(home)).returncode == 0
+    (run_id,) = pq.read_table(home / "traces" / "runs", columns=["run_id"]).column(0).to_pylist()
+    out = cli("label", run_id, "--step", "1", "--validator", "tool_exists", "--expect", "reject",
+              "--home", str(home))
+    assert out.returncode == 0, out.stderr
+    labels = pq.read_table(home / "traces" / "labels").to_pylist()
+    assert [(row["run_id"], row["step"], row["validator"], row["expected_verdict"], row["source"])
+            for row in labels] == [(run_id, 1, "tool_exists", "reject", "human")]
+    out = cli("label", run_id, "--step", "7", "--expect", "reject", "--home", str(home))
+    assert out.returncode == 2
+    one_line(out.stderr, "--step/--attempt", "no candidate at step 7")
