@@ -537,7 +537,29 @@ def import_cmd(
 
 def main() -> None:
     try:
-        app()
+        code = app(standalone_mode=False)
     except KeyboardInterrupt:
         _err("interrupted")
         sys.exit(130)
+    except Exception as exc:
+        # click's exceptions, known by name: newer typer versions bundle
+        # their own copy of click, older ones use the click package.
+        kinds = {cls.__name__ for cls in type(exc).__mro__}
+        if "NoArgsIsHelpError" in kinds:
+            typer.echo(exc.ctx.get_help())  # type: ignore[attr-defined]
+            sys.exit(EXIT_BAD_INPUT)
+        if "UsageError" in kinds:
+            # One line, like every other bad input: click's message names
+            # the option or argument and what was expected.
+            ctx = getattr(exc, "ctx", None)
+            command = ctx.command_path if ctx is not None else "loopledger"
+            _err(f"bad input: {' '.join(exc.format_message().split())} (see {command} --help)")  # type: ignore[attr-defined]
+            sys.exit(EXIT_BAD_INPUT)
+        if "ClickException" in kinds:
+            _err(" ".join(exc.format_message().split()))  # type: ignore[attr-defined]
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+        if "Abort" in kinds:
+            _err("interrupted")
+            sys.exit(130)
+        raise
+    sys.exit(code if isinstance(code, int) else EXIT_OK)

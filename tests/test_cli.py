@@ -102,3 +102,27 @@ def test_home_defaults_to_the_environment_then_the_working_directory(tmp_path: P
     assert not (tmp_path / "loopledger-data").exists()
     assert cli("export", cwd=tmp_path).returncode == 0
     assert (tmp_path / "loopledger-data" / "journal.sqlite").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["replay"], ["--suite", "loopledger replay --help"]),
+        (["replay", "--suite", "default", "--bogus"], ["--bogus"]),
+        (["nosuchcommand"], ["nosuchcommand"]),
+        (["run", "x.yaml", "--workers", "0"], ["--workers", "greater than or equal to 1"]),
+        (["run", "x.yaml", "--concurrency", "many"], ["--concurrency", "integer"]),
+        (["import"], ["FORMAT"]),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_2(tmp_path: Path, args: list[str], names: list[str]) -> None:
+    result = cli(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert_one_clear_line(result.stderr, "bad input", *names)
+    assert list(tmp_path.iterdir()) == []  # nothing recorded
+
+
+def test_no_command_prints_the_help() -> None:
+    result = cli()
+    assert result.returncode == 2
+    assert "Commands" in result.stdout and "run" in result.stdout
