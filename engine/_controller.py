@@ -239,15 +239,21 @@ class Controller(PeopleMixin):
             artifacts=(context, registry),
         )
 
+    @staticmethod
+    def _past_deadline(view: RunView, config: RunConfig) -> bool:
+        deadline_s = config.scenario.budgets.deadline_s
+        return deadline_s is not None and now_us() - view.started_at >= deadline_s * 1_000_000
+
     def _exhausted_budget(self, view: RunView, config: RunConfig) -> str | None:
         b = config.scenario.budgets
         c = view.counters
-        if b.deadline_s is not None and now_us() - view.started_at >= b.deadline_s * 1_000_000:
+        if self._past_deadline(view, config):
             return "deadline"
         if b.max_steps is not None and view.step >= b.max_steps:
             return "max_steps"
-        if b.max_tool_calls is not None and c["tool_calls"] >= b.max_tool_calls:
-            return "max_tool_calls"
+        # max_tool_calls is not checked here: a run that used every call it
+        # had may still answer without one. A proposal that would go past it
+        # ends the run in VALIDATING, before anything is dispatched.
         if b.max_tokens is not None and c["tokens_in"] + c["tokens_out"] >= b.max_tokens:
             return "max_tokens"
         if b.max_cost is not None and c["cost_usd"] >= b.max_cost:
@@ -815,7 +821,15 @@ class Controller(PeopleMixin):
 
     def _waiting_tool(self, view: RunView, config: RunConfig) -> bool:
         """The model is done and background work still runs: poll it. The run
-        holds no worker meanwhile (``drive`` returns and is called again)."""
+        holds no worker meanwhile (``drive`` returns and is called again).
+        The deadline holds while it waits: past it, the run ends
+        BUDGET_EXHAUSTED / deadline, naming the work still running (its
+        completion, if it comes, is recorded as a late event)."""
+        if self._past_deadline(view, config):
+            running = [op.work_id for op in view.pending_background()]
+            self._move(view, State.FINALIZING,
+                       payload={"status": "BUDGET_EXHAUSTED", "reason": "deadline", "pending_work": running})
+            return True
         for op in view.pending_background():
             status = self.backend.poll_work(op.work_id)
             if status.state == "running":

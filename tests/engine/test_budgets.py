@@ -1,0 +1,56 @@
+"""Budgets at their edges: an allowance used exactly is not exceeded, and
+the deadline holds while a run waits for background work."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from invariants import all_violations
+
+CLI = [sys.executable, "-c", "from loopledger._cli import main; main()"]
+
+EXPORT_PAST_THE_DEADLINE = """\
+id: deadline-while-waiting
+contract:
+  goal: Export the report
+  required_evidence: [report_ready]
+  allowed_tools: [reports.export]
+budgets: {deadline_s: 1}
+model:
+  - tool_calls: [{name: reports.export, arguments: {query: monthly, delay_s: 60}}]
+  - final: The report is exported.
+    claims: [{text: exported, evidence: [report_ready]}]
+  - final: The report is exported.
+    claims: [{text: exported, evidence: [report_ready]}]
+expect: {status: BUDGET_EXHAUSTED, reason: deadline}
+"""
+
+
+def run(path: Path, home: Path) -> tuple[dict, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    start = time.monotonic()
+    proc = subprocess.run([*CLI, "run", str(path), "--json", "--check", "--home", str(home)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    return line, time.monotonic() - start
+
+
+def test_the_deadline_ends_a_run_waiting_for_background_work(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(EXPORT_PAST_THE_DEADLINE)
+    line, seconds = run(path, tmp_path / "home")
+    assert (line["status"], line["reason"]) == ("BUDGET_EXHAUSTED", "deadline")
+    assert seconds < 30  # not the export's 60 s
+    assert all_violations(tmp_path / "home") == []
+
+
+def test_tool_calls_used_exactly_leave_the_final_answer_free(tmp_path: Path) -> None:
+    scenario = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "budget-tool-calls-used-exactly.yaml"
+    line, _ = run(scenario, tmp_path / "home")
+    assert (line["status"], line["reason"]) == ("SUCCEEDED", "completed")
