@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from loopledger.validators import Suite, Verdict, load_suite
+from loopledger.validators import Suite, SuiteError, Verdict, load_suite
 
 from ._backends import DemoBackend, Fault
 from ._controller import Controller, RunConfig
@@ -100,6 +100,16 @@ def check_tools(scenario: Scenario) -> None:
     for key in scenario.expect.side_effects:
         if key not in known:
             raise BadInput(f"{scenario.source}: expect.side_effects.{key}", "unknown tool")
+    try:
+        suite = _suite(scenario.suite)
+    except SuiteError as exc:
+        raise BadInput(f"{scenario.source}: suite", exc.reason) from None
+    members = {member.name for member in suite.members}
+    for index, decision in enumerate(scenario.expect.decisions):
+        if decision.validator and decision.validator not in members:
+            raise BadInput(f"{scenario.source}: expect.decisions[{index}].validator",
+                           f"{decision.validator!r} is not in suite {scenario.suite!r}; expected one of "
+                           f"{', '.join(sorted(members))}, or empty for the candidate as a whole")
 
 
 @dataclass

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ._backends import FAULT_KINDS
 from ._errors import BadInput
+from ._states import State
 
 
 
@@ -62,8 +63,10 @@ class ModelEntry(_Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> ModelEntry:
-        if not (self.tool_calls or self.final is not None or self.text is not None or self.error or self.plan):
-            raise ValueError("an entry needs tool_calls, final, text, plan or error")
+        if not (self.tool_calls or self.final is not None or self.text is not None or self.error or self.plan
+                or self.stream or self.finish_reason):
+            raise ValueError("an entry needs tool_calls, final, text, plan, error, or a faulty form "
+                             "(stream: truncated, finish_reason)")
         if self.raw_arguments is not None and len(self.tool_calls) != 1:
             raise ValueError("raw_arguments at entry level needs exactly one tool call")
         return self
@@ -111,6 +114,14 @@ class Expect(_Strict):
     side_effects: dict[str, int] = Field(default_factory=dict)
     decisions: list[ExpectedDecision] = Field(default_factory=list)
 
+    @field_validator("status")
+    @classmethod
+    def _a_run_state(cls, value: str | None) -> str | None:
+        names = [s.value for s in State]
+        if value is not None and value not in names:
+            raise ValueError(f"expected a run state ({', '.join(names)})")
+        return value
+
 
 class Scenario(_Strict):
     id: str = Field(min_length=1)
@@ -131,6 +142,17 @@ class Scenario(_Strict):
         if any(c.isspace() for c in value):
             raise ValueError("must not contain whitespace")
         return value
+
+    @field_validator("faults")
+    @classmethod
+    def _one_fault_per_call(cls, faults: list[FaultSpec]) -> list[FaultSpec]:
+        seen: dict[tuple[str, int], int] = {}
+        for index, fault in enumerate(faults):
+            earlier = seen.setdefault((fault.tool, fault.call), index)
+            if earlier != index:
+                raise ValueError(f"faults[{index}] is a second fault on {fault.tool} call {fault.call} "
+                                 f"(faults[{earlier}]); expected one fault per call")
+        return faults
 
     def entries_for(self, prompt_version: str) -> list[ModelEntry]:
         """The scripted model's entries for a prompt version: its own list, else
@@ -166,7 +188,8 @@ def parse_scenario(data: Any, source: str) -> Scenario:
         loc = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith(("list[", "dict[")))]
         got = first.get("input")
         shown = "" if isinstance(got, (dict, list)) or got is None else f", got {got!r}"
-        raise BadInput(_where(source, loc), f"{first['msg']}{shown}") from None
+        message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix says nothing to a user
+        raise BadInput(_where(source, loc), f"{message}{shown}") from None
     return scenario.model_copy(update={"source": source})
 
 

@@ -53,6 +53,10 @@ model:
         ("id: a\ncontract: {goal: g, colour: red}\n", "s.yaml: contract.colour", "Extra inputs"),
         ("id: a b\ncontract: {goal: g}\n", "s.yaml: id", "whitespace"),
         ("- just\n- a list\n", "s.yaml", "mapping"),
+        ("id: a\ncontract: {goal: g}\nexpect: {status: DONE}\n", "s.yaml: expect.status",
+         "expected a run state (READY, "),
+        ("id: a\ncontract: {goal: g}\nfaults: [{tool: t, kind: fails}, {tool: t, call: 1, kind: rate_limit}]\n",
+         "s.yaml: faults", "faults[1] is a second fault on t call 1 (faults[0]); expected one fault per call"),
     ],
 )
 def test_bad_fields_name_file_field_and_expectation(tmp_path: Path, text: str, where: str, why: str) -> None:
@@ -60,6 +64,30 @@ def test_bad_fields_name_file_field_and_expectation(tmp_path: Path, text: str, w
         load_scenario(write(tmp_path, text))
     assert str(info.value).startswith(str(tmp_path / where)) or where in str(info.value)
     assert why in str(info.value)
+
+
+def test_a_bare_faulty_form_is_an_entry(tmp_path: Path) -> None:
+    scenario = load_scenario(write(tmp_path, """
+id: faulty
+contract: {goal: g}
+model:
+  - stream: truncated
+  - finish_reason: length
+  - final: done
+"""))
+    assert [(e.stream, e.finish_reason) for e in scenario.entries_for("v1")] == [
+        ("truncated", None), (None, "length"), (None, None)]
+
+
+def test_decisions_name_a_member_of_the_suite(tmp_path: Path) -> None:
+    from loopledger.engine._runner import check_tools
+
+    path = write(tmp_path, "id: a\ncontract: {goal: g}\nexpect:\n  decisions: [{step: 1, validator: nope, verdict: accept}]\n")
+    with pytest.raises(BadInput, match=r"s\.yaml: expect\.decisions\[0\]\.validator: 'nope' is not in suite 'default'"):
+        check_tools(load_scenario(path))
+    path = write(tmp_path, "id: a\ncontract: {goal: g}\nsuite: no-such-suite\n")
+    with pytest.raises(BadInput, match=r"s\.yaml: suite: unknown suite 'no-such-suite'"):
+        check_tools(load_scenario(path))
 
 
 def test_broken_yaml_names_the_line(tmp_path: Path) -> None:
