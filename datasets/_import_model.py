@@ -19,6 +19,7 @@ normalised error code, and a successful result to evidence.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,115 @@ class ImportInputError(BadInput):
     def __reduce__(self) -> tuple[Any, ...]:
         # Raised in an import's worker processes and handed back to the caller.
         return type(self), (self.file, self.record, self.reason)
+
+
+# --- checking the source's fields ----------------------------------------------------
+#
+# Every value an importer stores is checked here, where it is read, so a bad
+# field is named in the source's own terms (``line 3.metadata.reward``), never
+# found later as a stored value that cannot be written. ``where`` is the
+# field's path in its file; each check returns the value as it is stored.
+
+
+def kind(value: Any) -> str:
+    """A JSON value's kind, as an error message names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number" if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+def bad(file: str, where: str, expected: str, value: Any) -> ImportInputError:
+    """``<file>: <where>: expected <expected>, got <kind of value>``."""
+    return ImportInputError(file, where, f"expected {expected}, got {kind(value)}")
+
+
+def text(value: Any, file: str, where: str) -> str:
+    """A string that can be stored (JSON read by a lenient parser can hold
+    lone surrogates, which are not Unicode text)."""
+    if not isinstance(value, str):
+        raise bad(file, where, "a string", value)
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ImportInputError(file, where, "not valid Unicode text (a lone surrogate escape)") from None
+    return value
+
+
+def optional_text(value: Any, file: str, where: str) -> str | None:
+    return None if value is None else text(value, file, where)
+
+
+def identifier(value: Any, file: str, where: str) -> str:
+    """An id: a string or an integer (tau-bench's task ids are integers)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise bad(file, where, "a string or an integer", value)
+    return text(value, file, where)
+
+
+def integer(value: Any, file: str, where: str, *, minimum: int = 0) -> int:
+    """A whole number in ``[minimum, 2**63)`` (what an Int64 column holds)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(file, where, "an integer", value)
+    if value < minimum or value >= 1 << 63:
+        raise ImportInputError(file, where, f"expected an integer >= {minimum}, got {value}")
+    return value
+
+
+def number(value: Any, file: str, where: str, *, minimum: float | None = None) -> float:
+    """A finite number (JSON has no NaN or infinities; Python's json reads them)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad(file, where, "a number", value)
+    result = float(value)
+    if not math.isfinite(result):
+        raise ImportInputError(file, where, f"expected a finite number, got {result!r}")
+    if minimum is not None and result < minimum:
+        raise ImportInputError(file, where, f"expected a number >= {minimum:g}, got {value}")
+    return result
+
+
+def optional_number(value: Any, file: str, where: str) -> float | None:
+    return None if value is None else number(value, file, where)
+
+
+def mapping(value: Any, file: str, where: str, expected: str = "an object") -> dict[str, Any]:
+    """An object; null or absent is an empty one."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad(file, where, expected, value)
+    return value
+
+
+def plain(value: Any, file: str, where: str) -> Any:
+    """Free-form JSON the importer stores as it is (arguments, metadata, a
+    tool's schema): every number finite, every string Unicode text."""
+    if isinstance(value, str):
+        return text(value, file, where)
+    if isinstance(value, float):
+        return number(value, file, where)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            text(key, file, f"{where} (a key)")
+            plain(item, file, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            plain(item, file, f"{where}[{i}]")
+    return value
 
 
 @dataclass(frozen=True)
@@ -167,21 +277,25 @@ class Runs(Sequence[Conversation]):
 
 
 def tool_specs(entries: Sequence[Any], read_only: Mapping[str, bool] | None = None,
-               where: str = "tools") -> list[dict[str, Any]]:
+               file: str = "tools", where: str = "") -> list[dict[str, Any]]:
     """OpenAI ``tools`` entries (``{"type": "function", "function": {...}}``)
     or legacy ``functions`` entries (``{name, parameters}``) → ToolSpec dicts.
     ``read_only``: tool name → True for tools that only read (tau2's
-    ``tool_types``), used by the permission checks."""
+    ``tool_types``), used by the permission checks. ``where``: the list's
+    path in ``file``."""
     specs = []
     for i, entry in enumerate(entries):
+        at = f"{where}[{i}]"
         fn = entry.get("function", entry) if isinstance(entry, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise ImportInputError(where, f"[{i}]", "a tool needs a name (OpenAI tools or functions format)")
-        schema = fn.get("parameters") or {"type": "object"}
-        if not isinstance(schema, dict):
-            raise ImportInputError(where, f"[{i}]", "parameters must be a JSON Schema object")
-        specs.append({"name": fn["name"], "version": None, "schema": _standard_schema(schema),
-                      "read_only": bool((read_only or {}).get(fn["name"], False))})
+            raise ImportInputError(file, at, "a tool needs a name (OpenAI tools or functions format)")
+        name = text(fn["name"], file, f"{at}.name")
+        schema = fn.get("parameters")
+        if schema is not None and not isinstance(schema, dict):
+            raise bad(file, f"{at}.parameters", "a JSON Schema object", schema)
+        schema = plain(schema, file, f"{at}.parameters") or {"type": "object"}
+        specs.append({"name": name, "version": None, "schema": _standard_schema(schema),
+                      "read_only": bool((read_only or {}).get(name, False))})
     return specs
 
 
@@ -193,11 +307,13 @@ def _standard_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def read_only_map(tool_types: Any) -> dict[str, bool]:
+def read_only_map(tool_types: Any, file: str = "tools", where: str = "tool_types") -> dict[str, bool]:
     """tau2's ``tool_types`` (name → ``read``/``write``/``generic``)."""
-    if not isinstance(tool_types, dict):
-        return {}
-    return {name: str(kind).lower() == "read" for name, kind in tool_types.items()}
+    kinds = mapping(tool_types, file, where, "an object mapping tool names to read, write or generic")
+    for name, kind_name in kinds.items():
+        if not isinstance(kind_name, str):
+            raise bad(file, f"{where}.{name}", "read, write or generic", kind_name)
+    return {name: kind_name.lower() == "read" for name, kind_name in kinds.items()}
 
 
 # --- outcomes, error codes, evidence ------------------------------------------------

@@ -19,8 +19,22 @@ from pathlib import Path
 
 from loopledger.canonical import Canonical
 
-from ._import_model import Conversation, ImportInputError, Runs, tool_specs
+from ._import_model import (
+    Conversation,
+    ImportInputError,
+    Runs,
+    bad,
+    identifier,
+    mapping,
+    optional_number,
+    optional_text,
+    plain,
+    tool_specs,
+)
 from ._import_tau import load_catalogue, openai_message, read_json
+
+#: ``metadata`` keys with a meaning, and what each must be (docs/importers.md).
+_META_TEXT = ("model", "source", "termination")
 
 
 def read_openai_jsonl(path: Path, tools: Path | None = None) -> Runs:
@@ -41,28 +55,29 @@ def read_openai_jsonl(path: Path, tools: Path | None = None) -> Runs:
             raise ImportInputError(file, where, f"not a JSON object ({exc}); truncated, or not JSONL?") from None
         if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
             raise ImportInputError(file, where, "expected an object with a 'messages' list")
-        meta = record.get("metadata") or {}
-        if not isinstance(meta, dict):
-            raise ImportInputError(file, f"{where}.metadata", "expected an object")
+        meta = mapping(record.get("metadata"), file, f"{where}.metadata")
+        run_id = meta.get("id")
+        run_id = None if run_id is None else identifier(run_id, file, f"{where}.metadata.id")
+        task_id = meta.get("task_id")
+        task_id = None if task_id is None else identifier(task_id, file, f"{where}.metadata.task_id")
+        named = {key: optional_text(meta.get(key), file, f"{where}.metadata.{key}") for key in _META_TEXT}
+        reward = optional_number(meta.get("reward"), file, f"{where}.metadata.reward")
+        extra = {k: plain(v, file, f"{where}.metadata.{k}") for k, v in meta.items() if k != "reward"}
         messages = [openai_message(m, f"{where}.messages[{i}]", file) for i, m in enumerate(record["messages"])]
-        entries = record.get("tools") or record.get("functions")
+        key = "tools" if record.get("tools") not in (None, []) else "functions"
+        entries = record.get(key)
         if entries is not None and not isinstance(entries, list):
-            raise ImportInputError(file, f"{where}.tools", "expected a list of tools")
-        catalogue = Canonical(tool_specs(entries, None, f"{file}: {where}.tools")) if entries else shared
+            raise bad(file, f"{where}.{key}", "a list of tools", entries)
+        catalogue = Canonical(tool_specs(entries, None, file, f"{where}.{key}")) if entries else shared
         if catalogue is None:
             catalogue = Canonical([])
-        reward = meta.get("reward")
-        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
-            raise ImportInputError(file, f"{where}.metadata.reward", "expected a number")
         return Conversation(
-            source=str(meta.get("source") or "openai-jsonl"), file=path.name, record=where,
-            source_id=str(meta.get("id") or where), task_id=str(meta.get("task_id") or f"{path.stem}/{number}"),
-            model=str(meta.get("model") or "unknown"),
+            source=named["source"] or "openai-jsonl", file=path.name, record=where,
+            source_id=run_id or where, task_id=task_id or f"{path.stem}/{number}",
+            model=named["model"] or "unknown",
             system_prompt=next((m.content or "" for m in messages if m.role == "system"), ""),
-            messages=tuple(messages), tools=catalogue,
-            reward=float(reward) if reward is not None else None,
-            termination=str(meta.get("termination") or "completed"),
-            metadata={k: v for k, v in meta.items() if k not in ("reward",)},
+            messages=tuple(messages), tools=catalogue, reward=reward,
+            termination=named["termination"] or "completed", metadata=extra,
         )
 
     return Runs(len(lines), convert)
@@ -84,17 +99,23 @@ def read_toolbench(path: Path, tools: Path | None = None) -> list[Conversation]:
     path_messages = answer["train_messages"][-1]
     if not isinstance(path_messages, list):
         raise ImportInputError(file, "answer_generation.train_messages[-1]", "expected a list of messages")
+    finish_type = optional_text(answer.get("finish_type"), file, "answer_generation.finish_type")
+    query = optional_text(answer.get("query"), file, "answer_generation.query")
+    win = data.get("win")
+    if win is not None and not isinstance(win, bool):
+        raise bad(file, "win", "true or false", win)
+    functions = answer.get("function")
+    if functions is not None and not isinstance(functions, list):
+        raise bad(file, "answer_generation.function", "a list of tools", functions)
     messages = [openai_message(m, f"train_messages[-1][{i}]", file) for i, m in enumerate(path_messages)]
     catalogue = load_catalogue(tools)[0] if tools is not None else Canonical(
-        tool_specs(answer.get("function") or [], None, f"{file}: answer_generation.function"))
-    win = data.get("win")
+        tool_specs(functions or [], None, file, "answer_generation.function"))
     return [Conversation(
         source="toolbench", file=path.name, record="answer_generation", source_id=path.parent.name + "/" + path.name,
         task_id=f"{path.parent.name}/{path.stem.split('_')[0]}", model="gpt-3.5-turbo",
         system_prompt=next((m.content or "" for m in messages if m.role == "system"), ""),
         messages=tuple(messages), tools=catalogue,
-        reward=None if win is None else float(bool(win)),
-        termination="completed" if answer.get("finish_type") == "give_answer" else "gave_up",
-        metadata={"finish_type": answer.get("finish_type"), "query": answer.get("query")},
+        reward=None if win is None else float(win),
+        termination="completed" if finish_type == "give_answer" else "gave_up",
+        metadata={"finish_type": finish_type, "query": query},
     )]
-

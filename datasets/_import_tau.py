@@ -20,7 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -36,11 +36,23 @@ from ._import_model import (
     Runs,
     ToolCall,
     ToolResult,
+    bad,
+    identifier,
+    kind,
+    integer,
+    mapping,
+    number,
+    optional_number,
+    optional_text,
+    plain,
     read_only_map,
+    text,
     tool_specs,
 )
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+#: Who made a tau2 tool call (and so whose result it is).
+REQUESTORS = frozenset({"assistant", "user"})
 
 
 def read_json(path: Path) -> Any:
@@ -65,11 +77,12 @@ def read_json(path: Path) -> Any:
 def load_catalogue(path: Path) -> tuple[Canonical, dict[str, bool]]:
     """A tool file: ``{"tools": [...], "tool_types": {...}}`` or a bare list."""
     data = read_json(path)
+    file = str(path)
     entries = data.get("tools") if isinstance(data, dict) else data
     if not isinstance(entries, list):
-        raise ImportInputError(str(path), None, "expected a list of tools or an object with 'tools'")
-    read_only = read_only_map(data.get("tool_types")) if isinstance(data, dict) else {}
-    return Canonical(tool_specs(entries, read_only, str(path))), read_only
+        raise ImportInputError(file, None, "expected a list of tools or an object with 'tools'")
+    read_only = read_only_map(data.get("tool_types"), file) if isinstance(data, dict) else {}
+    return Canonical(tool_specs(entries, read_only, file, "tools" if isinstance(data, dict) else "")), read_only
 
 
 def _catalogue_near(path: Path, domain: str, explicit: Path | None) -> Canonical:
@@ -98,66 +111,112 @@ def pair_results(calls: tuple[ToolCall, ...], results: list[ToolResult]) -> list
     return [results[i] if i < len(results) else None for i in range(len(calls))]
 
 
-def _text(value: Any, where: str, file: str) -> str | None:
+def _content(value: Any, where: str, file: str) -> str | None:
+    """A message's content: a string, null, or a list of content parts
+    (whose ``text`` parts are joined)."""
     if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, list):  # content parts
-        return "".join(p.get("text", "") for p in value if isinstance(p, dict))
-    raise ImportInputError(file, where, f"content must be a string, not {type(value).__name__}")
+        return optional_text(value, file, where)
+    if not isinstance(value, list):
+        raise bad(file, where, "a string, a list of content parts or null", value)
+    texts = []
+    for i, part in enumerate(value):
+        if not isinstance(part, dict):
+            raise bad(file, f"{where}[{i}]", "a content part (an object)", part)
+        if part.get("text") is not None:
+            texts.append(text(part["text"], file, f"{where}[{i}].text"))
+    return "".join(texts)
 
 
-def _arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
-    """Arguments as an object when they are one, else the text received."""
+def _refuse_constant(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _arguments(raw: Any, where: str, file: str) -> tuple[dict[str, Any] | None, str | None]:
+    """Arguments as an object when they are one (an object, or a JSON string
+    holding one), else the text received: what the model wrote, kept as it
+    is when it is not a JSON object (NaN and infinities are not JSON)."""
     if isinstance(raw, dict):
-        return raw, None
-    if isinstance(raw, str):
-        try:
-            value = json.loads(raw)
-        except ValueError:
+        return plain(raw, file, where), None
+    if not isinstance(raw, str):
+        raise bad(file, where, "a JSON string or an object", raw)
+    raw = text(raw, file, where)
+    try:
+        value = json.loads(raw, parse_constant=_refuse_constant)
+        if not isinstance(value, dict):
             return None, raw
-        return (value, None) if isinstance(value, dict) else (None, raw)
-    return None, json.dumps(raw)
+        return plain(value, file, where), None
+    except (ValueError, ImportInputError):
+        return None, raw  # not JSON, or JSON that cannot be stored (a lone surrogate escape)
+
+
+def _call_id(value: Any, where: str, file: str) -> str | None:
+    return None if value is None else text(value, file, where)
 
 
 def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Message:
     """One OpenAI chat message (tau-bench, tau2 and openai-jsonl share it;
     tau2 puts ``name``/``arguments`` on the call itself and ``id`` on the
-    result; the legacy ``function_call``/``function`` role is read too)."""
+    result; the legacy ``function_call``/``function`` role is read too).
+    Every field read is checked (docs/importers.md, "What is checked")."""
     if not isinstance(m, dict):
-        raise ImportInputError(file, where, "a message must be an object")
+        raise bad(file, where, "a message (an object)", m)
     role = m.get("role")
     if role == "function":  # legacy: a function's result
         role = "tool"
-    if role not in ROLES:
-        raise ImportInputError(file, where, f"unknown role {role!r}; expected one of {sorted(ROLES)}")
-    content = _text(m.get("content"), where, file)
-    requestor = m.get("requestor") or ("user" if role == "user" else "assistant")
-    usage = m.get("usage") if isinstance(m.get("usage"), dict) else {}
-    tokens = {"tokens_in": int(usage.get("prompt_tokens") or 0), "tokens_out": int(usage.get("completion_tokens") or 0),
-              "cost_usd": float(m.get("cost") or 0.0) if role == "assistant" else 0.0}
+    if not isinstance(role, str) or role not in ROLES:
+        shown = repr(role) if role is None or isinstance(role, str) else kind(role)
+        raise ImportInputError(file, f"{where}.role", f"unknown role {shown}; expected one of {sorted(ROLES)}")
+    content = _content(m.get("content"), f"{where}.content", file)
+    requestor = m.get("requestor")
+    if requestor is not None and (not isinstance(requestor, str) or requestor not in REQUESTORS):
+        got = repr(requestor) if isinstance(requestor, str) else kind(requestor)
+        raise ImportInputError(file, f"{where}.requestor", f"expected 'assistant' or 'user', got {got}")
+    requestor = requestor or ("user" if role == "user" else "assistant")
     if role == "tool":
-        call_id = m.get("tool_call_id") or m.get("id")
-        error = m.get("error") if isinstance(m.get("error"), bool) else None
-        result = ToolResult(content=content or "", error=error, call_id=call_id, name=m.get("name"))
+        call_id = _call_id(m.get("tool_call_id"), f"{where}.tool_call_id", file) \
+            or _call_id(m.get("id"), f"{where}.id", file)
+        error = m.get("error")
+        if error is not None and not isinstance(error, bool):
+            raise bad(file, f"{where}.error", "true or false", error)
+        result = ToolResult(content=content or "", error=error, call_id=call_id,
+                            name=optional_text(m.get("name"), file, f"{where}.name"))
         return Message("tool", content, result=result, requestor=requestor)
+    tokens: dict[str, Any] = {}
+    if role == "assistant":
+        usage = mapping(m.get("usage"), file, f"{where}.usage")
+        prompt, completion, cost = usage.get("prompt_tokens"), usage.get("completion_tokens"), m.get("cost")
+        tokens = {"tokens_in": 0 if prompt is None else integer(prompt, file, f"{where}.usage.prompt_tokens"),
+                  "tokens_out": 0 if completion is None
+                  else integer(completion, file, f"{where}.usage.completion_tokens"),
+                  "cost_usd": 0.0 if cost is None else number(cost, file, f"{where}.cost", minimum=0)}
     calls = []
-    raw_calls = m.get("tool_calls") or []
-    if not isinstance(raw_calls, list):
-        raise ImportInputError(file, where, "tool_calls must be a list")
-    for i, call in enumerate(raw_calls):
-        fn = call.get("function") if isinstance(call, dict) and not tau2 else call
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise ImportInputError(file, f"{where}.tool_calls[{i}]", "a tool call needs a function name")
-        arguments, raw = _arguments(fn.get("arguments", {}))
-        calls.append(ToolCall(str(call.get("id") or f"call-{i + 1}"), fn["name"], arguments, raw))
+    raw_calls = m.get("tool_calls")
+    if raw_calls is not None and not isinstance(raw_calls, list):
+        raise bad(file, f"{where}.tool_calls", "a list of tool calls", raw_calls)
+    for i, call in enumerate(raw_calls or ()):
+        at = f"{where}.tool_calls[{i}]"
+        if not isinstance(call, dict):
+            raise bad(file, at, "a tool call (an object)", call)
+        fn = call if tau2 else call.get("function")
+        fn_at = at if tau2 else f"{at}.function"
+        if not isinstance(fn, dict):
+            raise bad(file, fn_at, "an object with name and arguments", fn)
+        if not isinstance(fn.get("name"), str):
+            raise ImportInputError(file, f"{fn_at}.name", "a tool call needs a function name (a string)")
+        arguments, raw = _arguments(fn.get("arguments", {}), f"{fn_at}.arguments", file)
+        call_id = _call_id(call.get("id"), f"{at}.id", file)
+        calls.append(ToolCall(call_id or f"call-{i + 1}", text(fn["name"], file, f"{fn_at}.name"), arguments, raw))
     legacy = m.get("function_call")
-    if isinstance(legacy, dict):
+    if legacy is not None:
+        at = f"{where}.function_call"
+        if not isinstance(legacy, dict):
+            raise bad(file, at, "an object with name and arguments", legacy)
         if not isinstance(legacy.get("name"), str):
-            raise ImportInputError(file, f"{where}.function_call", "a function call needs a name")
-        arguments, raw = _arguments(legacy.get("arguments", {}))
+            raise ImportInputError(file, f"{at}.name", "a function call needs a name (a string)")
+        arguments, raw = _arguments(legacy.get("arguments", {}), f"{at}.arguments", file)
         # The legacy format has no call ids: the result is the next
         # ``function`` message, so a positional id is exact.
-        calls.append(ToolCall(f"{where}.function_call", legacy["name"], arguments, raw))
+        calls.append(ToolCall(f"{where}.function_call", text(legacy["name"], file, f"{at}.name"), arguments, raw))
     return Message(role, content, tuple(calls), requestor=requestor if role == "user" else "assistant", **tokens)
 
 
@@ -179,29 +238,35 @@ def read_tau_bench(path: Path, tools: Path | None = None) -> Runs:
     def convert(index: int) -> Conversation:
         record = data[index]
         where = f"record {index}"
-        if not isinstance(record, dict) or not isinstance(record.get("traj"), list):
-            raise ImportInputError(file, where, "expected {task_id, trial, reward, info, traj} with traj a list")
+        if not isinstance(record, dict):
+            raise bad(file, where, "a record {task_id, trial, reward, info, traj} (an object)", record)
+        if not isinstance(record.get("traj"), list):
+            raise bad(file, f"{where}.traj", "a list of messages", record.get("traj"))
+        if record.get("task_id") is None:
+            raise ImportInputError(file, f"{where}.task_id", "missing; expected a string or an integer")
+        task_id = identifier(record["task_id"], file, f"{where}.task_id")
+        trial = record.get("trial")
+        if trial is not None:
+            integer(trial, file, f"{where}.trial")
+        reward = optional_number(record.get("reward"), file, f"{where}.reward")
+        info = mapping(record.get("info"), file, f"{where}.info")
+        task = mapping(info.get("task"), file, f"{where}.info.task")
+        user_id = optional_text(task.get("user_id"), file, f"{where}.info.task.user_id")
         messages = [openai_message(m, f"{where}.traj[{i}]", file) for i, m in enumerate(record["traj"])]
         catalogue = read_catalogue()
         system = next((m.content or "" for m in messages if m.role == "system"), "")
         last = messages[-1] if messages else None
         stopped = last is not None and last.role == "user" and "###STOP###" in (last.content or "")
-        reward = record.get("reward")
-        if reward is not None and not isinstance(reward, (int, float)):
-            raise ImportInputError(file, f"{where}.reward", "expected a number")
-        info = record.get("info") if isinstance(record.get("info"), dict) else {}
-        task = info.get("task") if isinstance(info.get("task"), dict) else {}
         return Conversation(
             source="tau-bench", file=path.name, record=where,
-            source_id=f"{record.get('task_id')}:{record.get('trial')}:{index}",
-            task_id=f"{domain or 'tau-bench'}/{record.get('task_id')}", model=model or "unknown",
+            source_id=f"{task_id}:{trial}:{index}",
+            task_id=f"{domain or 'tau-bench'}/{task_id}", model=model or "unknown",
             system_prompt=system, messages=tuple(messages), tools=catalogue,
-            reward=float(reward) if reward is not None else None,
+            reward=reward,
             # tau-bench records no termination; a transcript that ends on a
             # tool result instead of the user's ###STOP### ran out of steps.
             termination="user_stop" if stopped else "max_steps",
-            metadata={"trial": record.get("trial"), "domain": domain, "user_id": task.get("user_id"),
-                      "termination_inferred": True},
+            metadata={"trial": trial, "domain": domain, "user_id": user_id, "termination_inferred": True},
         )
 
     return Runs(len(data), convert)
@@ -225,13 +290,21 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
     if not isinstance(data, dict) or not isinstance(data.get("simulations"), list):
         raise ImportInputError(file, None, "expected a tau2 Results file: an object with 'info', 'tasks' "
                                            "and a 'simulations' list")
-    info = data.get("info") if isinstance(data.get("info"), dict) else {}
-    env = info.get("environment_info") if isinstance(info.get("environment_info"), dict) else {}
-    agent = info.get("agent_info") if isinstance(info.get("agent_info"), dict) else {}
-    domain = str(env.get("domain_name") or "unknown")
-    policy = str(env.get("policy") or "")
-    model = str(agent.get("llm") or "unknown")
-    tasks = {str(t.get("id")): t for t in data.get("tasks") or () if isinstance(t, dict)}
+    info = mapping(data.get("info"), file, "info")
+    env = mapping(info.get("environment_info"), file, "info.environment_info")
+    agent = mapping(info.get("agent_info"), file, "info.agent_info")
+    domain = optional_text(env.get("domain_name"), file, "info.environment_info.domain_name") or "unknown"
+    policy = optional_text(env.get("policy"), file, "info.environment_info.policy") or ""
+    model = optional_text(agent.get("llm"), file, "info.agent_info.llm") or "unknown"
+    raw_tasks = data.get("tasks")
+    if raw_tasks is not None and not isinstance(raw_tasks, list):
+        raise bad(file, "tasks", "a list of tasks", raw_tasks)
+    tasks = set()
+    for i, t in enumerate(raw_tasks or ()):
+        if not isinstance(t, dict):
+            raise bad(file, f"tasks[{i}]", "a task (an object)", t)
+        if t.get("id") is not None:
+            tasks.add(identifier(t["id"], file, f"tasks[{i}].id"))
     simulations = data["simulations"]
     # Read when the first simulation is converted, once.
     read_catalogue = cache(lambda: _tau2_catalogues(path, domain, tools))
@@ -239,26 +312,31 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
     def convert(index: int) -> Conversation:
         sim = simulations[index]
         where = f"simulations[{index}]"
-        if not isinstance(sim, dict) or not isinstance(sim.get("messages"), list) or "id" not in sim:
+        if not isinstance(sim, dict) or not isinstance(sim.get("messages"), list) or sim.get("id") is None:
             raise ImportInputError(file, where, "expected a simulation with 'id' and a 'messages' list")
+        sim_id = identifier(sim["id"], file, f"{where}.id")
+        if sim.get("task_id") is None:
+            raise ImportInputError(file, f"{where}.task_id", "missing; expected a string or an integer")
+        task_id = identifier(sim["task_id"], file, f"{where}.task_id")
+        trial = sim.get("trial")
+        if trial is not None:
+            integer(trial, file, f"{where}.trial")
+        termination = optional_text(sim.get("termination_reason"), file, f"{where}.termination_reason")
+        start_time = optional_text(sim.get("start_time"), file, f"{where}.start_time")
+        reward_info = mapping(sim.get("reward_info"), file, f"{where}.reward_info")
+        reward = optional_number(reward_info.get("reward"), file, f"{where}.reward_info.reward")
         messages = [openai_message(m, f"{where}.messages[{i}]", file, tau2=True)
                     for i, m in enumerate(sim["messages"])]
         catalogue = read_catalogue()
-        reward_info = sim.get("reward_info") if isinstance(sim.get("reward_info"), dict) else {}
-        reward = reward_info.get("reward")
-        if reward is not None and not isinstance(reward, (int, float)):
-            raise ImportInputError(file, f"{where}.reward_info.reward", "expected a number")
-        task_id = str(sim.get("task_id"))
         return Conversation(
-            source="tau2", file=path.name, record=where, source_id=str(sim["id"]),
+            source="tau2", file=path.name, record=where, source_id=sim_id,
             task_id=f"{domain}/{task_id}", model=model,
             # The agent's system prompt is tau2's fixed wrapper around the
             # domain policy: the policy is what varies between files.
             system_prompt=policy, messages=(Message("system", policy),) + tuple(messages), tools=catalogue,
-            reward=float(reward) if reward is not None else None,
-            termination=str(sim.get("termination_reason") or "completed"),
-            metadata={"trial": sim.get("trial"), "domain": domain, "start_time": sim.get("start_time"),
-                      "task_known": task_id in tasks},
+            reward=reward,
+            termination=termination or "completed",
+            metadata={"trial": trial, "domain": domain, "start_time": start_time, "task_known": task_id in tasks},
         )
 
     return Runs(len(simulations), convert)
@@ -276,9 +354,3 @@ def expand(paths: list[Path], patterns: tuple[str, ...]) -> Iterator[Path]:
             yield path
         else:
             raise ImportInputError(os.fspath(path), None, "no such file or folder")
-
-
-def catalogue_from(mapping: Mapping[str, Any], file: str) -> Canonical:
-    """An inline catalogue (openai-jsonl ``tools``, ToolBench ``function``)."""
-    entries = mapping.get("tools") or mapping.get("functions") or []
-    return Canonical(tool_specs(entries, None, file))

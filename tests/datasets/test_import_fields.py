@@ -1,0 +1,376 @@
+"""Every field an importer keeps is checked where it is read: a wrong type, a
+NaN or an infinity (Python's json reads them; JSON has none) is bad input,
+named by file, record and field, with what was expected; never a traceback,
+never a value silently mangled, and nothing already recorded changes.
+
+The breaches found by hand go through the command line; the wider matrix of
+fields goes through ``read_conversations`` (the same checks, without a
+process per case)."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from import_kit import cli, table
+
+from loopledger.datasets import ImportInputError, import_traces, read_conversations
+
+NAN, INF = float("nan"), float("inf")
+
+TOOLS = {"tools": [{"type": "function", "function": {"name": "get_order", "parameters": {
+    "type": "object", "properties": {"order_id": {"type": "string"}}}}}], "tool_types": {"get_order": "read"}}
+
+
+def _call(**function: Any) -> dict[str, Any]:
+    return {"id": "c1", "type": "function", "function": {"name": "get_order", "arguments": "{}", **function}}
+
+
+def openai_record() -> dict[str, Any]:
+    return {"messages": [
+        {"role": "system", "content": "policy"},
+        {"role": "user", "content": "get A"},
+        {"role": "assistant", "content": None, "tool_calls": [_call(arguments='{"order_id": "A"}')],
+         "usage": {"prompt_tokens": 10, "completion_tokens": 2}, "cost": 0.001},
+        {"role": "tool", "tool_call_id": "c1", "name": "get_order", "content": "paid"},
+        {"role": "assistant", "content": "A is paid."},
+    ], "tools": copy.deepcopy(TOOLS["tools"]),
+        "metadata": {"id": "conv-1", "task_id": "t/1", "model": "gpt-4.1", "reward": 1, "source": "bot",
+                     "termination": "user_stop"}}
+
+
+def tau_bench_record() -> dict[str, Any]:
+    record = openai_record()
+    return {"task_id": 3, "trial": 0, "reward": 1.0,
+            "info": {"task": {"user_id": "u1", "instruction": "x"}, "source": "user"}, "traj": record["messages"]}
+
+
+def tau2_results() -> dict[str, Any]:
+    return {"info": {"environment_info": {"domain_name": "shop", "policy": "be nice"},
+                     "agent_info": {"llm": "xai/grok-3"}},
+            "tasks": [{"id": "t1"}],
+            "simulations": [{"id": "s1", "task_id": "t1", "trial": 0, "termination_reason": "user_stop",
+                             "start_time": "2025-10-05T07:42:54", "reward_info": {"reward": 1.0}, "messages": [
+                                 {"role": "assistant", "content": "Hi!", "cost": 0.0},
+                                 {"role": "user", "content": "get A"},
+                                 {"role": "assistant", "content": None, "cost": 0.01,
+                                  "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+                                  "tool_calls": [{"id": "a1", "name": "get_order", "arguments": {"order_id": "A"},
+                                                  "requestor": "assistant"}]},
+                                 {"role": "tool", "id": "a1", "content": "{}", "requestor": "assistant",
+                                  "error": False},
+                                 {"role": "assistant", "content": "Done."}]}]}
+
+
+def toolbench_answer() -> dict[str, Any]:
+    return {"win": True, "answer_generation": {
+        "valid_data": True, "finish_type": "give_answer", "query": "get A",
+        "function": [{"name": "get_order", "parameters": {"type": "object", "properties": {}}}],
+        "train_messages": [[
+            {"role": "system", "content": "You can call functions."},
+            {"role": "user", "content": "get A"},
+            {"role": "assistant", "content": None, "function_call": {"name": "get_order", "arguments": "{}"}},
+            {"role": "function", "name": "get_order", "content": '{"error": "", "response": "paid"}'},
+            {"role": "assistant", "content": "A is paid."}]]}}
+
+
+def _write(folder: Path, fmt: str, data: Any, name: str | None = None) -> Path:
+    """``data`` as a ``fmt`` file in ``folder`` (the tool catalogue beside it).
+    ``json.dumps`` writes NaN and Infinity, as Python tools do."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder.parent / "tools").mkdir(exist_ok=True)
+    (folder.parent / "tools" / "shop_tools.json").write_text(json.dumps(TOOLS))
+    if fmt == "openai-jsonl":
+        path = folder / (name or "chats.jsonl")
+        path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    elif fmt == "tau2":
+        path = folder / (name or "run.json.gz")
+        path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    else:  # tau-bench (the domain is the name's last part), toolbench
+        path = folder / (name or "gpt-4o-shop.json")
+        path.write_text(json.dumps(data))
+    return path
+
+
+def _seeded_home(tmp: Path) -> Path:
+    """A data directory holding runs already, to show a refused import leaves them be."""
+    home = tmp / "home"
+    import_traces("openai-jsonl", [_write(tmp / "seed", "openai-jsonl", [openai_record()])], home=home)
+    assert len(table(home, "runs")) == 1
+    return home
+
+
+def _files(home: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(home)): p.read_bytes() for p in sorted(home.rglob("*"))
+            if p.is_file() and not p.name.endswith(".lock")}
+
+
+def _refused(tmp: Path, fmt: str, path: Path, *extra: str) -> str:
+    """Import ``path`` into a home holding runs already; assert exit 2, one
+    line on stderr, no traceback, the home unchanged; return the line."""
+    home = _seeded_home(tmp)
+    before = _files(home)
+    result = cli("import", fmt, str(path), "--home", str(home), *extra)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert _files(home) == before
+    return lines[0]
+
+
+# --- through the command line: the breaches found ------------------------------------
+
+
+def _meta(**changes: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda r: r["metadata"].update(changes)
+
+
+def _assistant(**changes: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda r: r["messages"][2].update(changes)
+
+
+@pytest.mark.parametrize("change, field, reason", [
+    (_meta(reward=NAN), "line 1.metadata.reward", "expected a finite number, got nan"),
+    (_meta(reward=INF), "line 1.metadata.reward", "expected a finite number, got inf"),
+    (_meta(reward=-INF), "line 1.metadata.reward", "expected a finite number, got -inf"),
+    (_assistant(cost=NAN), "line 1.messages[2].cost", "expected a finite number, got nan"),
+    (_assistant(usage={"prompt_tokens": INF}), "line 1.messages[2].usage.prompt_tokens",
+     "expected an integer, got inf"),
+    (_assistant(tool_calls=None, function_call="f"), "line 1.messages[2].function_call",
+     "expected an object with name and arguments, got a string"),
+    (_meta(task_id=[1]), "line 1.metadata.task_id", "expected a string or an integer, got a list"),
+    (_meta(model=3), "line 1.metadata.model", "expected a string, got an integer"),
+    (_assistant(tool_calls=[_call(arguments=5)]), "line 1.messages[2].tool_calls[0].function.arguments",
+     "expected a JSON string or an object, got an integer"),
+    (_meta(score=NAN), "line 1.metadata.score", "expected a finite number, got nan"),
+], ids=["reward-nan", "reward-inf", "reward-minus-inf", "cost-nan", "tokens-inf", "function-call-string",
+        "task-id-list", "model-int", "arguments-int", "extra-metadata-nan"])
+def test_openai_jsonl_bad_field_is_named(tmp_path: Path, change: Callable[[dict[str, Any]], None], field: str,
+                                         reason: str) -> None:
+    good, bad = openai_record(), openai_record()
+    change(bad)
+    bad["metadata"]["id"] = "conv-2"
+    path = _write(tmp_path / "in", "openai-jsonl", [good, bad])
+    assert _refused(tmp_path, "openai-jsonl", path) == f"loopledger: bad input: {path}: {field.replace('line 1', 'line 2')}: {reason}"
+
+
+@pytest.mark.parametrize("change, field, reason", [
+    (lambda r: r.update(reward=NAN), "record 0.reward", "expected a finite number, got nan"),
+    (lambda r: r.update(trial=[0]), "record 0.trial", "expected an integer, got a list"),
+    (lambda r: r.update(info="str"), "record 0.info", "expected an object, got a string"),
+    (lambda r: r["info"].update(task=[]), "record 0.info.task", "expected an object, got a list"),
+    (lambda r: r.update(task_id=1.5), "record 0.task_id", "expected a string or an integer, got a number"),
+], ids=["reward-nan", "trial-list", "info-string", "task-list", "task-id-float"])
+def test_tau_bench_bad_field_is_named(tmp_path: Path, change: Callable[[dict[str, Any]], None], field: str,
+                                      reason: str) -> None:
+    record = tau_bench_record()
+    change(record)
+    path = _write(tmp_path / "runs", "tau-bench", [record])
+    assert _refused(tmp_path, "tau-bench", path) == f"loopledger: bad input: {path}: {field}: {reason}"
+
+
+def test_tau2_nan_reward_is_named(tmp_path: Path) -> None:
+    data = tau2_results()
+    data["simulations"][0]["reward_info"]["reward"] = NAN
+    path = _write(tmp_path / "sims", "tau2", data)
+    line = _refused(tmp_path, "tau2", path)
+    assert line == f"loopledger: bad input: {path}: simulations[0].reward_info.reward: expected a finite number, got nan"
+
+
+# --- the wider matrix, through the API ------------------------------------------------
+
+
+def _refusal(fmt: str, path: Path) -> ImportInputError:
+    with pytest.raises(ImportInputError) as caught:
+        read_conversations(fmt, [path])
+    return caught.value
+
+
+def _msg(index: int, **changes: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda r: r["messages"][index].update(changes)
+
+
+OPENAI_CASES = [
+    (_meta(id=[1]), "metadata.id", "expected a string or an integer, got a list"),
+    (_meta(id=True), "metadata.id", "expected a string or an integer, got a boolean"),
+    (_meta(source=1), "metadata.source", "expected a string, got an integer"),
+    (_meta(termination={}), "metadata.termination", "expected a string, got an object"),
+    (_meta(reward="1"), "metadata.reward", "expected a number, got a string"),
+    (_meta(reward=True), "metadata.reward", "expected a number, got a boolean"),
+    (_meta(extra={"a": [1, NAN]}), "metadata.extra.a[1]", "expected a finite number, got nan"),
+    (lambda r: r.update(metadata="x"), "metadata", "expected an object, got a string"),
+    (lambda r: r.update(metadata=[]), "metadata", "expected an object, got a list"),
+    (lambda r: r.update(tools="x"), "tools", "expected a list of tools, got a string"),
+    (lambda r: r.update(tools=None, functions={"name": "f"}), "functions", "expected a list of tools, got an object"),
+    (lambda r: r["tools"][0]["function"].update(parameters="x"), "tools[0].parameters",
+     "expected a JSON Schema object, got a string"),
+    (lambda r: r["tools"][0]["function"]["parameters"].update(minimum=NAN), "tools[0].parameters.minimum",
+     "expected a finite number, got nan"),
+    (_msg(1, content=5), "messages[1].content", "expected a string, a list of content parts or null, got an integer"),
+    (_msg(1, content=["hi"]), "messages[1].content[0]", "expected a content part (an object), got a string"),
+    (_msg(1, content=[{"type": "text", "text": 5}]), "messages[1].content[0].text", "expected a string, got an integer"),
+    (_msg(1, content="x\ud800"), "messages[1].content", "not valid Unicode text (a lone surrogate escape)"),
+    (_msg(1, role=["user"]), "messages[1].role", "unknown role a list; expected one of"),
+    (_msg(1, requestor="robot"), "messages[1].requestor", "expected 'assistant' or 'user', got 'robot'"),
+    (_msg(2, tool_calls="x"), "messages[2].tool_calls", "expected a list of tool calls, got a string"),
+    (_msg(2, tool_calls=["x"]), "messages[2].tool_calls[0]", "expected a tool call (an object), got a string"),
+    (_msg(2, tool_calls=[{"id": "c1", "function": "get_order"}]), "messages[2].tool_calls[0].function",
+     "expected an object with name and arguments, got a string"),
+    (_msg(2, tool_calls=[{**_call(), "id": 5}]), "messages[2].tool_calls[0].id", "expected a string, got an integer"),
+    (_msg(2, tool_calls=[_call(arguments=None)]), "messages[2].tool_calls[0].function.arguments",
+     "expected a JSON string or an object, got null"),
+    (_msg(2, tool_calls=[_call(arguments={"n": INF})]), "messages[2].tool_calls[0].function.arguments.n",
+     "expected a finite number, got inf"),
+    (_msg(2, tool_calls=None, function_call={"name": "get_order", "arguments": [1]}),
+     "messages[2].function_call.arguments", "expected a JSON string or an object, got a list"),
+    (_msg(2, usage="x"), "messages[2].usage", "expected an object, got a string"),
+    (_msg(2, usage={"prompt_tokens": -1}), "messages[2].usage.prompt_tokens", "expected an integer >= 0, got -1"),
+    (_msg(2, usage={"completion_tokens": 1.5}), "messages[2].usage.completion_tokens",
+     "expected an integer, got a number"),
+    (_msg(2, usage={"prompt_tokens": 1 << 70}), "messages[2].usage.prompt_tokens", "expected an integer >= 0, got"),
+    (_msg(2, cost="0.1"), "messages[2].cost", "expected a number, got a string"),
+    (_msg(2, cost=-1), "messages[2].cost", "expected a number >= 0, got -1"),
+    (_msg(3, error="yes"), "messages[3].error", "expected true or false, got a string"),
+    (_msg(3, tool_call_id=5), "messages[3].tool_call_id", "expected a string, got an integer"),
+    (_msg(3, name=["get_order"]), "messages[3].name", "expected a string, got a list"),
+]
+
+
+@pytest.mark.parametrize("change, field, reason", OPENAI_CASES, ids=[c[1] + ":" + c[2][:24] for c in OPENAI_CASES])
+def test_openai_jsonl_fields(tmp_path: Path, change: Callable[[dict[str, Any]], None], field: str,
+                             reason: str) -> None:
+    record = openai_record()
+    change(record)
+    path = _write(tmp_path, "openai-jsonl", [record])
+    assert str(_refusal("openai-jsonl", path)).startswith(f"{path}: line 1.{field}: {reason}")
+
+
+TAU2_CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
+    (lambda d: d.update(info="x"), "info", "expected an object, got a string"),
+    (lambda d: d["info"].update(environment_info=[]), "info.environment_info", "expected an object, got a list"),
+    (lambda d: d["info"]["environment_info"].update(domain_name=5), "info.environment_info.domain_name",
+     "expected a string, got an integer"),
+    (lambda d: d["info"]["environment_info"].update(policy=["p"]), "info.environment_info.policy",
+     "expected a string, got a list"),
+    (lambda d: d["info"]["agent_info"].update(llm=None) or d["info"].update(agent_info="grok"), "info.agent_info",
+     "expected an object, got a string"),
+    (lambda d: d.update(tasks={"id": "t1"}), "tasks", "expected a list of tasks, got an object"),
+    (lambda d: d["tasks"].append("t2"), "tasks[1]", "expected a task (an object), got a string"),
+    (lambda d: d["simulations"][0].update(id=["s1"]), "simulations[0].id", "expected a string or an integer, got a list"),
+    (lambda d: d["simulations"][0].pop("task_id"), "simulations[0].task_id", "missing; expected a string or an integer"),
+    (lambda d: d["simulations"][0].update(trial="0"), "simulations[0].trial", "expected an integer, got a string"),
+    (lambda d: d["simulations"][0].update(termination_reason=5), "simulations[0].termination_reason",
+     "expected a string, got an integer"),
+    (lambda d: d["simulations"][0].update(start_time=NAN), "simulations[0].start_time",
+     "expected a string, got nan"),
+    (lambda d: d["simulations"][0].update(reward_info="1"), "simulations[0].reward_info",
+     "expected an object, got a string"),
+    (lambda d: d["simulations"][0]["reward_info"].update(reward=True), "simulations[0].reward_info.reward",
+     "expected a number, got a boolean"),
+    (lambda d: d["simulations"][0]["messages"][3].update(error="true"), "simulations[0].messages[3].error",
+     "expected true or false, got a string"),
+    (lambda d: d["simulations"][0]["messages"][3].update(requestor="bot"), "simulations[0].messages[3].requestor",
+     "expected 'assistant' or 'user', got 'bot'"),
+    (lambda d: d["simulations"][0]["messages"][2]["tool_calls"][0].update(arguments=5),
+     "simulations[0].messages[2].tool_calls[0].arguments", "expected a JSON string or an object, got an integer"),
+    (lambda d: d["simulations"][0]["messages"][2]["tool_calls"][0].update(name=None),
+     "simulations[0].messages[2].tool_calls[0].name", "a tool call needs a function name"),
+    (lambda d: d["simulations"][0]["messages"][2].update(cost=NAN), "simulations[0].messages[2].cost",
+     "expected a finite number, got nan"),
+]
+
+
+@pytest.mark.parametrize("change, field, reason", TAU2_CASES, ids=[c[1] + ":" + c[2][:24] for c in TAU2_CASES])
+def test_tau2_fields(tmp_path: Path, change: Callable[[dict[str, Any]], None], field: str, reason: str) -> None:
+    data = tau2_results()
+    change(data)
+    path = _write(tmp_path / "sims", "tau2", data)
+    assert str(_refusal("tau2", path)).startswith(f"{path}: {field}: {reason}")
+
+
+TAU_BENCH_CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
+    (lambda r: r.pop("task_id"), "record 0.task_id", "missing; expected a string or an integer"),
+    (lambda r: r.update(trial=True), "record 0.trial", "expected an integer, got a boolean"),
+    (lambda r: r.update(reward="1.0"), "record 0.reward", "expected a number, got a string"),
+    (lambda r: r.update(reward=True), "record 0.reward", "expected a number, got a boolean"),
+    (lambda r: r.update(traj="x"), "record 0.traj", "expected a list of messages, got a string"),
+    (lambda r: r["info"]["task"].update(user_id=5), "record 0.info.task.user_id", "expected a string, got an integer"),
+    (lambda r: r["traj"][2]["tool_calls"][0]["function"].update(arguments=[]),
+     "record 0.traj[2].tool_calls[0].function.arguments", "expected a JSON string or an object, got a list"),
+]
+
+
+@pytest.mark.parametrize("change, field, reason", TAU_BENCH_CASES,
+                         ids=[c[1] + ":" + c[2][:24] for c in TAU_BENCH_CASES])
+def test_tau_bench_fields(tmp_path: Path, change: Callable[[dict[str, Any]], None], field: str, reason: str) -> None:
+    record = tau_bench_record()
+    change(record)
+    path = _write(tmp_path / "runs", "tau-bench", [record])
+    assert str(_refusal("tau-bench", path)).startswith(f"{path}: {field}: {reason}")
+
+
+TOOLBENCH_CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
+    (lambda d: d.update(win="yes"), "win", "expected true or false, got a string"),
+    (lambda d: d.update(win=1), "win", "expected true or false, got an integer"),
+    (lambda d: d["answer_generation"].update(function={"name": "f"}), "answer_generation.function",
+     "expected a list of tools, got an object"),
+    (lambda d: d["answer_generation"]["function"][0].update(parameters=[]), "answer_generation.function[0].parameters",
+     "expected a JSON Schema object, got a list"),
+    (lambda d: d["answer_generation"].update(query=5), "answer_generation.query", "expected a string, got an integer"),
+    (lambda d: d["answer_generation"].update(finish_type=["give_answer"]), "answer_generation.finish_type",
+     "expected a string, got a list"),
+    (lambda d: d["answer_generation"]["train_messages"][-1][2].update(function_call="get_order"),
+     "train_messages[-1][2].function_call", "expected an object with name and arguments, got a string"),
+]
+
+
+@pytest.mark.parametrize("change, field, reason", TOOLBENCH_CASES,
+                         ids=[c[1] + ":" + c[2][:24] for c in TOOLBENCH_CASES])
+def test_toolbench_fields(tmp_path: Path, change: Callable[[dict[str, Any]], None], field: str, reason: str) -> None:
+    data = toolbench_answer()
+    change(data)
+    path = _write(tmp_path / "G1_answer", "toolbench", data, name="7_ChatGPT_DFS_woFilter_w2.json")
+    assert str(_refusal("toolbench", path)).startswith(f"{path}: {field}: {reason}")
+
+
+@pytest.mark.parametrize("catalogue, field, reason", [
+    ({**TOOLS, "tool_types": "read"}, "tool_types", "expected an object mapping tool names to read, write or generic"),
+    ({**TOOLS, "tool_types": {"get_order": 1}}, "tool_types.get_order", "expected read, write or generic, got an integer"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"default": INF}}}]},
+     "tools[0].parameters.default", "expected a finite number, got inf"),
+    ([{"name": "f", "parameters": 3}], "[0].parameters", "expected a JSON Schema object, got an integer"),
+])
+def test_tool_catalogue_fields(tmp_path: Path, catalogue: Any, field: str, reason: str) -> None:
+    tools = tmp_path / "catalogue.json"
+    tools.write_text(json.dumps(catalogue))
+    path = _write(tmp_path / "in", "openai-jsonl", [{**openai_record(), "tools": None}])
+    with pytest.raises(ImportInputError) as caught:
+        read_conversations("openai-jsonl", [path], tools=tools)
+    assert str(caught.value).startswith(f"{tools}: {field}: {reason}")
+
+
+# --- what real data holds is still read -------------------------------------------------
+
+
+def test_lenient_where_the_sources_are(tmp_path: Path) -> None:
+    """Integer ids, content parts, null usage and cost, and arguments that are
+    not a JSON object (NaN is not JSON: the text is kept as the model wrote it)."""
+    record = openai_record()
+    record["metadata"].update(id=17, task_id=4, reward=0)
+    record["messages"][1]["content"] = [{"type": "text", "text": "get "}, {"type": "image_url"}, {"text": "A"}]
+    record["messages"][2].update(usage=None, cost=None,
+                                 tool_calls=[_call(arguments='{"order_id": NaN}'), {**_call(arguments="5"), "id": "c2"}])
+    (conv,) = read_conversations("openai-jsonl", [_write(tmp_path, "openai-jsonl", [record])])[0][1]
+    assert (conv.source_id, conv.task_id, conv.reward) == ("17", "4", 0.0)
+    assert conv.messages[1].content == "get A"
+    assert [(c.arguments, c.raw_arguments) for c in conv.messages[2].tool_calls] == [
+        (None, '{"order_id": NaN}'), (None, "5")]
+    assert (conv.messages[2].tokens_in, conv.messages[2].cost_usd) == (0, 0.0)
+    home = tmp_path / "home"
+    assert import_traces("openai-jsonl", [_write(tmp_path, "openai-jsonl", [record])], home=home).runs == 1
