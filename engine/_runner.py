@@ -169,15 +169,12 @@ class Runner:
         self.tokens: dict[str, str] = {}
         #: Why a scripted reply was refused, per run.
         self.rejections: dict[str, str] = {}
-        #: CPU seconds used by worker processes (``drive_all(workers=...)``).
-        self.worker_cpu_s = 0.0
         self.store = home.open_store()
-        #: Makes the tool backends from the data directory (a worker process makes its own).
-        self.backend_factory = backend
+        #: The tool backends, made from the data directory (the demo ones by default).
         self.backend = backend(home.root)
         self.controller = Controller(self.store, self.backend, config_for, load_secret(home.root), sleep=sleep)
-        #: Export the traces when runs end or wait (off in benchmarks that time the engine alone).
-        self.export = export
+        # Exports when runs end or wait; ``export=False`` (benchmarks that
+        # time the engine alone) switches them off.
         self.recorder = _CoalescingRecorder(Recorder(self.store, home.traces) if export else None)
 
     def close(self) -> None:
@@ -200,21 +197,9 @@ class Runner:
         return run_id
 
     def drive_all(self, run_ids: Sequence[str], concurrency: int = 1,
-                  on_settled: Callable[[str], None] | None = None, wait_for_tools: bool = True,
-                  workers: int = 1) -> None:
+                  on_settled: Callable[[str], None] | None = None, wait_for_tools: bool = True) -> None:
         """Drive every run until it is terminal or waits for a person (and,
-        unless ``wait_for_tools`` is False, until its background work is done).
-        With ``workers`` > 1, in that many processes (engine/_workers.py),
-        ``concurrency`` threads in all."""
-        if workers > 1 and len(run_ids) > 1:
-            from ._workers import WorkerSpec, drive_in_workers
-
-            spec = WorkerSpec(self.home, self.auto_reply, self.backend_factory, self.export)
-            report = drive_in_workers(spec, run_ids, concurrency, workers, on_settled, wait_for_tools)
-            self.tokens.update(report.tokens)
-            self.rejections.update(report.rejections)
-            self.worker_cpu_s += report.cpu_s
-            return
+        unless ``wait_for_tools`` is False, until its background work is done)."""
         timers: list[tuple[float, str]] = []
         queue = list(run_ids)
         # Runs driven side by side share fsyncs (see SQLRunStore.group_commit).

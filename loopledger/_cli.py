@@ -34,11 +34,6 @@ HomeOption = Annotated[
 StoreOption = Annotated[
     str | None, typer.Option("--store", help="Journal URL (default: the SQLite journal in --home).")
 ]
-WorkersOption = Annotated[
-    int,
-    typer.Option("--workers", min=1, help="Processes that drive the runs, sharing --concurrency between them "
-                                          "(1: threads of this process). Up to one per core for CPU-bound runs."),
-]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,7 +49,6 @@ def guarded(fn: F) -> F:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from loopledger.engine._errors import BadInput, JournalError, LoopLedgerError
-        from loopledger.engine._workers import WorkerFailed
 
         try:
             return fn(*args, **kwargs)
@@ -63,9 +57,6 @@ def guarded(fn: F) -> F:
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except JournalError as exc:
             _err(f"journal: {exc}")
-            raise typer.Exit(EXIT_INFRA) from None
-        except WorkerFailed as exc:
-            _err(str(exc))
             raise typer.Exit(EXIT_INFRA) from None
         except LoopLedgerError as exc:
             _err(str(exc))
@@ -137,19 +128,19 @@ def _bundled_scenarios() -> Path:
 
 
 def _drive(runner: Any, scenarios: list[Any], versions: list[str], model: str, concurrency: int,
-           show_progress: bool, workers: int = 1) -> list[tuple[str, Any]]:
+           show_progress: bool) -> list[tuple[str, Any]]:
     """Create a run per scenario and prompt version, drive them all; return (run_id, scenario)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     created = [(runner.create(s, v, model), s) for v in versions for s in scenarios]
     ids = [run_id for run_id, _ in created]
     if not show_progress:
-        runner.drive_all(ids, concurrency, workers=workers)
+        runner.drive_all(ids, concurrency)
         return created
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=True) as progress:
         task = progress.add_task("runs", total=len(ids))
-        runner.drive_all(ids, concurrency, on_settled=lambda _: progress.advance(task), workers=workers)
+        runner.drive_all(ids, concurrency, on_settled=lambda _: progress.advance(task))
     return created
 
 
@@ -171,7 +162,6 @@ def run(
         "--model", help="Model route: scripted (the scenario's script), openai:MODEL or anthropic:MODEL "
                         "(the scenario's model: entries are then ignored).")] = "scripted",
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs driven at once.")] = 8,
-    workers: WorkersOption = 1,
     check: Annotated[bool, typer.Option("--check", help="Exit 1 if an outcome differs from its expect.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
     home: HomeOption = None,
@@ -199,8 +189,7 @@ def run(
         check_tools(scenario)
     runner = Runner(_home(home, store))
     try:
-        created = _drive(runner, scenarios, [prompt_version], model, concurrency, show_progress=not as_json,
-                         workers=workers)
+        created = _drive(runner, scenarios, [prompt_version], model, concurrency, show_progress=not as_json)
         outcomes = [runner.outcome(run_id, scenario) for run_id, scenario in created]
     finally:
         runner.close()
@@ -277,7 +266,6 @@ def resume(
     home: HomeOption = None,
     store: StoreOption = None,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs driven at once.")] = 8,
-    workers: WorkersOption = 1,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
 ) -> None:
     """Resume every non-terminal run from its last committed state. Runs that
@@ -289,7 +277,7 @@ def resume(
     runner = Runner(_home(home, store), auto_reply=False)
     try:
         ids = [r.run_id for r in runner.store.list_runs(s for s in State if s not in TERMINAL)]
-        runner.drive_all(ids, concurrency, wait_for_tools=False, workers=workers)
+        runner.drive_all(ids, concurrency, wait_for_tools=False)
         outcomes = [runner.outcome(run_id) for run_id in ids]
     finally:
         runner.close()

@@ -110,7 +110,7 @@ def test_home_defaults_to_the_environment_then_the_working_directory(tmp_path: P
         (["replay"], ["--suite", "loopledger replay --help"]),
         (["replay", "--suite", "default", "--bogus"], ["--bogus"]),
         (["nosuchcommand"], ["nosuchcommand"]),
-        (["run", "x.yaml", "--workers", "0"], ["--workers", "greater than or equal to 1"]),
+        (["run", "x.yaml", "--concurrency", "0"], ["--concurrency", "greater than or equal to 1"]),
         (["run", "x.yaml", "--concurrency", "many"], ["--concurrency", "integer"]),
         (["import"], ["FORMAT"]),
     ],
