@@ -112,6 +112,15 @@ def check_tools(scenario: Scenario) -> None:
                            f"{', '.join(sorted(members))}, or empty for the candidate as a whole")
 
 
+def check_script(scenario: Scenario, prompt_version: str) -> None:
+    """A scripted run needs model entries for its prompt version."""
+    model = scenario.model
+    if isinstance(model, dict) and prompt_version not in model and "default" not in model:
+        raise BadInput(f"{scenario.source}: model",
+                       f"no list for prompt version {prompt_version!r} and no default; "
+                       f"lists given: {', '.join(sorted(model)) or 'none'}")
+
+
 @dataclass
 class RunOutcome:
     run_id: str

@@ -143,6 +143,16 @@ class Scenario(_Strict):
             raise ValueError("must not contain whitespace")
         return value
 
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_name(cls, value: str) -> str:
+        from ._workspace import TENANT_NAME
+
+        if not TENANT_NAME.match(value):
+            raise ValueError("expected a name of letters, digits, '_', '.' or '-' (at most 64, not starting "
+                             "with '.', '_' or '-')")
+        return value
+
     @field_validator("faults")
     @classmethod
     def _one_fault_per_call(cls, faults: list[FaultSpec]) -> list[FaultSpec]:

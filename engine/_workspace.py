@@ -49,7 +49,8 @@ MAX_FILE_BYTES = 1_048_576
 #: Resource version of a file that does not exist (for ``expected_resource_version``).
 ABSENT = "absent"
 
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+#: A tenant's name: it names a folder, so no separators and no dot first.
+TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
 class ToolRefused(Exception):
@@ -97,7 +98,7 @@ class Workspaces:
 
     def root_for(self, tenant: str) -> str:
         """The tenant's root (real path), seeding it on first use."""
-        if not isinstance(tenant, str) or not _TENANT.match(tenant):
+        if not isinstance(tenant, str) or not TENANT_NAME.match(tenant):
             raise ToolRefused("permission_denied", "PERMISSION_DENIED", f"invalid tenant name {printable(tenant)!r}")
         path = self.root / tenant
         if not path.is_dir():

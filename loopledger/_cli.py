@@ -174,7 +174,7 @@ def run(
     from rich.table import Table
 
     from loopledger.engine._errors import BadInput
-    from loopledger.engine._runner import Runner, check_tools
+    from loopledger.engine._runner import Runner, check_script, check_tools
     from loopledger.engine._scenario import load_scenarios
 
     from loopledger.engine._prompts import check_prompt_version
@@ -187,6 +187,8 @@ def run(
         raise BadInput(" ".join(map(str, paths)), "no scenario (*.yaml) found")
     for scenario in scenarios:
         check_tools(scenario)
+        if model == "scripted":
+            check_script(scenario, prompt_version)
     runner = Runner(_home(home, store))
     try:
         created = _drive(runner, scenarios, [prompt_version], model, concurrency, show_progress=not as_json)
@@ -376,7 +378,7 @@ def demo(
     prompt versions v1 and v2, recorded, exported and compared."""
     from rich.console import Console
 
-    from loopledger.engine._runner import Runner, check_tools
+    from loopledger.engine._runner import Runner, check_script, check_tools
     from loopledger.engine._scenario import load_scenarios
     from loopledger.engine._show import comparison_table
 
@@ -385,6 +387,8 @@ def demo(
     scenarios = load_scenarios([_bundled_scenarios()])
     for scenario in scenarios:
         check_tools(scenario)
+        for version in ("v1", "v2"):
+            check_script(scenario, version)
     console.print(f"Running {len(scenarios)} bundled scenarios under prompt versions v1 and v2 "
                   f"(scripted model, SQLite journal in {where.root}) ...")
     runner = Runner(where)

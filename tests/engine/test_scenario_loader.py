@@ -90,6 +90,20 @@ def test_decisions_name_a_member_of_the_suite(tmp_path: Path) -> None:
         check_tools(load_scenario(path))
 
 
+def test_a_script_needs_a_list_for_the_prompt_version(tmp_path: Path) -> None:
+    from loopledger.engine._runner import check_script
+
+    scenario = load_scenario(write(tmp_path, "id: a\ncontract: {goal: g}\nmodel:\n  v1: [{final: x}]\n"))
+    check_script(scenario, "v1")
+    with pytest.raises(BadInput, match=r"s\.yaml: model: no list for prompt version 'v2' and no default; lists given: v1"):
+        check_script(scenario, "v2")
+
+
+def test_a_tenant_names_a_folder(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match=r"s\.yaml: tenant: expected a name of letters.*got '\.\./globex'"):
+        load_scenario(write(tmp_path, "id: a\ntenant: ../globex\ncontract: {goal: g}\n"))
+
+
 def test_broken_yaml_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(BadInput) as info:
         load_scenario(write(tmp_path, "id: a\ncontract: {goal: g\nmodel: [\n"))
