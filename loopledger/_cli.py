@@ -79,6 +79,12 @@ def _home(home: Path | None, store: str | None = None) -> Any:
     return Home.resolve(home, store)
 
 
+def _has_journal(where: Any) -> bool:
+    """Whether the data directory has a journal: commands that only look at
+    runs (show, reply, cancel) must not create one."""
+    return where.store_url is not None or where.journal_path.exists()
+
+
 def _print_export(result: Any, traces: Path) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -226,9 +232,11 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
     from loopledger.engine._show import TracedRuns, render_run
 
     where = _home(home, store)
-    run_store = where.open_store()
+    run_store = where.open_store() if _has_journal(where) else None
     try:
         try:
+            if run_store is None:
+                raise UnknownRun(run_id)
             render_run(run_store, run_id)
         except UnknownRun:
             render_run(TracedRuns(where.traces), run_id)  # an imported run lives in the trace tables only
@@ -236,7 +244,8 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
         _err(str(exc))
         raise typer.Exit(EXIT_FAILED) from None
     finally:
-        run_store.close()
+        if run_store is not None:
+            run_store.close()
 
 
 def _print_outcomes(outcomes: list[Any], as_json: bool, title: str) -> None:
@@ -313,7 +322,11 @@ def reply(
             value = json.loads(answer)
         except ValueError as exc:
             raise BadInput("--answer", f"expected JSON, got {answer!r} ({exc})") from None
-    runner = Runner(_home(home, store), auto_reply=False)
+    where = _home(home, store)
+    if not _has_journal(where):
+        _err(f"rejected: wrong run: no run {run_id!r} in the journal (there is no journal in {where.root})")
+        raise typer.Exit(EXIT_FAILED)
+    runner = Runner(where, auto_reply=False)
     try:
         try:
             view = runner.controller.reply(run_id, token, Reply(approve=True if approve else (False if deny else None),
@@ -321,7 +334,10 @@ def reply(
         except ReplyRejected as exc:
             if exc.reason == "expired":
                 runner.recorder.flush()  # the rejection ended the run EXPIRED
-            _err(f"rejected: {exc.reason}" + (f": {exc.detail}" if exc.detail else ""))
+            why = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
+            if as_json:
+                typer.echo(json.dumps({**_outcome_json(runner.outcome(run_id)), "rejected": why}))
+            _err(f"rejected: {why}")
             raise typer.Exit(EXIT_FAILED) from None
         except UnknownRun as exc:
             _err(f"rejected: wrong run: {exc}")
@@ -349,7 +365,11 @@ def cancel(
     from loopledger.engine._errors import UnknownRun
     from loopledger.engine._runner import Runner
 
-    runner = Runner(_home(home, store), auto_reply=False)
+    where = _home(home, store)
+    if not _has_journal(where):
+        _err(str(UnknownRun(run_id)))
+        raise typer.Exit(EXIT_FAILED)
+    runner = Runner(where, auto_reply=False)
     try:
         try:
             requested = runner.controller.request_cancel(run_id)

@@ -169,7 +169,12 @@ def test_forged_tokens_are_rejected_and_the_run_still_waits(tmp_path: Path, home
     other_secret = issue_token(b"not this home's secret" * 2, claims_of(token))
     assert other_secret != token
     rejected(reply(home, run_id, other_secret, "--approve"), "bad token")
-    rejected(reply(home, run_id, "garbage", "--approve"), "bad token")
+    garbage = reply(home, run_id, "garbage", "--approve")
+    rejected(garbage, "bad token")
+    # With --json, the rejection is a line too: the run as it stands, and why.
+    (line_out,) = [json.loads(x) for x in garbage.stdout.splitlines()]
+    assert (line_out["run_id"], line_out["status"]) == (run_id, "WAITING_USER")
+    assert line_out["rejected"].startswith("bad token")
     # Claims changed (a later expiry) without the secret: the signature no longer matches.
     longer = claims_of(token)
     raw = {"r": longer.run_id, "w": longer.wait_id, "v": longer.state_version, "e": longer.expires_at_us + 10**12}
@@ -181,6 +186,14 @@ def test_forged_tokens_are_rejected_and_the_run_still_waits(tmp_path: Path, home
     # The genuine token still works.
     assert reply(home, run_id, token, "--approve").returncode == 0
     assert state(home, run_id) == ("SUCCEEDED", "completed")
+
+
+def test_reply_and_cancel_on_a_home_without_a_journal_create_nothing(tmp_path: Path) -> None:
+    home = tmp_path / "nowhere"
+    rejected(cli("reply", "r1", "--token", "t", "--approve", home=home), "wrong run")
+    assert cli("cancel", "r1", home=home).returncode == 1
+    assert cli("show", "r1", home=home).returncode == 1
+    assert not home.exists()
 
 
 def test_a_token_of_another_run_is_rejected(tmp_path: Path, home: Path) -> None:
