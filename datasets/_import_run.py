@@ -91,17 +91,29 @@ def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) ->
     """How many runs one file holds, and those of the fraction ``[lo, hi)``
     of them, converted and checked; :class:`ImportInputError` if the file,
     or a record of that part, is bad."""
+    from loopledger.canonical import CanonicalJSONError
+
     fmt = source.fmt
-    runs = source.reader(path, source.tools)
-    n = len(runs)
-    if not n and fmt != "toolbench":  # toolbench: see read_toolbench
-        raise ImportInputError(str(path), None, f"no runs in this file; is it {fmt}?")
-    conversations = []
-    for index in range(int(lo * n), int(hi * n)):  # the first bad record is the one named, in any part
-        conv = runs[index]
-        if not any(m.role == "assistant" for m in conv.messages):
-            raise ImportInputError(str(path), conv.record, "no assistant message: nothing the agent decided")
-        conversations.append(conv)
+    try:
+        path.name.encode("utf-8")
+    except UnicodeEncodeError:
+        # The name is part of each run's id and of the trace tables.
+        raise ImportInputError(str(path), None, "the file's name is not valid UTF-8; rename the file") from None
+    try:
+        runs = source.reader(path, source.tools)
+        n = len(runs)
+        if not n and fmt != "toolbench":  # toolbench: see read_toolbench
+            raise ImportInputError(str(path), None, f"no runs in this file; is it {fmt}?")
+        conversations = []
+        for index in range(int(lo * n), int(hi * n)):  # the first bad record is the one named, in any part
+            conv = runs[index]
+            if not any(m.role == "assistant" for m in conv.messages):
+                raise ImportInputError(str(path), conv.record, "no assistant message: nothing the agent decided")
+            conversations.append(conv)
+    except CanonicalJSONError as exc:
+        # The readers check every field they keep; should one still hold a
+        # value JSON cannot carry, it is bad input all the same.
+        raise ImportInputError(str(path), None, f"a value cannot be stored as JSON ({exc})") from None
     return n, conversations
 
 
@@ -129,7 +141,9 @@ def import_traces(fmt: str, paths: Sequence[str | os.PathLike[str]], *, home: st
         try:
             suite = decide if isinstance(decide, Suite) else load_suite(decide)
         except SuiteError as exc:
-            raise ImportInputError(exc.where, None, exc.reason) from None
+            # The suite's loader names its own option (``--suite``); here the
+            # user typed ``--decide``, and a suite file's own place follows it.
+            raise ImportInputError("--decide", None if exc.where == "--suite" else exc.where, exc.reason) from None
     where = Home.resolve(home)
     store = where.open_store()
     result = ImportResult()
@@ -278,6 +292,8 @@ def _write_pieces(job: _Job, pieces: Sequence[Piece], rows: Any) -> tuple[Any, d
     """Read and check each piece's file, and commit its new runs to ``rows``
     (a :class:`~._import_tables.TraceRows`); count what each file gave and
     return the run ids written."""
+    from loopledger.canonical import CanonicalJSONError
+
     from ._import_writer import RunWriter
 
     counts: defaultdict[int, Counter[str]] = defaultdict(Counter)
@@ -292,7 +308,12 @@ def _write_pieces(job: _Job, pieces: Sequence[Piece], rows: Any) -> tuple[Any, d
                 continue  # a run repeated (in a file or across files) is imported once
             seen.add(conv.run_id)
             counts[index]["runs"] += 1
-            counts[index].update(RunWriter(rows, conv, job.suite).write())
+            try:
+                counts[index].update(RunWriter(rows, conv, job.suite).write())
+            except CanonicalJSONError as exc:
+                # What the readers' checks missed: bad input, named, never a traceback.
+                raise ImportInputError(str(job.source.files[index]), conv.record,
+                                       f"a value cannot be stored as JSON ({exc})") from None
     return counts, totals, seen
 
 

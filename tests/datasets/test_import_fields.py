@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,21 @@ def test_tau2_nan_reward_is_named(tmp_path: Path) -> None:
     path = _write(tmp_path / "sims", "tau2", data)
     line = _refused(tmp_path, "tau2", path)
     assert line == f"loopledger: bad input: {path}: simulations[0].reward_info.reward: expected a finite number, got nan"
+
+
+def test_unknown_decide_suite_names_decide(tmp_path: Path) -> None:
+    path = _write(tmp_path / "in", "openai-jsonl", [openai_record()])
+    line = _refused(tmp_path, "openai-jsonl", path, "--decide", "nosuch")
+    assert line.startswith("loopledger: bad input: --decide: unknown suite 'nosuch'")
+    assert "--suite" not in line
+
+
+def test_bad_decide_suite_file_names_decide_and_the_file(tmp_path: Path) -> None:
+    suite = tmp_path / "mine.yaml"
+    suite.write_text("name: mine\nvalidators: 3\n")
+    path = _write(tmp_path / "in", "openai-jsonl", [openai_record()])
+    line = _refused(tmp_path, "openai-jsonl", path, "--decide", str(suite))
+    assert line.startswith(f"loopledger: bad input: --decide: {suite}: ")
 
 
 # --- the wider matrix, through the API ------------------------------------------------
@@ -353,6 +369,39 @@ def test_tool_catalogue_fields(tmp_path: Path, catalogue: Any, field: str, reaso
     with pytest.raises(ImportInputError) as caught:
         read_conversations("openai-jsonl", [path], tools=tools)
     assert str(caught.value).startswith(f"{tools}: {field}: {reason}")
+
+
+def test_a_file_name_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    folder = _write(tmp_path / "in", "openai-jsonl", [openai_record()]).parent
+    os.rename(folder / "chats.jsonl", os.fsdecode(os.fsencode(folder) + b"/chats-\xff.jsonl"))
+    error = _refusal("openai-jsonl", folder)
+    assert error.record is None and "name is not valid UTF-8" in error.reason
+
+
+def test_a_value_the_checks_missed_is_still_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backstop: should a reader let through a value JSON cannot carry,
+    the writer's CanonicalJSONError becomes bad input naming the file and
+    record, and nothing is recorded."""
+    import dataclasses
+
+    from loopledger.datasets import _import_run
+
+    reader, patterns = _import_run.FORMATS["openai-jsonl"]
+
+    def leaky(path: Path, tools: Path | None = None) -> list[Any]:
+        return [dataclasses.replace(conv, metadata={"score": NAN}) for conv in reader(path, tools)]
+
+    home = _seeded_home(tmp_path)
+    before = _files(home)
+    monkeypatch.setitem(_import_run.FORMATS, "openai-jsonl", (leaky, patterns))
+    record = openai_record()
+    record["metadata"]["id"] = "conv-2"  # not the run already there
+    path = _write(tmp_path / "in", "openai-jsonl", [record])
+    with pytest.raises(ImportInputError) as caught:
+        import_traces("openai-jsonl", [path], home=home)
+    assert (caught.value.file, caught.value.record) == (str(path), "line 1")
+    assert "$.imported.metadata.score" in caught.value.reason and "nan" in caught.value.reason
+    assert _files(home) == before
 
 
 # --- what real data holds is still read -------------------------------------------------
