@@ -242,7 +242,35 @@ class Runner:
     def _drive_one(self, run_id: str) -> Any:
         """Drive a run; while it waits for a person and its scenario scripts
         a reply, deliver that reply through the same checks a person's goes
-        through (token, state version, expiry, schema)."""
+        through (token, state version, expiry, schema). Then record its
+        scenario labels."""
+        view = self._drive_and_reply(run_id)
+        self.record_scenario_labels(run_id)
+        return view
+
+    def record_scenario_labels(self, run_id: str) -> None:
+        """Write the run's scenario's ``expect.decisions`` as ``scenario``
+        labels (CONTRACT.md), each on the candidate of its step and attempt:
+        those the run has reached and that are not written yet. An
+        expectation for a step the run never reached names no candidate and
+        waits (a later step may come after a reply)."""
+        expected = scenario_of(self.store.get_run(run_id)).expect.decisions
+        if not expected:
+            return
+        candidates = {(int(c["step"]), int(c["attempt"])): c["candidate_id"]
+                      for c in self.store.facts("candidates", run_id)}
+        written = {(lb["step"], lb["attempt"], lb["validator"]) for lb in self.store.labels(run_id)
+                   if lb["source"] == "scenario"}
+        for d in expected:
+            key = (d.step, d.attempt, d.validator)
+            if (d.step, d.attempt) in candidates and key not in written:
+                self.store.add_label({"run_id": run_id, "step": d.step, "attempt": d.attempt,
+                                      "candidate_id": candidates[(d.step, d.attempt)], "validator": d.validator,
+                                      "expected_verdict": d.verdict, "source": "scenario",
+                                      "note": "expect.decisions"})
+                written.add(key)
+
+    def _drive_and_reply(self, run_id: str) -> Any:
         view = self.controller.drive(run_id)
         while True:
             if view.new_token:

@@ -139,6 +139,8 @@ class RunStore(Protocol):
 
     def add_label(self, label: Mapping[str, Any]) -> int: ...
 
+    def labels(self, run_id: str) -> list[dict[str, Any]]: ...
+
     def run_ids(self) -> set[str]: ...
 
     def batch(self) -> AbstractContextManager[None]: ...
@@ -354,6 +356,15 @@ class SQLRunStore:
                 (run_id,),
             ).fetchall()
         return [upgrade_row("operations", dict(zip(columns, row))) for row in rows]
+
+    def labels(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's labels, oldest first."""
+        columns = ("label_id", "run_id", "step", "attempt", "candidate_id", "validator", "expected_verdict",
+                   "source", "note", "created_at", "schema_version")
+        with self._lock:
+            rows = self._q(self._conn, f"SELECT {', '.join(columns)} FROM labels WHERE run_id = ? ORDER BY label_id",
+                           (run_id,)).fetchall()
+        return [upgrade_row("labels", dict(zip(columns, row))) for row in rows]
 
     def add_label(self, label: Mapping[str, Any]) -> int:
         with self._write() as conn:

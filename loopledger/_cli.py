@@ -346,6 +346,7 @@ def reply(
             runner.tokens[run_id] = view.new_token
         if runner.controller.load(run_id).state.name == "WAITING_TOOL":
             runner.drive_all([run_id], 1)
+        runner.record_scenario_labels(run_id)
         runner.recorder.flush()
         outcome = runner.outcome(run_id)
     finally:

@@ -2,11 +2,12 @@
 
 Three sources (CONTRACT ``labels.source``): ``human`` (``loopledger
 label``), ``import`` (an importer's ground truth) and ``scenario``. A
-bundled scenario's ``expect.decisions`` are its scenario labels. They are
+scenario's ``expect.decisions`` are its scenario labels: the runner writes
+them as label rows once the run has reached their step, and they are also
 derived here, at replay time, from the scenario frozen in the run's
-``runs.spec_json``, rather than written as rows when the run is recorded:
-the spec already holds them, traces recorded before labels existed get
-them too, and a corrected expectation never leaves stale rows behind.
+``runs.spec_json``, so traces recorded before the rows existed get them
+too. Both say the same thing about the same candidate; :func:`effective`
+keeps one.
 
 When several labels speak on one decision, a person's word wins over an
 importer's, an importer's over a scenario's; within a source the latest.

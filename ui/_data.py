@@ -55,10 +55,11 @@ Params = Sequence[Any] | dict[str, Any] | None
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 
-# Scenario labels are not rows of the labels table: the replay derives them
-# from each run's frozen scenario (``runs.spec_json`` → expect.decisions, see
-# loopledger.replay._labels), and so does this view, so the pages count the
-# same labels a replay does. ``effective_labels`` keeps the one label that
+# Scenario labels are rows of the labels table for runs recorded since the
+# runner writes them; for older traces the replay derives them from each
+# run's frozen scenario (``runs.spec_json`` → expect.decisions, see
+# loopledger.replay._labels), and so does this view where no row says the
+# same, so the pages count the same labels a replay does. ``effective_labels`` keeps the one label that
 # decides per decision: a person's over an importer's over a scenario's,
 # within a source the latest. The ``contains`` test skips the JSON parse for
 # the many runs that expect no decisions.
@@ -76,7 +77,9 @@ SELECT CAST(NULL AS BIGINT) AS label_id, k.run_id, k.step, k.attempt, c.candidat
        k.expected_verdict, 'scenario' AS source, 'expect.decisions' AS note,
        CAST(NULL AS TIMESTAMPTZ) AS created_at
 FROM keyed k JOIN candidates c ON c.run_id = k.run_id AND c.step = k.step AND c.attempt = k.attempt
-WHERE k.expected_verdict IN ('accept', 'repair', 'ask', 'reject');
+WHERE k.expected_verdict IN ('accept', 'repair', 'ask', 'reject')
+  AND NOT EXISTS (SELECT 1 FROM labels l WHERE l.source = 'scenario' AND l.run_id = k.run_id AND l.step = k.step
+                  AND l.attempt = k.attempt AND coalesce(l.validator, '') = k.validator);
 
 CREATE VIEW all_labels AS
 SELECT label_id, run_id, step, attempt, candidate_id, coalesce(validator, '') AS validator, expected_verdict,

@@ -123,3 +123,23 @@ def test_every_run_and_candidate_records_its_prompt_version_and_hash(recorded) -
     assert runs and all(h == files[v] for v, h in runs)
     candidates = journal.execute("SELECT prompt_version, prompt_hash FROM candidates").fetchall()
     assert candidates and all(h == files[v] for v, h in candidates)
+
+
+def test_expected_decisions_are_exported_as_scenario_labels(recorded) -> None:
+    """Every bundled expect.decisions entry becomes one ``scenario`` label row
+    per run, on the candidate the run validated at that step and attempt."""
+    import pyarrow.parquet as pq
+
+    from loopledger.engine._scenario import load_scenarios
+
+    home, lines = recorded
+    expected = {s.id: s.expect.decisions for s in load_scenarios([SCENARIOS])}
+    candidates = {(c["run_id"], c["step"], c["attempt"]): c["candidate_id"]
+                  for c in pq.read_table(home / "traces" / "candidates").to_pylist()}
+    labels = pq.read_table(home / "traces" / "labels").to_pylist()
+    want = sorted((line["run_id"], d.step, d.attempt, d.validator, d.verdict)
+                  for line in lines for d in expected[line["task_id"]])
+    got = sorted((lb["run_id"], lb["step"], lb["attempt"], lb["validator"], lb["expected_verdict"]) for lb in labels)
+    assert want and got == want
+    assert {lb["source"] for lb in labels} == {"scenario"}
+    assert all(lb["candidate_id"] == candidates[(lb["run_id"], lb["step"], lb["attempt"])] for lb in labels)

@@ -106,7 +106,8 @@ def test_human_labels_make_regressions_and_fixes(home_copy: Path, suite_file) ->
     assert added.returncode == 0, added.stderr
     added = cli("label", run_id, "--step", "2", "--expect", "accept", "--home", str(home_copy))
     assert added.returncode == 0, added.stderr
-    labels = scan(home_copy / "traces" / "labels", "SELECT validator, expected_verdict, source FROM t ORDER BY 1")
+    labels = scan(home_copy / "traces" / "labels",
+                  "SELECT validator, expected_verdict, source FROM t WHERE source = 'human' ORDER BY 1")
     assert labels == [("", "accept", "human"), ("loop.repeated_call", "reject", "human")]
     result = replay(home_copy / "traces", suite_file(**{"loop.repeated_call": {"threshold": 2}}))
     kinds = {(d.validator, d.kind, d.label_source) for d in result.diffs}

@@ -116,7 +116,8 @@ def test_labelling_a_decision_from_the_run_page(writable_home: Path, ui_env: pyt
     assert not at.exception and not at.error
     assert any("Saved label" in s.value for s in at.success)
     stored = __import__("duckdb").sql(
-        f"SELECT run_id, expected_verdict, source, note FROM {table(writable_home, 'labels')}").fetchall()
+        f"SELECT run_id, expected_verdict, source, note FROM {table(writable_home, 'labels')} "
+        "WHERE source = 'human'").fetchall()
     assert stored == [(run_id, "accept", "human", "the gate was too strict")]
     at.switch_page("_pages_labels.py").run()
     assert metrics(at)["Human"] == "1"
