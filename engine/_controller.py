@@ -59,7 +59,7 @@ from ._results import reduce_result
 from ._scenario import Scenario
 from ._states import TERMINAL, State
 from ._store import SQLRunStore
-from ._tools import DEMO_TOOLS, tool_registry_snapshot
+from ._tools import DEMO_TOOLS, TOOL_TRAITS, tool_registry_snapshot
 from ._view import OpView, RunView
 
 #: Attempts of one step (same context) before the model is given up on.
@@ -805,6 +805,15 @@ class Controller(PeopleMixin):
             # TOOL_RUNNING, which sends what is left or closes the step.
             self._record_result(view, op, found, to=State.TOOL_RUNNING,
                                 payload={"reconciled": op.operation_id, "executed": True})
+            return
+        if op.resends >= 1 and not TOOL_TRAITS[op.tool].side_effect:
+            # A read changes nothing, so nobody needs to say whether it ran:
+            # its one result is a timeout, and the model may ask again.
+            timed_out = ToolOutcome(outcome="timeout", status="failed", evidence=(), error_code="TIMEOUT",
+                                    result={"error": "TIMEOUT", "message": f"{op.tool}: no answer after a re-send"},
+                                    retry_after_s=None, work_id=None, executed=False)
+            self._record_result(view, op, timed_out, to=State.TOOL_RUNNING,
+                                payload={"reconciled": op.operation_id, "executed": False})
             return
         if op.resends >= 1:
             # Already re-sent once and still no answer: a person decides.

@@ -316,6 +316,37 @@ def test_crash_after_dispatch_kills_the_process_and_resume_reconciles_one_execut
     assert all_violations(home) == []
 
 
+READ_THEN_ANSWER = """\
+id: recovery-read-unanswered
+contract:
+  goal: Look ORD-1044 up
+  allowed_tools: [orders.get_order]
+model:
+  - tool_calls: [{name: orders.get_order, arguments: {order_id: ORD-1044}}]
+  - final: The lookup timed out; I could not check ORD-1044.
+"""
+
+
+def test_a_read_that_never_answers_is_a_timeout_not_a_question(tmp_path: Path) -> None:
+    """A read changes nothing: after its one re-send also dies unanswered,
+    its result is ``timeout`` and the model goes on; nobody is asked whether
+    a read took effect."""
+    home = tmp_path / "home"
+    path = tmp_path / "read.yaml"
+    path.write_text(READ_THEN_ANSWER)
+    crash = {"LOOPLEDGER_CRASH_AT": "after_dispatch"}
+    assert cli("run", str(path), "--json", home=home, env=crash).returncode == -signal.SIGKILL
+    assert cli("resume", "--json", home=home, env=crash).returncode == -signal.SIGKILL  # the re-send dies too
+    resumed = cli("resume", "--json", home=home)
+    assert resumed.returncode == 0, resumed.stderr
+    (line,) = [json.loads(x) for x in resumed.stdout.splitlines()]
+    assert (line["status"], line["reason"]) == ("SUCCEEDED", "completed")
+    journal = sqlite3.connect(home / "journal.sqlite")
+    assert journal.execute("SELECT outcome, dispatch_count FROM operations").fetchall() == [("timeout", 2)]
+    assert journal.execute("SELECT COUNT(*) FROM events WHERE to_state = 'WAITING_USER'").fetchone() == (0,)
+    assert all_violations(home) == []
+
+
 # -- several tool calls in one candidate ---------------------------------------------------
 
 SEQUENTIAL = """\
