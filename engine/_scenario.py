@@ -8,7 +8,8 @@ expected. Nothing is recorded until every file of a ``run`` has loaded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -188,18 +189,40 @@ def _where(path: str, loc: Iterable[Any]) -> str:
     return f"{path}: {field}" if field else path
 
 
+def _message(error: Mapping[str, Any]) -> str:
+    """pydantic's message in the words of a scenario file: ``expected ...``."""
+    text = re.sub(r" or instance of \w+", "", error["msg"].removeprefix("Value error, "))
+    for said, meant in (("Input should be a valid dictionary", "expected a mapping"),
+                        ("Input should be a valid list", "expected a list"),
+                        ("Input should be a valid string", "expected a string"),
+                        ("Input should be a valid integer", "expected an integer"),
+                        ("Input should be a valid number", "expected a number"),
+                        ("Input should be a valid boolean", "expected true or false"),
+                        ("Input should be", "expected"),
+                        ("Field required", "required field missing"),
+                        ("Extra inputs are not permitted", "unknown field")):
+        if text.startswith(said):
+            return meant + text[len(said):]
+    return text
+
+
 def parse_scenario(data: Any, source: str) -> Scenario:
+    if data is None:
+        raise BadInput(source, "the file holds no scenario; expected a mapping with id, contract, model, ...")
     if not isinstance(data, dict):
         raise BadInput(source, f"expected a mapping at the top level, got {type(data).__name__}")
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith(("list[", "dict[")))]
+        # A union (model: a list, or a map of lists) fails once per branch:
+        # the error that went deepest names the field the user got wrong.
+        def where(error: Mapping[str, Any]) -> list[Any]:
+            return [p for p in error["loc"] if not (isinstance(p, str) and p.startswith(("list[", "dict[")))]
+
+        first = max(exc.errors(), key=lambda error: len(where(error)))
         got = first.get("input")
         shown = "" if isinstance(got, (dict, list)) or got is None else f", got {got!r}"
-        message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix says nothing to a user
-        raise BadInput(_where(source, loc), f"{message}{shown}") from None
+        raise BadInput(_where(source, where(first)), f"{_message(first)}{shown}") from None
     return scenario.model_copy(update={"source": source})
 
 

@@ -45,12 +45,15 @@ model:
 @pytest.mark.parametrize(
     ("text", "where", "why"),
     [
-        ("contract: {goal: g}\nmodel: [{final: x}]\n", "s.yaml: id", "Field required"),
-        ("id: a\nmodel: [{final: x}]\n", "s.yaml: contract", "Field required"),
+        ("contract: {goal: g}\nmodel: [{final: x}]\n", "s.yaml: id", "required field missing"),
+        ("id: a\nmodel: [{final: x}]\n", "s.yaml: contract", "required field missing"),
         ("id: a\ncontract: {goal: g}\nbudgets: {max_steps: eight}\n", "s.yaml: budgets.max_steps", "integer"),
         ("id: a\ncontract: {goal: g}\nfaults: [{tool: t, kind: explode}]\n", "s.yaml: faults[0].kind", "explode"),
         ("id: a\ncontract: {goal: g}\nmodel: [{}]\n", "s.yaml: model", "an entry needs"),
-        ("id: a\ncontract: {goal: g, colour: red}\n", "s.yaml: contract.colour", "Extra inputs"),
+        ("id: a\ncontract: {goal: g, colour: red}\n", "s.yaml: contract.colour", "unknown field"),
+        ("id: a\ncontract: {goal: g}\nmodel: {v1: nope}\n", "s.yaml: model.v1", "expected a list, got 'nope'"),
+        ("id: a\ncontract: {goal: g}\nuser: [5]\n", "s.yaml: user[0]", "expected a mapping, got 5"),
+        ("", "s.yaml", "the file holds no scenario"),
         ("id: a b\ncontract: {goal: g}\n", "s.yaml: id", "whitespace"),
         ("- just\n- a list\n", "s.yaml", "mapping"),
         ("id: a\ncontract: {goal: g}\nexpect: {status: DONE}\n", "s.yaml: expect.status",
