@@ -832,8 +832,8 @@ class Controller(PeopleMixin):
         """The model is done and background work still runs: poll it. The run
         holds no worker meanwhile (``drive`` returns and is called again).
         The deadline holds while it waits: past it, the run ends
-        BUDGET_EXHAUSTED / deadline, naming the work still running (its
-        completion, if it comes, is recorded as a late event)."""
+        BUDGET_EXHAUSTED / deadline, naming in its FINALIZING event the work
+        still running (which is not stopped: a backend job runs its course)."""
         if self._past_deadline(view, config):
             running = [op.work_id for op in view.pending_background()]
             self._move(view, State.FINALIZING,
