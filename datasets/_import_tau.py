@@ -223,6 +223,17 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Mess
 # --- tau-bench -----------------------------------------------------------------------
 
 
+def _task_and_trial(record: dict[str, Any], file: str, where: str) -> tuple[str, int | None]:
+    """A record's required ``task_id`` and optional ``trial``, checked."""
+    if record.get("task_id") is None:
+        raise ImportInputError(file, f"{where}.task_id", "missing; expected a string or an integer")
+    task_id = identifier(record["task_id"], file, f"{where}.task_id")
+    trial = record.get("trial")
+    if trial is not None:
+        integer(trial, file, f"{where}.trial")
+    return task_id, trial
+
+
 def read_tau_bench(path: Path, tools: Path | None = None) -> Runs:
     data = read_json(path)
     file = str(path)
@@ -242,12 +253,7 @@ def read_tau_bench(path: Path, tools: Path | None = None) -> Runs:
             raise bad(file, where, "a record {task_id, trial, reward, info, traj} (an object)", record)
         if not isinstance(record.get("traj"), list):
             raise bad(file, f"{where}.traj", "a list of messages", record.get("traj"))
-        if record.get("task_id") is None:
-            raise ImportInputError(file, f"{where}.task_id", "missing; expected a string or an integer")
-        task_id = identifier(record["task_id"], file, f"{where}.task_id")
-        trial = record.get("trial")
-        if trial is not None:
-            integer(trial, file, f"{where}.trial")
+        task_id, trial = _task_and_trial(record, file, where)
         reward = optional_number(record.get("reward"), file, f"{where}.reward")
         info = mapping(record.get("info"), file, f"{where}.info")
         task = mapping(info.get("task"), file, f"{where}.info.task")
@@ -315,12 +321,7 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
         if not isinstance(sim, dict) or not isinstance(sim.get("messages"), list) or sim.get("id") is None:
             raise ImportInputError(file, where, "expected a simulation with 'id' and a 'messages' list")
         sim_id = identifier(sim["id"], file, f"{where}.id")
-        if sim.get("task_id") is None:
-            raise ImportInputError(file, f"{where}.task_id", "missing; expected a string or an integer")
-        task_id = identifier(sim["task_id"], file, f"{where}.task_id")
-        trial = sim.get("trial")
-        if trial is not None:
-            integer(trial, file, f"{where}.trial")
+        task_id, trial = _task_and_trial(sim, file, where)
         termination = optional_text(sim.get("termination_reason"), file, f"{where}.termination_reason")
         start_time = optional_text(sim.get("start_time"), file, f"{where}.start_time")
         reward_info = mapping(sim.get("reward_info"), file, f"{where}.reward_info")
