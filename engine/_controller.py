@@ -855,9 +855,13 @@ class Controller(PeopleMixin):
                 "error_code": outcome.error_code if outcome else None,
                 "summary": summary,
             }
-            # Its own event, linked by work_id: not a second result of the request.
+            # Its own event, linked by work_id: not a second result of the
+            # request (whose outcome stays background_accepted); the
+            # operation's tool status follows the work.
             self._commit(view, Commit(view.run_id, view.state_version, None,
-                                      events=(NewEvent("work_completed", event),)))
+                                      events=(NewEvent("work_completed", event),),
+                                      operation_updates=({"operation_id": op.operation_id,
+                                                          "status": status.state},)))
         # A new step: the model sees the results and the gate judges again.
         self._move(view, State.READY, payload={"work_completed": True})
         return True

@@ -143,3 +143,15 @@ def test_expected_decisions_are_exported_as_scenario_labels(recorded) -> None:
     assert want and got == want
     assert {lb["source"] for lb in labels} == {"scenario"}
     assert all(lb["candidate_id"] == candidates[(lb["run_id"], lb["step"], lb["attempt"])] for lb in labels)
+
+
+def test_background_operations_end_with_their_work(recorded) -> None:
+    """The request's one result stays background_accepted; the operation's
+    own status follows the work to its end."""
+    import sqlite3
+
+    home, _ = recorded
+    rows = sqlite3.connect(home / "journal.sqlite").execute(
+        "SELECT o.outcome, o.status FROM operations o JOIN runs r ON r.run_id = o.run_id "
+        "WHERE o.tool = 'reports.export' AND r.task_id = 'background-export'").fetchall()
+    assert rows and set(rows) == {("background_accepted", "succeeded")}
