@@ -21,6 +21,12 @@ def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def pinned() -> bool:
+    """Whether ``LOOPLEDGER_NOW`` holds the clock still: then no time passes
+    for the engine, and nothing that waits on time (background work) ends."""
+    return bool(os.environ.get("LOOPLEDGER_NOW"))
+
+
 def now_us() -> int:
     """Microseconds since the Unix epoch, the journal's time unit."""
     if os.environ.get("LOOPLEDGER_NOW"):

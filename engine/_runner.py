@@ -30,6 +30,7 @@ from typing import Any
 from loopledger.validators import Suite, SuiteError, Verdict, load_suite
 
 from ._backends import DemoBackend, Fault
+from ._clock import pinned
 from ._controller import Controller, RunConfig
 from ._errors import BadInput
 from ._home import Home
@@ -230,7 +231,9 @@ class Runner:
                 for future in done:
                     run_id = running.pop(future)
                     view = future.result()  # an engine bug surfaces here, loudly
-                    if view.state is State.WAITING_TOOL and wait_for_tools:
+                    # Under a pinned clock (LOOPLEDGER_NOW) no work ever falls
+                    # due: the run is left waiting, for a resume at a later time.
+                    if view.state is State.WAITING_TOOL and wait_for_tools and not pinned():
                         heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
                         self.recorder.request()
                     else:

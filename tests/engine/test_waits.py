@@ -448,3 +448,33 @@ def test_a_reply_that_loses_the_race_after_its_checks_is_rejected_as_stale(
         second.close()
     assert len(events(home, run_id, "reply_accepted")) == 1
     assert executions(home, run_id, "deploy.service") == 1
+
+
+EXPORT = """\
+id: wait-export-pinned
+contract:
+  goal: Export the monthly report
+  required_evidence: [report_ready]
+  allowed_tools: [reports.export]
+model:
+  - tool_calls: [{name: reports.export, arguments: {query: monthly, delay_s: 5}}]
+  - final: Exported.
+    claims: [{text: exported, evidence: [report_ready]}]
+  - final: Exported.
+    claims: [{text: exported, evidence: [report_ready]}]
+"""
+
+
+def test_under_a_pinned_clock_run_leaves_background_work_waiting(tmp_path: Path, home: Path) -> None:
+    """No time passes under LOOPLEDGER_NOW, so the export never falls due:
+    run returns the run waiting for it, and a resume at a later time ends it."""
+    path = tmp_path / "export.yaml"
+    path.write_text(EXPORT)
+    proc = cli("run", str(path), "--json", home=home, env={"LOOPLEDGER_NOW": "2026-12-01T00:00:00+00:00"})
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert (line["status"], line["reason"], line["waiting"]["kind"]) == ("WAITING_TOOL", "waiting_for_tool", "tool")
+    later = cli("resume", "--json", home=home, env={"LOOPLEDGER_NOW": "2026-12-01T00:00:06+00:00"})
+    (line,) = [json.loads(x) for x in later.stdout.splitlines()]
+    assert (line["status"], line["reason"]) == ("SUCCEEDED", "completed")
+    assert all_violations(home) == []
