@@ -13,6 +13,8 @@ files; only per-run results go back to the caller.
 
 from __future__ import annotations
 
+import hashlib
+
 import importlib
 import json
 from collections import defaultdict
@@ -279,30 +281,35 @@ def _evaluate_run(run: Mapping[str, Any], events: Sequence[Mapping[str, Any]], b
     out = []
     artifact = _reader(bodies)
     for view, candidate_id, context_id in validated_candidates(run, events):
-        candidate_text = bodies.get(candidate_id)
-        if candidate_text is None:
-            raise RunTraceError(run["run_id"], f"candidate artifact {candidate_id} is not in the traces")
+        candidate_text = _body(bodies, candidate_id, run["run_id"], "candidate")
         context = contexts.get(context_id)
         if context is None:
-            context_text = bodies.get(context_id)
-            if context_text is None:
-                raise RunTraceError(run["run_id"], f"context artifact {context_id or '(none)'} is not in the traces")
-            # Attempts of one step share their context: parse it once.
-            context = contexts[context_id] = _loads(context_text)
+            # Attempts of one step share their context: read it once.
+            context = contexts[context_id] = _loads(_body(bodies, context_id, run["run_id"], "context"))
         inp = decision_input(view, _loads(candidate_text), context, candidate_id, artifact=artifact)
         out.append(((view.step, view.attempt, candidate_id), [s.evaluate(inp) for s in suites]))
     return out
 
 
+def _body(bodies: Mapping[str, str], artifact_id: str, run_id: str, what: str) -> str:
+    """An artifact's body, refused when the traces lack it or when it no
+    longer hashes to its id (it was changed after it was recorded: the
+    decisions it fed would be judged on something else)."""
+    text = bodies.get(artifact_id)
+    if text is None:
+        raise RunTraceError(run_id, f"{what} artifact {artifact_id or '(none)'} is not in the traces")
+    if hashlib.sha256(text.encode("utf-8")).hexdigest() != artifact_id:
+        raise RunTraceError(run_id, f"{what} artifact {artifact_id}: its body does not hash to its id "
+                                    "(changed after it was recorded)")
+    return text
+
+
 def _reader(bodies: Mapping[str, str]) -> Any:
     """Reads an artifact's body by id from the partition's bodies (a context's
-    tool registry snapshot), refusing one the traces do not have."""
+    tool registry snapshot), refusing one the traces lack or that was changed."""
 
     def read(artifact_id: str) -> Any:
-        text = bodies.get(artifact_id)
-        if text is None:
-            raise RunTraceError("", f"artifact {artifact_id} is not in the traces")
-        return _loads(text)
+        return _loads(_body(bodies, artifact_id, "", "referenced"))
 
     return read
 

@@ -173,6 +173,25 @@ def test_a_missing_artifact_is_named_and_the_other_runs_replay(home_copy: Path, 
     assert suite.get("errors") == "1"
 
 
+def test_an_artifact_changed_after_recording_is_named(home_copy: Path) -> None:
+    """A body that no longer hashes to its id would have the suite judge
+    something the run never saw: that run is refused, by name."""
+    import duckdb
+
+    traces = home_copy / "traces"
+    run_id, candidate_id = duckdb.connect().execute(
+        f"SELECT run_id, candidate_id FROM read_parquet('{traces}/candidates/*.parquet') ORDER BY run_id LIMIT 1"
+    ).fetchone()
+    for path in sorted((traces / "artifacts").glob("*.parquet")):
+        table = pq.read_table(path)
+        bodies = [b + " " if a == candidate_id else b
+                  for a, b in zip(table.column("artifact_id").to_pylist(), table.column("body").to_pylist())]
+        pq.write_table(table.set_column(table.schema.get_field_index("body"), "body", pa.array(bodies)), path)
+    out = replay_on(home_copy)
+    assert out.returncode == 2
+    one_line(out.stderr, run_id, candidate_id, "does not hash to its id")
+
+
 # --- label ---------------------------------------------------------------------------
 
 
