@@ -16,6 +16,24 @@ from typing import NoReturn
 _lock = threading.Lock()
 _commits = 0
 
+#: The named points ``LOOPLEDGER_CRASH_AT`` may name.
+CRASH_POINTS = ("after_dispatch", "before_terminal")
+
+
+def check_hooks() -> None:
+    """Refuse a testing hook set to something it cannot mean, before any
+    work starts (a bad value found after a commit would stop a run half-way)."""
+    from ._clock import now
+    from ._errors import BadInput
+
+    limit = os.environ.get("LOOPLEDGER_CRASH_AFTER_COMMITS")
+    if limit and not (limit.isdigit() and int(limit) >= 1):
+        raise BadInput("LOOPLEDGER_CRASH_AFTER_COMMITS", f"expected a whole number >= 1, got {limit!r}")
+    point = os.environ.get("LOOPLEDGER_CRASH_AT")
+    if point and point not in CRASH_POINTS:
+        raise BadInput("LOOPLEDGER_CRASH_AT", f"expected one of {', '.join(CRASH_POINTS)}, got {point!r}")
+    now()  # LOOPLEDGER_NOW must parse
+
 
 def die() -> NoReturn:
     """Kill this process with SIGKILL, now. Also used by the demo backends'

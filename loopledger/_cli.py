@@ -51,6 +51,9 @@ def guarded(fn: F) -> F:
         from loopledger.engine._errors import BadInput, JournalError, LoopLedgerError
 
         try:
+            from loopledger.engine._faults import check_hooks
+
+            check_hooks()
             return fn(*args, **kwargs)
         except BadInput as exc:
             _err(f"bad input: {exc}")

@@ -126,3 +126,20 @@ def test_no_command_prints_the_help() -> None:
     result = cli()
     assert result.returncode == 2
     assert "Commands" in result.stdout and "run" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"LOOPLEDGER_CRASH_AFTER_COMMITS": "abc"}, ["LOOPLEDGER_CRASH_AFTER_COMMITS", "whole number"]),
+        ({"LOOPLEDGER_CRASH_AT": "nowhere"}, ["LOOPLEDGER_CRASH_AT", "after_dispatch, before_terminal"]),
+        ({"LOOPLEDGER_NOW": "yesterday"}, ["LOOPLEDGER_NOW", "ISO-8601"]),
+    ],
+)
+def test_a_testing_hook_that_cannot_mean_anything_is_refused_up_front(tmp_path: Path, env: dict[str, str],
+                                                                       names: list[str]) -> None:
+    scenario = Path(__file__).resolve().parents[1] / "datasets" / "scenarios" / "happy-refund.yaml"
+    result = cli("run", str(scenario), "--home", str(tmp_path / "home"), env=env)
+    assert result.returncode == 2
+    assert_one_clear_line(result.stderr, "bad input", *names)
+    assert not (tmp_path / "home").exists()
