@@ -214,13 +214,17 @@ def run(
     else:
         table = Table(title=f"{len(outcomes)} run(s), prompt version {prompt_version}")
         for name in ("run_id", "status", "reason", "steps", "tool calls") + (("check",) if check else ()):
-            table.add_column(name)
+            # Ids and reasons wrap rather than lose their end: a run id is
+            # what show, reply and cancel take.
+            table.add_column(name, overflow="fold")
         for o in outcomes:
             row = [o.run_id, o.status, o.reason or "", str(o.steps), str(o.tool_calls)]
             if check:
                 row.append("ok" if o.ok else "; ".join(o.mismatches))
             table.add_row(*row)
-        Console().print(table)
+        console = Console()
+        console.print(table)
+        _print_tokens(console, outcomes)
     if check and failed:
         raise typer.Exit(EXIT_FAILED)
 
@@ -251,6 +255,19 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
             run_store.close()
 
 
+def _print_tokens(console: Any, outcomes: list[Any]) -> None:
+    """The resume tokens of waits that began now, whole, one per line: they
+    are shown once and the journal keeps only their hash."""
+    waits = [o for o in outcomes if o.waiting and o.waiting.get("resume_token")]
+    if not waits:
+        return
+    console.print("Resume tokens, shown once (loopledger reply RUN_ID --token TOKEN ...):", soft_wrap=True)
+    for o in waits:
+        console.print(f"  {o.run_id}  {o.waiting['kind']}  expires {o.waiting.get('expires_at') or '-'}",
+                      soft_wrap=True)
+        console.print(f"    {o.waiting['resume_token']}", soft_wrap=True, highlight=False)
+
+
 def _print_outcomes(outcomes: list[Any], as_json: bool, title: str) -> None:
     import json
 
@@ -263,18 +280,16 @@ def _print_outcomes(outcomes: list[Any], as_json: bool, title: str) -> None:
         return
     table = Table(title=title)
     for name in ("run_id", "status", "reason", "steps", "waiting"):
-        table.add_column(name)
+        table.add_column(name, overflow="fold")
     for o in outcomes:
-        waiting = ""
-        if o.waiting:
-            waiting = f"{o.waiting['kind']} until {o.waiting.get('expires_at') or '-'}"
-            if o.waiting.get("resume_token"):
-                waiting += f" token {o.waiting['resume_token']}"
+        waiting = f"{o.waiting['kind']} until {o.waiting.get('expires_at') or '-'}" if o.waiting else ""
         table.add_row(o.run_id, o.status, o.reason or "", str(o.steps), waiting)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    _print_tokens(console, outcomes)
 
 
-@app.command()
+@app.command(short_help="Resume every non-terminal run from its last committed state.")
 @guarded
 def resume(
     home: HomeOption = None,
@@ -425,7 +440,8 @@ def demo(
     mismatched = [o for o in outcomes if not o.ok]
     console.print(f"{len(outcomes) - len(mismatched)} of {len(outcomes)} runs ended as their scenario expects.")
     console.print(f"Traces: {where.traces}")
-    console.print("Inspect one run:  [bold]loopledger show RUN_ID --home " + str(where.root) + "[/]")
+    example = next((o.run_id for o in outcomes if o.status != "SUCCEEDED"), outcomes[0].run_id if outcomes else "RUN_ID")
+    console.print(f"Inspect one run:  [bold]loopledger show {example} --home {where.root}[/]", soft_wrap=True)
     _demo_replay(console, where)
 
 
@@ -472,7 +488,7 @@ def replay_cmd(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(short_help="Add a label: what a decision should have been.")
 @guarded
 def label(
     run_id: Annotated[str, typer.Argument(help="The run.")],
@@ -512,8 +528,12 @@ def ui(
     import os
     from importlib import resources
 
+    from loopledger.engine._errors import BadInput
+
     root = _home(home).root.resolve()
     script = Path(str(resources.files("loopledger.ui").joinpath("app.py")))
+    if not _port_free(port):
+        raise BadInput("--port", f"127.0.0.1:{port} is already in use; expected a free port")
     typer.echo(f"loopledger workbench on http://127.0.0.1:{port}  (data: {root}; Ctrl-C stops it)")
     # The app reads the data directory from the environment: Streamlit's own
     # argument parser would otherwise claim --home.
@@ -526,7 +546,18 @@ def ui(
     os.execve(sys.executable, cmd, env)
 
 
-@app.command("import")
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@app.command("import", short_help="Convert external agent traces into the trace tables.")
 @guarded
 def import_cmd(
     fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="tau-bench | tau2 | openai-jsonl | toolbench.")],

@@ -478,3 +478,18 @@ def test_under_a_pinned_clock_run_leaves_background_work_waiting(tmp_path: Path,
     (line,) = [json.loads(x) for x in later.stdout.splitlines()]
     assert (line["status"], line["reason"]) == ("SUCCEEDED", "completed")
     assert all_violations(home) == []
+
+
+def test_the_table_output_shows_the_token_whole(tmp_path: Path, home: Path) -> None:
+    """Without --json the token is still shown once, uncut, and it works."""
+    path = tmp_path / "deploy.yaml"
+    path.write_text(DEPLOY)
+    proc = cli("run", str(path), home=home, env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Resume tokens"))
+    run_id = lines[at + 1].split()[0]
+    token = lines[at + 2].strip()
+    done = reply(home, run_id, token, "--approve")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "SUCCEEDED"

@@ -1,4 +1,4 @@
-"""`loopledger ui` as a user meets it: help without heavy imports."""
+"""`loopledger ui` as a user meets it: help without heavy imports, a busy port refused."""
 
 from __future__ import annotations
 
@@ -20,3 +20,19 @@ def test_ui_help_is_fast_and_imports_no_streamlit() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_busy_port_is_bad_input_before_anything_starts(tmp_path) -> None:
+    import socket
+    from pathlib import Path
+
+    loopledger = str(Path(sys.executable).with_name("loopledger"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([loopledger, "ui", "--port", str(port), "--home", str(tmp_path)],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.strip() == f"loopledger: bad input: --port: 127.0.0.1:{port} is already in use; expected a free port"
