@@ -1,5 +1,9 @@
 """The recorder: committed journal rows → the Parquet trace tables.
 
+A traces folder belongs to one journal: the first export writes the
+journal's id into ``traces/.journal``, and an export from any other journal
+is refused, since its segment numbers would overwrite the first one's.
+
 An export is idempotent. It first records an *intent* in the journal with
 the exact per-run seq ranges it covers (and the label id range); its files
 are named after the intent's id (``seg-00000042.parquet``), written to a
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ._clock import now_us
+from ._errors import JournalError
 from ._store import SQLRunStore
 from ._tables import TABLES, TraceTable, arrow_batch, arrow_schema
 
@@ -42,6 +47,8 @@ EMPTY_FILE = "empty.parquet"
 #: Segments published from outside the journal (imported runs): ``imp-<n>.parquet``.
 IMPORT_PREFIX = "imp-"
 LOCK_FILE = ".export.lock"
+#: The id of the journal the folder's segments come from.
+OWNER_FILE = ".journal"
 #: The export's per-run seq ranges, which the append tables' queries join
 #: (engine/_tables.py); read in run_id order, its key.
 RANGES_TABLE_SQL = ("CREATE TEMP TABLE IF NOT EXISTS _export_ranges"
@@ -140,7 +147,35 @@ class Recorder:
         with self._exclusive():
             return self._export()
 
+    def claim(self) -> None:
+        """Make sure this traces folder takes this journal's exports (see the
+        module's docstring); :class:`JournalError` if it is another's."""
+        with self._exclusive():
+            self._claim()
+
+    def _claim(self) -> None:
+        journal_id = self.store.journal_id()
+        marker = self.traces / OWNER_FILE
+        if marker.exists():
+            owner = marker.read_text().strip()
+            if owner != journal_id:
+                raise JournalError(f"{self.traces}: these traces were exported from another journal (id {owner}; "
+                                   f"this one is {journal_id}); give this journal a --home of its own")
+            return
+        # Segments written before folders named their journal: adopted by a
+        # journal that has exported before, refused by a new one.
+        if any(next(self.table_dir(name).glob("seg-*.parquet"), None) for name in TABLES):
+            with self.store._lock:
+                exported = self.store._conn.execute("SELECT 1 FROM exports LIMIT 1").fetchone()
+            if exported is None:
+                raise JournalError(f"{self.traces}: these traces were exported from another journal; "
+                                   f"give this journal a --home of its own")
+        tmp = marker.with_name(marker.name + ".tmp")
+        tmp.write_text(journal_id + "\n")
+        _durable_replace(tmp, marker)
+
     def _export(self) -> ExportResult:
+        self._claim()
         self._make_table_dirs()
         self._finish_imports()
         self._finish_compactions()

@@ -185,7 +185,14 @@ class Runner:
         self.controller = Controller(self.store, self.backend, config_for, load_secret(home.root), sleep=sleep)
         # Exports when runs end or wait; ``export=False`` (benchmarks that
         # time the engine alone) switches them off.
-        self.recorder = _CoalescingRecorder(Recorder(self.store, home.traces) if export else None)
+        recorder = Recorder(self.store, home.traces) if export else None
+        if recorder is not None:
+            try:
+                recorder.claim()  # before anything is recorded: these traces must be this journal's
+            except BaseException:
+                self.close()
+                raise
+        self.recorder = _CoalescingRecorder(recorder)
 
     def close(self) -> None:
         self.store.close()

@@ -143,6 +143,8 @@ class RunStore(Protocol):
 
     def run_ids(self) -> set[str]: ...
 
+    def journal_id(self) -> str: ...
+
     def batch(self) -> AbstractContextManager[None]: ...
 
     def close(self) -> None: ...
@@ -356,6 +358,12 @@ class SQLRunStore:
                 (run_id,),
             ).fetchall()
         return [upgrade_row("operations", dict(zip(columns, row))) for row in rows]
+
+    def journal_id(self) -> str:
+        """This journal's identity, made once when it was created."""
+        with self._lock:
+            (journal_id,) = self._conn.execute("SELECT journal_id FROM journal_identity").fetchone()
+        return str(journal_id)
 
     def labels(self, run_id: str) -> list[dict[str, Any]]:
         """The run's labels, oldest first."""

@@ -29,7 +29,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "journal_v1.sql"
 
 JOURNAL_TABLES = {
     "runs", "run_specs", "events", "artifacts", "candidates", "validations", "operations", "loop_diagnoses", "labels",
-    "export_marks", "exports", "compactions", "schema_migrations",
+    "export_marks", "exports", "compactions", "journal_identity", "schema_migrations",
 }
 
 

@@ -640,3 +640,48 @@ def test_an_export_seeks_the_rows_of_its_runs_instead_of_scanning_the_journal(tm
         assert not any(step.startswith("SCAN t") for step in plan), (table.name, plan)
         assert "USE TEMP B-TREE FOR ORDER BY" not in plan, (table.name, plan)
     conn.close()
+
+
+# -- one traces folder, one journal -------------------------------------------------
+
+
+def test_a_traces_folder_takes_the_exports_of_one_journal_only(store: Any, traces: Path, journal: Path,
+                                                               tmp_path: Path) -> None:
+    """A second journal's segment numbers would overwrite the first one's:
+    its exports are refused and the first journal's traces stay whole."""
+    from loopledger.engine import JournalError
+
+    populate(store, "a")
+    Recorder(store, traces).export()
+    assert (traces / ".journal").read_text().strip() == store.journal_id()
+    before = {t: read_parquet(traces, t) for t in ("runs", "events")}
+    other = SQLiteRunStore(tmp_path / "other.sqlite")
+    try:
+        assert other.journal_id() != store.journal_id()
+        populate(other, "b")
+        with pytest.raises(JournalError, match="exported from another journal"):
+            Recorder(other, traces).export()
+        with pytest.raises(JournalError, match="exported from another journal"):
+            Recorder(other, traces).claim()
+    finally:
+        other.close()
+    assert {t: read_parquet(traces, t) for t in ("runs", "events")} == before
+    assert_traces_equal_journal(traces, journal)
+
+
+def test_segments_from_before_folders_named_their_journal(store: Any, traces: Path, tmp_path: Path) -> None:
+    """Traces exported before the folder recorded its journal: the journal
+    that exported them adopts them; a new journal is refused."""
+    from loopledger.engine import JournalError
+
+    populate(store, "a")
+    Recorder(store, traces).export()
+    (traces / ".journal").unlink()
+    fresh = SQLiteRunStore(tmp_path / "fresh.sqlite")
+    try:
+        with pytest.raises(JournalError, match="exported from another journal"):
+            Recorder(fresh, traces).claim()
+    finally:
+        fresh.close()
+    Recorder(store, traces).claim()
+    assert (traces / ".journal").read_text().strip() == store.journal_id()
