@@ -96,13 +96,23 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
                            c["context_artifact_id"][:12])
     console.print(candidates)
 
-    decisions = Table(title="decisions (non-accept)")
+    # Every decision of every validated candidate: those that accepted on one
+    # line per candidate, each other decision on its own line.
+    decisions = Table(title="decisions")
     for name in ("step", "att", "validator", "version", "verdict", "code", "message"):
         decisions.add_column(name)
+    by_candidate: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for d in store.facts("validations", run_id):
-        if d["verdict"] != "accept":
-            decisions.add_row(str(d["step"]), str(d["attempt"]), d["validator"], d["validator_version"],
-                              d["verdict"], d["code"], _short(d["message"], 60))
+        by_candidate[(d["step"], d["attempt"])].append(d)
+    for (step, attempt), rows in by_candidate.items():
+        accepted = [d for d in rows if d["verdict"] == "accept"]
+        if accepted:
+            decisions.add_row(str(step), str(attempt), ", ".join(d["validator"] for d in accepted), "",
+                              "accept", "ok", f"{len(accepted)} of {len(rows)} validators")
+        for d in rows:
+            if d["verdict"] != "accept":
+                decisions.add_row(str(step), str(attempt), d["validator"], d["validator_version"],
+                                  d["verdict"], d["code"], _short(d["message"], 60))
     console.print(decisions)
 
     operations = Table(title="operations")

@@ -72,6 +72,11 @@ def test_show_prints_a_timeline_and_unknown_runs_exit_1(recorded) -> None:
     assert proc.returncode == 0, proc.stderr
     for expected in ("RECONCILING", "operation_result", "payments.refund", "SUCCEEDED"):
         assert expected in proc.stdout
+    # Every decision is there: the accepting validators on one line per candidate.
+    assert "12 of 12 validators" in proc.stdout and "tool_args_schema" in proc.stdout
+    rejected = next(line["run_id"] for line in lines if line["task_id"] == "final-premature")
+    shown = loopledger("show", rejected, home=home).stdout
+    assert "11 of 12 validators" in shown and "missing_evidence" in shown
     missing = loopledger("show", "no-such-run", home=home)
     assert missing.returncode == 1 and "no-such-run" in missing.stderr and "Traceback" not in missing.stderr
 
