@@ -54,6 +54,28 @@ class PeopleMixin:
         # Shown once, to whoever delivers the reply; the journal has its hash only.
         view.new_token = token
 
+    def reissue_token(self, run_id: str) -> RunView:
+        """A new resume token for the run's current wait, for a token that
+        was lost before anyone saw it (the process died between the commit
+        that began the wait and printing it). The commit moves the run's
+        state version on, so the earlier token, if it exists, stops working;
+        the wait itself (question, schema, expiry) is unchanged. Whoever can
+        run this holds the data directory's secret anyway."""
+        view = self.load(run_id)
+        waiting = view.waiting
+        if view.state is not State.WAITING_USER or waiting is None:
+            raise ReplyRejected(run_id, "not waiting", f"the run is {view.state.value}, not waiting for a person")
+        version_after = view.state_version + 1
+        token = issue_token(self.secret, TokenClaims(run_id, waiting["wait_id"], version_after,
+                                                     waiting["expires_at_us"]))
+        renewed = {**waiting, "state_version": version_after, "token_hash": token_hash(token)}
+        self._commit(view, Commit(run_id, view.state_version, None,
+                                  events=(NewEvent("token_reissued", {"wait_id": waiting["wait_id"],
+                                                                      "waiting": renewed}),),
+                                  set_fields={"waiting_json": renewed}))
+        view.new_token = token
+        return view
+
     def reply(self, run_id: str, token: str, reply: Reply) -> RunView:
         """Deliver a person's reply to a waiting run and drive it on."""
         claims = read_token(self.secret, run_id, token)

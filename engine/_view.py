@@ -189,6 +189,8 @@ class RunView:
                 self.pending_messages.append({"role": "user", "content": payload["message"]})
         elif kind == "cancel_requested":
             self.cancel_requested = True
+        elif kind == "token_reissued":
+            self.waiting = payload["waiting"]
         elif kind == "candidate_recorded":
             self.candidate_id = payload["candidate_id"]
             self.pending_messages.append({"role": "assistant", "items": payload["items"]})

@@ -372,6 +372,45 @@ def reply(
     _print_outcomes([outcome], as_json, "reply accepted")
 
 
+@app.command(short_help="Issue a new resume token for a run that waits for a person.")
+@guarded
+def token(
+    run_id: Annotated[str, typer.Argument(help="The waiting run.")],
+    home: HomeOption = None,
+    store: StoreOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
+) -> None:
+    """Issue a new resume token for a run that waits for a person: for a
+    token lost before it was shown (the process died between the commit that
+    began the wait and printing it). The earlier token stops working; the
+    wait itself (question, schema, expiry) is unchanged. Exit 0, or 1 when
+    the run does not wait for a person."""
+    from loopledger.engine._errors import UnknownRun
+    from loopledger.engine._runner import Runner
+    from loopledger.engine._waits import ReplyRejected
+
+    where = _home(home, store)
+    if not _has_journal(where):
+        _err(str(UnknownRun(run_id)))
+        raise typer.Exit(EXIT_FAILED)
+    runner = Runner(where, auto_reply=False)
+    try:
+        try:
+            view = runner.controller.reissue_token(run_id)
+        except ReplyRejected as exc:
+            _err(f"rejected: {exc.reason}: {exc.detail}")
+            raise typer.Exit(EXIT_FAILED) from None
+        except UnknownRun as exc:
+            _err(str(exc))
+            raise typer.Exit(EXIT_FAILED) from None
+        runner.tokens[run_id] = view.new_token
+        runner.recorder.flush()
+        outcome = runner.outcome(run_id)
+    finally:
+        runner.close()
+    _print_outcomes([outcome], as_json, "a new resume token")
+
+
 @app.command()
 @guarded
 def cancel(

@@ -493,3 +493,26 @@ def test_the_table_output_shows_the_token_whole(tmp_path: Path, home: Path) -> N
     done = reply(home, run_id, token, "--approve")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["status"] == "SUCCEEDED"
+
+
+def test_a_new_token_replaces_a_lost_one(tmp_path: Path, home: Path) -> None:
+    """A token lost in a crash is replaced by a new one; the old one stops
+    working, the wait (question, expiry) stays the same."""
+    line = start(tmp_path, home, DEPLOY)
+    run_id, old = line["run_id"], line["waiting"]["resume_token"]
+    issued = cli("token", run_id, "--json", home=home)
+    assert issued.returncode == 0, issued.stderr
+    (renewed,) = [json.loads(x) for x in issued.stdout.splitlines()]
+    new = renewed["waiting"]["resume_token"]
+    assert new and new != old
+    assert renewed["waiting"]["expires_at"] == line["waiting"]["expires_at"]
+    assert renewed["waiting"]["approval_id"] == line["waiting"]["approval_id"]
+    rejected(reply(home, run_id, old, "--approve"), "stale state version")
+    done = reply(home, run_id, new, "--approve")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "SUCCEEDED"
+    assert executions(home, run_id, "deploy.service") == 1
+    # Nothing waits any more: no token to issue.
+    again = cli("token", run_id, home=home)
+    assert again.returncode == 1 and "not waiting" in again.stderr
+    assert all_violations(home) == []
