@@ -88,6 +88,19 @@ def _has_journal(where: Any) -> bool:
     return where.store_url is not None or where.journal_path.exists()
 
 
+def _runner_for(run_id: str, home: Path | None, store: str | None) -> Any:
+    """A runner (no scripted replies) for a command on one existing run;
+    exit 1 when there is no journal, so none is created."""
+    from loopledger.engine._errors import UnknownRun
+    from loopledger.engine._runner import Runner
+
+    where = _home(home, store)
+    if not _has_journal(where):
+        _err(str(UnknownRun(run_id)))
+        raise typer.Exit(EXIT_FAILED)
+    return Runner(where, auto_reply=False)
+
+
 def _print_export(result: Any, traces: Path) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -386,14 +399,9 @@ def token(
     wait itself (question, schema, expiry) is unchanged. Exit 0, or 1 when
     the run does not wait for a person."""
     from loopledger.engine._errors import UnknownRun
-    from loopledger.engine._runner import Runner
     from loopledger.engine._waits import ReplyRejected
 
-    where = _home(home, store)
-    if not _has_journal(where):
-        _err(str(UnknownRun(run_id)))
-        raise typer.Exit(EXIT_FAILED)
-    runner = Runner(where, auto_reply=False)
+    runner = _runner_for(run_id, home, store)
     try:
         try:
             view = runner.controller.reissue_token(run_id)
@@ -421,13 +429,8 @@ def cancel(
     """Request cancellation: pending work is cancelled, then the run ends
     CANCELLED, or CANCEL_UNKNOWN where a backend cannot confirm the stop."""
     from loopledger.engine._errors import UnknownRun
-    from loopledger.engine._runner import Runner
 
-    where = _home(home, store)
-    if not _has_journal(where):
-        _err(str(UnknownRun(run_id)))
-        raise typer.Exit(EXIT_FAILED)
-    runner = Runner(where, auto_reply=False)
+    runner = _runner_for(run_id, home, store)
     try:
         try:
             requested = runner.controller.request_cancel(run_id)
