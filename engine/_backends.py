@@ -73,6 +73,7 @@ __all__ = [
     "ToolRequest",
     "UnknownWork",
     "WorkStatus",
+    "failure",
     "parse_faults",
 ]
 
@@ -252,7 +253,9 @@ class WorkStatus:
     outcome: ToolOutcome | None = field(default=None)  # set once the state is not running
 
 
-def _error(outcome: str, code: str, message: str, *, retry_after_s: float | None = None, **details: Any) -> ToolOutcome:
+def failure(outcome: str, code: str, message: str, *, retry_after_s: float | None = None, **details: Any) -> ToolOutcome:
+    """A request's terminal result when nothing was executed: ``{"error":
+    code, "message": ...}`` and no evidence."""
     result = {"error": code, "message": message, **details}
     if retry_after_s is not None:
         result["retry_after_s"] = retry_after_s
@@ -267,7 +270,7 @@ def _success(tool: str, subject: str, result: Any, *, executed: bool) -> ToolOut
 
 
 def _timeout(tool: str) -> ToolOutcome:
-    return _error("unknown_outcome", "TIMEOUT",
+    return failure("unknown_outcome", "TIMEOUT",
                   f"{tool}: no response within 30s; the call may or may not have taken effect")
 
 
@@ -348,14 +351,14 @@ class DemoBackend:
         traits = TOOL_TRAITS.get(req.tool)
         if spec is None or traits is None or traits.control or not spec.enabled:
             why = "is a control tool the engine handles" if traits and traits.control else "is not a demo tool"
-            return _error("unknown_or_disabled_tool", "UNKNOWN_TOOL", f"{printable(req.tool)!r} {why}")
+            return failure("unknown_or_disabled_tool", "UNKNOWN_TOOL", f"{printable(req.tool)!r} {why}")
         if req.version is not None and req.version != spec.version:
-            return _error("unknown_or_disabled_tool", "VERSION_MISMATCH",
+            return failure("unknown_or_disabled_tool", "VERSION_MISMATCH",
                           f"{req.tool}@{req.version} is not offered; the current version is {spec.version}",
                           requested=req.version, current=spec.version)
         problems = _schema_errors(req.tool, req.arguments)
         if problems:
-            return _error("validation_failed", "INVALID_ARGUMENT", "; ".join(problems), problems=problems)
+            return failure("validation_failed", "INVALID_ARGUMENT", "; ".join(problems), problems=problems)
         self._enter_world(req.run_id)
         fault = next((f for f in req.faults if f.tool == req.tool and f.call == req.call_number), None)
         if traits.side_effect:
@@ -398,17 +401,17 @@ class DemoBackend:
         if kind == "timeout_before_commit":
             return _timeout(req.tool)
         if kind == "rate_limit":
-            return _error("failed", "RATE_LIMIT", f"{req.tool}: too many requests",
+            return failure("failed", "RATE_LIMIT", f"{req.tool}: too many requests",
                           retry_after_s=RATE_LIMIT_RETRY_AFTER_S)
         if kind == "permission_denied":
-            return _error("permission_denied", "PERMISSION_DENIED", f"{req.tool}: the provider denied this call")
+            return failure("permission_denied", "PERMISSION_DENIED", f"{req.tool}: the provider denied this call")
         # state_conflict: the resource changed under the caller; report its
         # current version when it is one the tenant may see.
         details: dict[str, Any] = {}
         version = svc.order_version(conn, req.run_id, req.arguments.get("order_id"), req.tenant)
         if version is not None:
             details = {"order_id": req.arguments["order_id"], "current_version": version}
-        return _error("failed", "STATE_CONFLICT", f"{req.tool}: the resource changed; refresh it and replan", **details)
+        return failure("failed", "STATE_CONFLICT", f"{req.tool}: the resource changed; refresh it and replan", **details)
 
     def _execute_read(self, req: ToolRequest, fault: Fault | None) -> tuple[ToolOutcome, str | None]:
         fired = None
@@ -423,7 +426,7 @@ class DemoBackend:
             with self._lock:
                 outcome = self._run(self._conn, req, fails=fired == "fails")
         except ToolRefused as refused:
-            outcome = _error(refused.outcome, refused.code, refused.message, **refused.details)
+            outcome = failure(refused.outcome, refused.code, refused.message, **refused.details)
         return outcome, fired
 
     def _execute_side_effect(self, req: ToolRequest, traits: ToolTraits, fault: Fault | None) -> tuple[ToolOutcome, str | None]:
@@ -440,7 +443,7 @@ class DemoBackend:
                         "SELECT tool, args_hash, outcome_json FROM executions WHERE idempotency_key = ?"
                         " ORDER BY execution_no LIMIT 1", (req.idempotency_key,)).fetchone()
                 if recorded is not None and (recorded["tool"], recorded["args_hash"]) != (req.tool, args_hash):
-                    outcome = _error("failed", "IDEMPOTENCY_CONFLICT",
+                    outcome = failure("failed", "IDEMPOTENCY_CONFLICT",
                                      f"idempotency key already used for a different {recorded['tool']} call")
                 elif recorded is not None:
                     dedup = True
@@ -450,7 +453,7 @@ class DemoBackend:
                     try:
                         outcome = self._run(conn, req, fails=fired == "fails")
                     except ToolRefused as refused:
-                        outcome = _error(refused.outcome, refused.code, refused.message, **refused.details)
+                        outcome = failure(refused.outcome, refused.code, refused.message, **refused.details)
                     if outcome.executed:
                         self._record_execution(conn, req, traits, args_hash, outcome)
             conn.execute(
@@ -482,7 +485,7 @@ class DemoBackend:
         if fails and tool != "tests.run" and tool != "reports.export":
             # The call reached the tool and it reported an error of its own.
             code, message = _TOOL_FAILURES[tool]
-            return _error("failed", code, f"{tool}: {message}")
+            return failure("failed", code, f"{tool}: {message}")
         if tool == "workspace.read_file":
             result = ws.read_file(tenant, args["path"], req.forbidden_paths)
             svc.check_version(req, result["sha256"], result["path"])
@@ -546,7 +549,7 @@ class DemoBackend:
                 "SELECT outcome_json FROM executions WHERE idempotency_key = ? ORDER BY execution_no DESC LIMIT 1",
                 (idempotency_key,)).fetchone()
         if last is not None and last["fault"] in _TIMEOUTS and not TOOL_TRAITS[last["tool"]].confirms_after_timeout:
-            return _error("unknown_outcome", "OUTCOME_UNCONFIRMABLE",
+            return failure("unknown_outcome", "OUTCOME_UNCONFIRMABLE",
                           f"{last['tool']} cannot say whether a timed-out request took effect; ask a person")
         if row is None:
             return None

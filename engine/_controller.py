@@ -46,7 +46,7 @@ from loopledger.canonical import loads
 from loopledger.validators import Context, DecisionInput, Suite, Verdict
 
 from . import _faults
-from ._backends import DemoBackend, Fault, ToolOutcome, ToolRequest
+from ._backends import DemoBackend, Fault, ToolOutcome, ToolRequest, failure
 from ._clock import now_us
 from ._conversation import conversation
 from ._decision import decision_input, resolve_context
@@ -809,9 +809,7 @@ class Controller(PeopleMixin):
         if op.resends >= 1 and not TOOL_TRAITS[op.tool].side_effect:
             # A read changes nothing, so nobody needs to say whether it ran:
             # its one result is a timeout, and the model may ask again.
-            timed_out = ToolOutcome(outcome="timeout", status="failed", evidence=(), error_code="TIMEOUT",
-                                    result={"error": "TIMEOUT", "message": f"{op.tool}: no answer after a re-send"},
-                                    retry_after_s=None, work_id=None, executed=False)
+            timed_out = failure("timeout", "TIMEOUT", f"{op.tool}: no answer after a re-send")
             self._record_result(view, op, timed_out, to=State.TOOL_RUNNING,
                                 payload={"reconciled": op.operation_id, "executed": False})
             return

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._backends import ToolOutcome
+from ._backends import ToolOutcome, failure
 from ._clock import from_us, now_us
 from ._errors import StaleStateVersion, TerminalAlreadySet
 from ._records import Artifact, Commit, NewEvent
@@ -126,10 +126,7 @@ class PeopleMixin:
         # A denial, an answer to ask_user, or a person's word on an unknown
         # outcome: each is the operation's one terminal result.
         if waiting["kind"] == "approval":
-            outcome = ToolOutcome(outcome="permission_denied", status="failed",
-                                  result={"error": "APPROVAL_DENIED", "message": "the approval was denied"},
-                                  evidence=(), error_code="APPROVAL_DENIED", retry_after_s=None, work_id=None,
-                                  executed=False)
+            outcome = failure("permission_denied", "APPROVAL_DENIED", "the approval was denied")
         elif op.tool == "ask_user":
             outcome = ToolOutcome(outcome="success", status="succeeded", result={"answer": reply.answer},
                                   evidence=({"kind": "user_answer", "subject": waiting["wait_id"]},),
