@@ -29,7 +29,7 @@ def pinned() -> bool:
 
 def now_us() -> int:
     """Microseconds since the Unix epoch, the journal's time unit."""
-    if os.environ.get("LOOPLEDGER_NOW"):
+    if pinned():
         return to_us(now())
     return time.time_ns() // 1000
 
