@@ -76,12 +76,16 @@ def label_command(*, home: Any, run_id: str, step: int, attempt: int, validator:
     run may be the engine's or an imported one (labels name a run, they do
     not need it in the journal)."""
     from loopledger.engine import Recorder
+    from loopledger.engine._show import TracedRuns
 
     if expect not in VERDICTS:
         raise ReplayInputError("--expect", f"expected one of {', '.join(VERDICTS)}, got {expect!r}")
     if source not in SOURCES:
         raise ReplayInputError("--source", f"expected one of {', '.join(SOURCES)}, got {source!r}")
     runs = _recorded_run(home, run_id)
+    # The label goes to the journal: the one just read, or, for an imported
+    # run, the home's own (made if the home has none yet).
+    store = home.open_store() if isinstance(runs, TracedRuns) else runs
     try:
         candidates = {(int(c["step"]), int(c["attempt"])): c["candidate_id"]
                       for c in runs.facts("candidates", run_id)}
@@ -99,13 +103,8 @@ def label_command(*, home: Any, run_id: str, step: int, attempt: int, validator:
             if validator not in recorded and validator not in registered():
                 raise ReplayInputError("--validator", f"unknown validator {validator!r}; recorded for this "
                                        f"candidate: {', '.join(sorted(recorded)) or 'none'}")
-    finally:
-        if hasattr(runs, "close"):
-            runs.close()
-    label = {"run_id": run_id, "step": step, "attempt": attempt, "candidate_id": candidate_id,
-             "validator": validator, "expected_verdict": expect, "source": source, "note": note}
-    store = home.open_store()
-    try:
+        label = {"run_id": run_id, "step": step, "attempt": attempt, "candidate_id": candidate_id,
+                 "validator": validator, "expected_verdict": expect, "source": source, "note": note}
         label["label_id"] = store.add_label(label)
         Recorder(store, home.traces).export()
     finally:
