@@ -14,7 +14,6 @@ files; only per-run results go back to the caller.
 from __future__ import annotations
 
 import hashlib
-
 import importlib
 import json
 from collections import defaultdict

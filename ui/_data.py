@@ -59,10 +59,11 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]+$")
 # runner writes them; for older traces the replay derives them from each
 # run's frozen scenario (``runs.spec_json`` → expect.decisions, see
 # loopledger.replay._labels), and so does this view where no row says the
-# same, so the pages count the same labels a replay does. ``effective_labels`` keeps the one label that
-# decides per decision: a person's over an importer's over a scenario's,
-# within a source the latest. The ``contains`` test skips the JSON parse for
-# the many runs that expect no decisions.
+# same, so the pages count the same labels a replay does.
+# ``effective_labels`` keeps the one label that decides per decision: a
+# person's over an importer's over a scenario's, within a source the latest.
+# The ``contains`` test skips the JSON parse for the many runs that expect no
+# decisions.
 _LABEL_VIEWS = """
 CREATE VIEW scenario_labels AS
 WITH expected AS (
