@@ -32,7 +32,8 @@ from ._errors import (
     UnknownRun,
 )
 from ._decision import decision_input, validated_candidates
-from ._home import Home
+from ._home import Home, open_journal
+from ._postgres import PostgresRunStore
 from ._recorder import ExportResult, Recorder
 from ._records import (
     SCHEMA_VERSION,
@@ -80,6 +81,7 @@ __all__ = [
     "NewEvent",
     "NewRun",
     "OperationConflict",
+    "PostgresRunStore",
     "Recorder",
     "RunRecord",
     "RunView",
@@ -97,5 +99,6 @@ __all__ = [
     "is_allowed",
     "now",
     "now_us",
+    "open_journal",
     "validated_candidates",
 ]

@@ -39,10 +39,21 @@ class Home:
 
     def open_store(self):  # -> RunStore; typed loosely to keep imports light
         """Open (creating and migrating as needed) the journal."""
-        if self.store_url and not self.store_url.startswith("sqlite:"):
-            raise BadInput("--store", f"unsupported store URL {self.store_url!r}; expected sqlite:PATH")
+        if self.store_url is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            return open_journal(f"sqlite:{self.journal_path}")
+        return open_journal(self.store_url)
+
+
+def open_journal(url: str):  # -> RunStore
+    """The journal a store URL names: ``sqlite:PATH`` or ``postgresql://...``
+    (``postgres://`` too)."""
+    from ._postgres import PostgresRunStore, is_postgres_url
+
+    if is_postgres_url(url):
+        return PostgresRunStore(url)
+    if url.startswith("sqlite:"):
         from ._sqlite import SQLiteRunStore
 
-        path = self.store_url.removeprefix("sqlite:") if self.store_url else self.journal_path
-        self.root.mkdir(parents=True, exist_ok=True)
-        return SQLiteRunStore(path)
+        return SQLiteRunStore(url.removeprefix("sqlite:"))
+    raise BadInput("--store", f"unsupported store URL {url!r}; expected sqlite:PATH or postgresql://...")

@@ -79,6 +79,9 @@ class MigrationTarget:
 
     dialect: str
 
+    def create_version_table(self, conn: Any) -> None:
+        conn.execute(VERSION_TABLE)
+
     def begin_exclusive(self, conn: Any) -> None:
         raise NotImplementedError
 
@@ -98,7 +101,7 @@ def migrate(conn: Any, target: MigrationTarget, now_us: int, upto: int | None = 
     """Apply every pending migration (up to ``upto``); return the version reached."""
     migrations = load_migrations(target.dialect)
     p = target.placeholder()
-    conn.execute(VERSION_TABLE)
+    target.create_version_table(conn)
     for migration in migrations:
         if upto is not None and migration.version > upto:
             break

@@ -49,10 +49,6 @@ IMPORT_PREFIX = "imp-"
 LOCK_FILE = ".export.lock"
 #: The id of the journal the folder's segments come from.
 OWNER_FILE = ".journal"
-#: The export's per-run seq ranges, which the append tables' queries join
-#: (engine/_tables.py); read in run_id order, its key.
-RANGES_TABLE_SQL = ("CREATE TEMP TABLE IF NOT EXISTS _export_ranges"
-                    " (run_id TEXT PRIMARY KEY, lo INTEGER NOT NULL, hi INTEGER NOT NULL) WITHOUT ROWID")
 COMPRESSION = "zstd"
 
 
@@ -166,7 +162,7 @@ class Recorder:
         # journal that has exported before, refused by a new one.
         if any(next(self.table_dir(name).glob("seg-*.parquet"), None) for name in TABLES):
             with self.store._lock:
-                exported = self.store._conn.execute("SELECT 1 FROM exports LIMIT 1").fetchone()
+                exported = self.store.execute(self.store._conn, "SELECT 1 FROM exports LIMIT 1").fetchone()
             if exported is None:
                 raise JournalError(f"{self.traces}: these traces were exported from another journal; "
                                    f"give this journal a --home of its own")
@@ -180,7 +176,8 @@ class Recorder:
         self._finish_imports()
         self._finish_compactions()
         with self.store._lock:
-            pending = self.store._conn.execute(
+            pending = self.store.execute(
+                self.store._conn,
                 "SELECT export_id, ranges_json, bounds_json FROM exports"
                 " WHERE status = 'pending' ORDER BY export_id"
             ).fetchall()
@@ -192,11 +189,12 @@ class Recorder:
         return fresh or result
 
     def _export_new(self) -> ExportResult | None:
-        reader = self.store.read_connection()
+        store = self.store
+        reader = store.read_connection()
         try:
             # One read transaction: the ranges and every row read below come
             # from the same snapshot of the journal.
-            reader.execute("BEGIN")
+            store._begin_read(reader)
             ranges = reader.execute(
                 "SELECT r.run_id, COALESCE(m.events_hwm, 0), r.last_seq FROM runs r"
                 " LEFT JOIN export_marks m ON m.run_id = r.run_id"
@@ -214,13 +212,14 @@ class Recorder:
                 reader.execute("ROLLBACK")
                 return None
             ranges = [list(r) for r in ranges]
-            with self.store._write() as conn:
-                cursor = conn.execute(
+            with store._write() as conn:
+                cursor = store.execute(
+                    conn,
                     "INSERT INTO exports (created_at, status, ranges_json, bounds_json)"
-                    " VALUES (?, 'pending', ?, ?)",
+                    " VALUES (?, 'pending', ?, ?) RETURNING export_id",
                     (now_us(), json.dumps(ranges), json.dumps(bounds, sort_keys=True)),
                 )
-                export_id = int(cursor.lastrowid)
+                export_id = int(cursor.fetchall()[0][0])
             return self._publish(export_id, ranges, bounds, reader=reader)
         finally:
             reader.close()
@@ -232,36 +231,43 @@ class Recorder:
         bounds: dict[str, list[int]],
         reader: Any = None,
     ) -> ExportResult:
+        store = self.store
         own_reader = reader is None
         if own_reader:
-            reader = self.store.read_connection()
-            reader.execute("BEGIN")
+            reader = store.read_connection()
+            store._begin_read(reader)
         result = ExportResult(export_id, runs=len(ranges))
         try:
-            reader.execute(RANGES_TABLE_SQL)
+            # The export's per-run seq ranges, which the append tables'
+            # queries join (engine/_tables.py).
+            reader.execute(store.ranges_table_sql)
             reader.execute("DELETE FROM _export_ranges")
-            reader.executemany("INSERT INTO _export_ranges VALUES (?, ?, ?)", ranges)
+            store.execute_many(reader, "INSERT INTO _export_ranges VALUES (?, ?, ?)", ranges)
             for name, table in TABLES.items():
                 params: tuple[Any, ...] = tuple(bounds[name]) if table.bounded else ()
-                cursor = reader.execute(table.select_sql(), params)
-                if table.kind == "append":
-                    path = self.table_dir(name) / f"seg-{export_id:08d}.parquet"
-                    result.rows[name] = write_parquet(path, table, _batches(cursor, table), keep_empty=False)
-                else:
-                    path = self.table_dir(name) / f"{name}.parquet"
-                    result.rows[name] = write_parquet(path, table, _batches(cursor, table), keep_empty=True)
+                cursor = store._stream(reader, table.select_sql(store.driving_join), params)
+                try:
+                    if table.kind == "append":
+                        path = self.table_dir(name) / f"seg-{export_id:08d}.parquet"
+                        result.rows[name] = write_parquet(path, table, _batches(cursor, table), keep_empty=False)
+                    else:
+                        path = self.table_dir(name) / f"{name}.parquet"
+                        result.rows[name] = write_parquet(path, table, _batches(cursor, table), keep_empty=True)
+                finally:
+                    cursor.close()
         finally:
             reader.execute("ROLLBACK")
             if own_reader:
                 reader.close()
-        with self.store._write() as conn:
-            conn.executemany(
+        with store._write() as conn:
+            store.execute_many(
+                conn,
                 "INSERT INTO export_marks (run_id, events_hwm) VALUES (?, ?)"
                 " ON CONFLICT (run_id) DO UPDATE SET events_hwm = excluded.events_hwm"
                 " WHERE excluded.events_hwm > export_marks.events_hwm",
                 [(run_id, hi) for run_id, _lo, hi in ranges],
             )
-            conn.execute("UPDATE exports SET status = 'done' WHERE export_id = ?", (export_id,))
+            store.execute(conn, "UPDATE exports SET status = 'done' WHERE export_id = ?", (export_id,))
         return result
 
     def _ensure_schema_files(self) -> None:
@@ -385,20 +391,21 @@ class Recorder:
             with self.store._lock:
                 pending = {
                     f"seg-{export_id:08d}.parquet"
-                    for (export_id,) in self.store._conn.execute(
-                        "SELECT export_id FROM exports WHERE status = 'pending'"
-                    )
+                    for (export_id,) in self.store.execute(
+                        self.store._conn, "SELECT export_id FROM exports WHERE status = 'pending'"
+                    ).fetchall()
                 }
             files = [f for f in files if f.name not in pending]
             if table.kind != "append" or len(files) < 2:
                 continue
             with self.store._write() as conn:
-                cursor = conn.execute(
+                cursor = self.store.execute(
+                    conn,
                     "INSERT INTO compactions (table_name, status, files_json, created_at)"
-                    " VALUES (?, 'pending', ?, ?)",
+                    " VALUES (?, 'pending', ?, ?) RETURNING compaction_id",
                     (name, json.dumps([f.name for f in files]), now_us()),
                 )
-                compaction_id = int(cursor.lastrowid)
+                compaction_id = int(cursor.fetchall()[0][0])
 
             def stream(paths: list[Path] = files) -> Iterable[Any]:
                 for path in paths:
@@ -412,18 +419,21 @@ class Recorder:
 
     def _retire(self, compaction_id: int, name: str, files: list[str]) -> None:
         with self.store._write() as conn:
-            conn.execute("UPDATE compactions SET status = 'published' WHERE compaction_id = ?", (compaction_id,))
+            self.store.execute(conn, "UPDATE compactions SET status = 'published' WHERE compaction_id = ?",
+                               (compaction_id,))
         for file_name in files:
             (self.table_dir(name) / file_name).unlink(missing_ok=True)
         _fsync_dir(self.table_dir(name))
         with self.store._write() as conn:
-            conn.execute("UPDATE compactions SET status = 'done' WHERE compaction_id = ?", (compaction_id,))
+            self.store.execute(conn, "UPDATE compactions SET status = 'done' WHERE compaction_id = ?",
+                               (compaction_id,))
 
     def _finish_compactions(self) -> None:
         """A compaction whose merged file exists is finished (the originals
         are deleted); one whose merged file never appeared is abandoned."""
         with self.store._lock:
-            open_ones = self.store._conn.execute(
+            open_ones = self.store.execute(
+                self.store._conn,
                 "SELECT compaction_id, table_name, files_json FROM compactions WHERE status != 'done'"
             ).fetchall()
         for compaction_id, name, files_json in open_ones:
@@ -433,4 +443,4 @@ class Recorder:
             else:
                 target.with_name(target.name + ".tmp").unlink(missing_ok=True)
                 with self.store._write() as conn:
-                    conn.execute("DELETE FROM compactions WHERE compaction_id = ?", (compaction_id,))
+                    self.store.execute(conn, "DELETE FROM compactions WHERE compaction_id = ?", (compaction_id,))

@@ -90,6 +90,4 @@ class SQLiteRunStore(SQLRunStore):
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
 
     def read_connection(self) -> sqlite3.Connection:
-        """A separate connection for long reads (the recorder), so a reader
-        never holds the writer's connection."""
         return connect(self.path)

@@ -165,6 +165,11 @@ class SQLRunStore:
     implement the hooks below."""
 
     dialect = "sql"
+    #: The temporary table of an export's per-run ranges (engine/_recorder.py).
+    ranges_table_sql = ("CREATE TEMP TABLE IF NOT EXISTS _export_ranges"
+                        " (run_id TEXT PRIMARY KEY, lo INTEGER NOT NULL, hi INTEGER NOT NULL) WITHOUT ROWID")
+    #: How the export's ranges join the tables they select from (TraceTable.select_sql).
+    driving_join = "CROSS JOIN"
 
     def __init__(self) -> None:
         #: Group commit: concurrent callers' commits share one transaction and
@@ -197,6 +202,27 @@ class SQLRunStore:
     def _sql(self, statement: str) -> str:
         """Rewrite ``?`` placeholders for the dialect (identity for SQLite)."""
         return statement
+
+    def _begin_read(self, conn: Any) -> None:
+        """Begin a read transaction on a ``read_connection()``: every read
+        inside sees one snapshot of the journal."""
+        conn.execute("BEGIN")
+
+    def _stream(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> Any:
+        """A cursor over a long result, fetched in batches (``fetchmany``)."""
+        return conn.execute(self._sql(statement), params)
+
+    def read_connection(self) -> Any:
+        """A separate connection for long reads (the recorder), so a reader
+        never holds the writer's connection."""
+        raise NotImplementedError
+
+    def execute(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> Any:
+        """Run a ``?``-placeholder statement on one of this store's connections."""
+        return conn.execute(self._sql(statement), params)
+
+    def execute_many(self, conn: Any, statement: str, rows: Iterable[Sequence[Any]]) -> None:
+        conn.cursor().executemany(self._sql(statement), rows)
 
     # -- transactions ----------------------------------------------------
 
@@ -256,16 +282,13 @@ class SQLRunStore:
         with self._lock:
             return {row[0] for row in self._conn.execute("SELECT run_id FROM runs")}
 
-    def _q(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> Any:
-        return conn.execute(self._sql(statement), params)
-
     # -- runs ------------------------------------------------------------
 
     def create_run(self, new: NewRun) -> RunRecord:
         now = now_us()
         spec_json = canonical_json(dict(new.spec))
         with self._write() as conn:
-            self._q(
+            self.execute(
                 conn,
                 "INSERT INTO runs (run_id, thread_id, task_id, tenant, prompt_version, prompt_hash, model_route,"
                 " state, state_version, last_seq, step, attempt, started_at, updated_at,"
@@ -284,7 +307,7 @@ class SQLRunStore:
                     SCHEMA_VERSION,
                 ),
             )
-            self._q(
+            self.execute(
                 conn,
                 "INSERT INTO run_specs (run_id, spec_json, schema_version) VALUES (?, ?, ?)",
                 (new.run_id, spec_json, SCHEMA_VERSION),
@@ -296,7 +319,7 @@ class SQLRunStore:
 
     def get_run(self, run_id: str) -> RunRecord:
         with self._lock:
-            row = self._q(self._conn, _RUN_SELECT + " WHERE r.run_id = ?", (run_id,)).fetchone()
+            row = self.execute(self._conn, _RUN_SELECT + " WHERE r.run_id = ?", (run_id,)).fetchone()
         if row is None:
             raise UnknownRun(run_id)
         return _run_record(row)
@@ -311,12 +334,12 @@ class SQLRunStore:
             query += f" WHERE r.state IN ({', '.join('?' for _ in wanted)})"
             params = wanted
         with self._lock:
-            rows = self._q(self._conn, query + " ORDER BY r.started_at, r.run_id", params).fetchall()
+            rows = self.execute(self._conn, query + " ORDER BY r.started_at, r.run_id", params).fetchall()
         return [_run_record(row) for row in rows]
 
     def events(self, run_id: str, after_seq: int = 0) -> list[EventRecord]:
         with self._lock:
-            rows = self._q(
+            rows = self.execute(
                 self._conn,
                 f"SELECT {', '.join(EVENT_FIELDS)} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
                 (run_id, after_seq),
@@ -327,7 +350,7 @@ class SQLRunStore:
         from loopledger.canonical import loads
 
         with self._lock:
-            row = self._q(
+            row = self.execute(
                 self._conn,
                 "SELECT body, schema_version FROM artifacts WHERE artifact_id = ?",
                 (artifact_id,),
@@ -342,7 +365,7 @@ class SQLRunStore:
             raise ValueError(f"unknown fact table {table!r}; known: {', '.join(FACT_COLUMNS)}")
         columns = ("run_id",) + FACT_COLUMNS[table] + ("seq", "schema_version")
         with self._lock:
-            rows = self._q(
+            rows = self.execute(
                 self._conn,
                 f"SELECT {', '.join(columns)} FROM {table} WHERE run_id = ? ORDER BY seq",
                 (run_id,),
@@ -352,7 +375,7 @@ class SQLRunStore:
     def operations(self, run_id: str) -> list[dict[str, Any]]:
         columns = ("run_id",) + OPERATION_COLUMNS + ("created_seq", "updated_seq", "schema_version")
         with self._lock:
-            rows = self._q(
+            rows = self.execute(
                 self._conn,
                 f"SELECT {', '.join(columns)} FROM operations WHERE run_id = ? ORDER BY created_seq, operation_id",
                 (run_id,),
@@ -370,16 +393,17 @@ class SQLRunStore:
         columns = ("label_id", "run_id", "step", "attempt", "candidate_id", "validator", "expected_verdict",
                    "source", "note", "created_at", "schema_version")
         with self._lock:
-            rows = self._q(self._conn, f"SELECT {', '.join(columns)} FROM labels WHERE run_id = ? ORDER BY label_id",
+            rows = self.execute(self._conn, f"SELECT {', '.join(columns)} FROM labels WHERE run_id = ? ORDER BY label_id",
                            (run_id,)).fetchall()
         return [upgrade_row("labels", dict(zip(columns, row))) for row in rows]
 
     def add_label(self, label: Mapping[str, Any]) -> int:
         with self._write() as conn:
-            cursor = self._q(
+            cursor = self.execute(
                 conn,
                 "INSERT INTO labels (run_id, step, attempt, candidate_id, validator, expected_verdict,"
-                " source, note, created_at, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " source, note, created_at, schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " RETURNING label_id",
                 (
                     label["run_id"],
                     int(label["step"]),
@@ -393,7 +417,7 @@ class SQLRunStore:
                     SCHEMA_VERSION,
                 ),
             )
-            return int(cursor.lastrowid)
+            return int(cursor.fetchall()[0][0])
 
     # -- the commit ------------------------------------------------------
 
@@ -640,7 +664,7 @@ class SQLRunStore:
                 conn, c.run_id, seq, now, "late_event", state.value, None, step, attempt, version, late_payload
             )
         self._store_artifacts(conn, c.run_id, seq, now, c.artifacts)
-        self._q(conn, "UPDATE runs SET last_seq = ?, updated_at = ? WHERE run_id = ?", (seq, now, c.run_id))
+        self.execute(conn, "UPDATE runs SET last_seq = ?, updated_at = ? WHERE run_id = ?", (seq, now, c.run_id))
         result = CommitResult(c.run_id, state, version, last_seq + 1, seq, late=True)
         refused = (
             TerminalAlreadySet(c.run_id, state.value, c.to_state.value if c.to_state else None)
@@ -738,7 +762,7 @@ class SQLRunStore:
                 continue
             # Idempotency keys are primary keys: recording the same operation
             # again is a no-op, recording a different one under its key is not.
-            existing = self._q(
+            existing = self.execute(
                 conn,
                 "SELECT operation_id, run_id, tool, tool_version, canonical_args_json FROM operations"
                 " WHERE idempotency_key = ? OR operation_id = ?",

@@ -47,9 +47,12 @@ class TraceTable:
         """Selected by a global sequence range rather than by per-run ranges."""
         return "?" in self.source
 
-    def select_sql(self) -> str:
+    def select_sql(self, join: str = "CROSS JOIN") -> str:
+        """The query; ``join`` joins the export's ranges to the table (the
+        store's ``driving_join``)."""
         cols = ", ".join(c.expr for c in self.columns)
-        return f"SELECT {cols} FROM {self.source} ORDER BY {self.order}"
+        source = self.source.replace("{join}", join)
+        return f"SELECT {cols} FROM {source} ORDER BY {self.order}"
 
     @property
     def column_names(self) -> list[str]:
@@ -60,12 +63,12 @@ def _c(name: str, kind: str = "str", sql: str | None = None, doc: str = "") -> C
     return Column(name, kind, sql, doc)
 
 
-#: Rows of the export's per-run ranges. The ranges drive the join (CROSS JOIN
-#: keeps that order in SQLite, and the tables sort by ``x.run_id``, the
+#: Rows of the export's per-run ranges. The ranges drive the join (SQLite's
+#: CROSS JOIN keeps that order, and the tables sort by ``x.run_id``, the
 #: ranges table's key): an export of a few runs seeks their rows instead of
 #: scanning every row of a large journal, and a full export still needs no
-#: sort.
-_BY_SEQ = "_export_ranges x CROSS JOIN {table} t ON t.run_id = x.run_id AND t.seq > x.lo AND t.seq <= x.hi"
+#: sort. ``{join}`` is the store's word for such a join.
+_BY_SEQ = "_export_ranges x {{join}} {table} t ON t.run_id = x.run_id AND t.seq > x.lo AND t.seq <= x.hi"
 
 TABLES: dict[str, TraceTable] = {
     t.name: t

@@ -21,15 +21,23 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def store(store_kind: str, tmp_path: Path) -> Iterator[Any]:
-    opened = open_store(store_kind, tmp_path)
+def journal_at(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str | Path:
+    """Where the test's journal is: a file, or a new PostgreSQL database."""
+    if store_kind == "postgresql":
+        return request.getfixturevalue("postgres_url")
+    return tmp_path / "journal.sqlite"
+
+
+@pytest.fixture
+def store(store_kind: str, journal_at: str | Path) -> Iterator[Any]:
+    opened = open_store(store_kind, journal_at)
     yield opened
     opened.close()
 
 
 @pytest.fixture
-def raw(store: Any, store_kind: str, tmp_path: Path) -> Iterator[Any]:
-    conn = raw_connection(store_kind, tmp_path)
+def raw(store: Any, store_kind: str, journal_at: str | Path) -> Iterator[Any]:
+    conn = raw_connection(store_kind, journal_at)
     yield conn
     conn.close()
 

@@ -15,26 +15,51 @@ from loopledger.engine import (
     INITIAL,
     Commit,
     NewRun,
+    PostgresRunStore,
     RunRecord,
     SQLiteRunStore,
     State,
 )
 
-#: Journal backends the conformance suite runs against. A PostgreSQL store
-#: adds its name here and a branch to ``open_store`` / ``raw_connection``.
-STORE_KINDS = ["sqlite"]
+#: Journal backends the conformance suite runs against.
+STORE_KINDS = ["sqlite", "postgresql"]
 
 
-def open_store(kind: str, where: Path) -> Any:
+def open_store(kind: str, where: str | Path) -> Any:
+    """The store at ``where``: a SQLite file's path, or a PostgreSQL URL."""
     if kind == "sqlite":
-        return SQLiteRunStore(where / "journal.sqlite")
+        return SQLiteRunStore(where)
+    if kind == "postgresql":
+        return PostgresRunStore(str(where))
     raise ValueError(f"unknown store kind {kind!r}")
 
 
-def raw_connection(kind: str, where: Path) -> Any:
+def open_any(where: str) -> Any:
+    """The store at ``where``, by its form (child processes get a string)."""
+    return open_store("postgresql" if where.startswith("postgresql://") else "sqlite", where)
+
+
+class _PostgresRaw:
+    """A psycopg connection that takes the tests' ``?`` placeholders."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self._conn = psycopg.connect(url, autocommit=True)
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        return self._conn.execute(sql.replace("?", "%s"), params)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def raw_connection(kind: str, where: str | Path) -> Any:
     """A connection that bypasses the store, to look at or tamper with rows."""
     if kind == "sqlite":
-        return sqlite3.connect(where / "journal.sqlite", isolation_level=None)
+        return sqlite3.connect(where, isolation_level=None)
+    if kind == "postgresql":
+        return _PostgresRaw(str(where))
     raise ValueError(f"unknown store kind {kind!r}")
 
 
@@ -111,7 +136,7 @@ def race_worker(
 
     from loopledger.engine import NewEvent, StaleStateVersion
 
-    store = SQLiteRunStore(path)
+    store = open_any(path)
     outcomes: list[dict[str, Any]] = []
 
     def attempt(phase: str, index: int, version: int) -> None:
@@ -150,7 +175,7 @@ def race_worker(
 def migrate_worker(path: str, barrier: Any) -> None:
     """Open (and so migrate) a journal once every worker is ready."""
     barrier.wait()
-    store = SQLiteRunStore(path)
+    store = open_any(path)
     store.close()
 
 
@@ -191,7 +216,7 @@ def crash_loop(path: str, run_id: str, limit: int = 5000) -> None:
     """Commit ``crash_commit`` in a loop until killed (or ``limit`` commits)."""
     import sys
 
-    store = SQLiteRunStore(path)
+    store = open_any(path)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     for _ in range(limit):

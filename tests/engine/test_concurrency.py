@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from journal_kit import race_worker
-from loopledger.engine import Commit, NewRun, SQLiteRunStore, State
+from journal_kit import open_store, race_worker
+from loopledger.engine import Commit, NewRun, State
 
 WORKERS = 3
 LOCKSTEP_ROUNDS = 25
@@ -23,9 +23,9 @@ FREE_ATTEMPTS = 60
 
 
 @pytest.mark.slow
-def test_each_state_version_is_won_exactly_once(tmp_path: Path) -> None:
-    path = tmp_path / "journal.sqlite"
-    store = SQLiteRunStore(path)
+def test_each_state_version_is_won_exactly_once(store_kind: str, journal_at: str | Path, tmp_path: Path) -> None:
+    path = journal_at
+    store = open_store(store_kind, path)
     store.create_run(NewRun(run_id="shared", task_id="t", tenant="acme"))
     store.commit(Commit(run_id="shared", expected_version=1, to_state=State.MODEL_RUNNING))
     base = store.get_run("shared")

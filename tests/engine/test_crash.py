@@ -1,9 +1,10 @@
-"""A child process committing in a loop is killed with SIGKILL, 50 times.
+"""A child process committing in a loop is killed with SIGKILL, 50 times
+(20 against the PostgreSQL store, whose server stays up: the client dies).
 
 The same journal is reused across kills. Half of the kills land at a random
 moment (5-60 ms after the child is ready), half right after a random commit
 (``LOOPLEDGER_CRASH_AFTER_COMMITS``). After each one the journal must open,
-pass ``PRAGMA integrity_check`` and show only whole commits: every commit
+pass ``PRAGMA integrity_check`` (SQLite) and show only whole commits: every commit
 writes exactly three events, one artifact and one row in each of two fact
 tables, so a partial commit would show up as a count or a row out of place.
 """
@@ -23,16 +24,17 @@ from pathlib import Path
 import pytest
 
 from journal_kit import CRASH_EVENTS_PER_COMMIT as K
-from loopledger.engine import Commit, NewRun, SQLiteRunStore, State
+from journal_kit import open_store, raw_connection
+from loopledger.engine import Commit, NewRun, State
 
-KILLS = 50
+KILLS = {"sqlite": 50, "postgresql": 20}
 RUN = "crashy"
 HERE = Path(__file__).parent
 BASE_VERSION = 2  # after run creation and READY -> MODEL_RUNNING
 BASE_SEQ = 2
 
 
-def start_child(path: Path, crash_after: int | None) -> subprocess.Popen[str]:
+def start_child(path: str | Path, crash_after: int | None) -> subprocess.Popen[str]:
     env = dict(os.environ)
     env.pop("LOOPLEDGER_CRASH_AFTER_COMMITS", None)
     if crash_after is not None:
@@ -47,16 +49,17 @@ def start_child(path: Path, crash_after: int | None) -> subprocess.Popen[str]:
     )
 
 
-def committed(path: Path) -> int:
+def committed(kind: str, path: str | Path) -> int:
     """Check the journal after a crash; return how many loop commits it holds."""
-    raw = sqlite3.connect(path)
-    try:
-        assert raw.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-        assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
-    finally:
-        raw.close()
+    if kind == "sqlite":
+        raw = sqlite3.connect(path)
+        try:
+            assert raw.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
+        finally:
+            raw.close()
 
-    store = SQLiteRunStore(path)
+    store = open_store(kind, path)
     try:
         run = store.get_run(RUN)
         events = store.events(RUN)
@@ -84,7 +87,7 @@ def committed(path: Path) -> int:
     finally:
         store.close()
 
-    raw = sqlite3.connect(path)
+    raw = raw_connection(kind, path)
     try:
         bodies = [json.loads(b) for (b,) in raw.execute("SELECT body FROM artifacts WHERE kind = 'tool_result'")]
     finally:
@@ -94,17 +97,18 @@ def committed(path: Path) -> int:
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_leaves_only_whole_commits(tmp_path: Path) -> None:
-    path = tmp_path / "journal.sqlite"
-    setup = SQLiteRunStore(path)
+def test_sigkill_at_random_moments_leaves_only_whole_commits(store_kind: str, journal_at: str | Path) -> None:
+    path = journal_at
+    setup = open_store(store_kind, path)
     setup.create_run(NewRun(run_id=RUN, task_id="t", tenant="acme"))
     setup.commit(Commit(run_id=RUN, expected_version=1, to_state=State.MODEL_RUNNING))
     setup.close()
 
     rng = random.Random(20261129)
-    before = committed(path)
+    before = committed(store_kind, path)
     timed_kills = counted_kills = 0
-    for kill in range(KILLS):
+    kills = KILLS[store_kind]
+    for kill in range(kills):
         crash_after = rng.randint(1, 25) if kill % 2 else None
         child = start_child(path, crash_after)
         assert child.stdout is not None
@@ -115,7 +119,7 @@ def test_sigkill_at_random_moments_leaves_only_whole_commits(tmp_path: Path) -> 
         _, stderr = child.communicate(timeout=60)
         assert child.returncode == -signal.SIGKILL, stderr
 
-        after = committed(path)
+        after = committed(store_kind, path)
         if crash_after is None:
             assert after >= before, "a durable commit was lost"
             timed_kills += 1
@@ -125,4 +129,4 @@ def test_sigkill_at_random_moments_leaves_only_whole_commits(tmp_path: Path) -> 
             counted_kills += 1
         before = after
 
-    assert (timed_kills, counted_kills) == (KILLS // 2, KILLS // 2)
+    assert (timed_kills, counted_kills) == (kills // 2, kills // 2)

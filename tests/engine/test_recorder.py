@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from journal_kit import Runs
+from journal_kit import Runs, raw_connection
 from loopledger.canonical import canonical_json
 from loopledger.engine import (
     Artifact,
@@ -28,6 +29,7 @@ from loopledger.engine import (
     NewEvent,
     Recorder,
     SQLiteRunStore,
+    open_journal,
     State,
     TerminalAlreadySet,
 )
@@ -87,18 +89,31 @@ def read_parquet(traces: Path, table: str) -> tuple[list[str], Counter[tuple[Any
     return columns, rows
 
 
-def read_journal(journal: Path, table: str, columns: list[str]) -> Counter[tuple[Any, ...]]:
-    import sqlite3
+@dataclass(frozen=True)
+class Journal:
+    """The test's journal: its store kind and where it is (a file or a URL)."""
 
+    kind: str
+    where: str | Path
+
+    @property
+    def url(self) -> str:
+        return str(self.where) if self.kind == "postgresql" else f"sqlite:{self.where}"
+
+    def connect(self) -> Any:
+        return raw_connection(self.kind, self.where)
+
+
+def read_journal(journal: Journal, table: str, columns: list[str]) -> Counter[tuple[Any, ...]]:
     exprs = [RENAMED.get((table, c), c) for c in columns]
-    conn = sqlite3.connect(journal)
+    conn = journal.connect()
     try:
         return Counter(tuple(r) for r in conn.execute(f"SELECT {', '.join(exprs)} FROM {table}"))
     finally:
         conn.close()
 
 
-def assert_traces_equal_journal(traces: Path, journal: Path) -> dict[str, int]:
+def assert_traces_equal_journal(traces: Path, journal: Journal) -> dict[str, int]:
     counts = {}
     for table in CONTRACT_TABLES:
         columns, rows = read_parquet(traces, table)
@@ -110,13 +125,12 @@ def assert_traces_equal_journal(traces: Path, journal: Path) -> dict[str, int]:
     return counts
 
 
-def bookkeeping(journal: Path, table: str) -> list[str]:
+def bookkeeping(journal: Journal, table: str) -> list[str]:
     """Statuses of the recorder's own journal rows (exports, compactions)."""
-    import sqlite3
-
-    conn = sqlite3.connect(journal)
+    key = {"exports": "export_id", "compactions": "compaction_id"}[table]
+    conn = journal.connect()
     try:
-        return [status for (status,) in conn.execute(f"SELECT status FROM {table} ORDER BY rowid")]
+        return [status for (status,) in conn.execute(f"SELECT status FROM {table} ORDER BY {key}")]
     finally:
         conn.close()
 
@@ -229,8 +243,8 @@ def advance(store: Any, prefix: str) -> None:
 
 
 @pytest.fixture
-def journal(store: Any, tmp_path: Path) -> Path:
-    return tmp_path / "journal.sqlite"
+def journal(store: Any, store_kind: str, journal_at: str | Path) -> Journal:
+    return Journal(store_kind, journal_at)
 
 
 @pytest.fixture
@@ -245,7 +259,7 @@ def file_names(traces: Path) -> dict[str, list[str]]:
 # -- tests ----------------------------------------------------------------------
 
 
-def test_every_contract_table_exists_with_its_columns_even_when_empty(store: Any, traces: Path, journal: Path) -> None:
+def test_every_contract_table_exists_with_its_columns_even_when_empty(store: Any, traces: Path, journal: Journal) -> None:
     Recorder(store, traces).export()
     for table, required in CONTRACT_TABLES.items():
         files = parquet_files(traces, table)
@@ -276,7 +290,7 @@ def test_duckdb_reads_the_tables(store: Any, traces: Path) -> None:
     assert all(count == top for _, count, top in gaps)
 
 
-def test_export_equals_the_journal_and_twice_adds_no_rows(store: Any, traces: Path, journal: Path) -> None:
+def test_export_equals_the_journal_and_twice_adds_no_rows(store: Any, traces: Path, journal: Journal) -> None:
     populate(store, "a")
     recorder = Recorder(store, traces)
     first = recorder.export()
@@ -292,7 +306,7 @@ def test_export_equals_the_journal_and_twice_adds_no_rows(store: Any, traces: Pa
     assert file_names(traces) == names
 
 
-def test_incremental_exports_equal_the_journal(store: Any, traces: Path, journal: Path) -> None:
+def test_incremental_exports_equal_the_journal(store: Any, traces: Path, journal: Journal) -> None:
     recorder = Recorder(store, traces)
     populate(store, "a")
     recorder.export()
@@ -309,11 +323,11 @@ def test_incremental_exports_equal_the_journal(store: Any, traces: Path, journal
     assert len(ops) == 4
 
 
-def test_a_new_recorder_on_the_same_journal_adds_no_rows(store: Any, traces: Path, journal: Path) -> None:
+def test_a_new_recorder_on_the_same_journal_adds_no_rows(store: Any, traces: Path, journal: Journal) -> None:
     populate(store, "a")
     Recorder(store, traces).export()
     counts = assert_traces_equal_journal(traces, journal)
-    reopened = SQLiteRunStore(journal)
+    reopened = open_journal(journal.url)
     try:
         Recorder(reopened, traces).export()
     finally:
@@ -326,7 +340,7 @@ class Interrupted(Exception):
 
 
 def test_an_export_interrupted_after_writing_its_files_is_completed(
-    store: Any, traces: Path, journal: Path, monkeypatch: pytest.MonkeyPatch
+    store: Any, traces: Path, journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     populate(store, "a")
     Recorder(store, traces).export()
@@ -358,7 +372,7 @@ def test_an_export_interrupted_after_writing_its_files_is_completed(
 
 
 def test_an_export_interrupted_while_writing_its_files_is_completed(
-    store: Any, traces: Path, journal: Path, monkeypatch: pytest.MonkeyPatch
+    store: Any, traces: Path, journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from loopledger.engine import _recorder
 
@@ -424,10 +438,10 @@ def test_an_export_killed_by_sigkill_is_completed_by_the_next(tmp_path: Path, cr
 
     again = loopledger("export", "--home", str(home))
     assert again.returncode == 0, again.stderr
-    assert_traces_equal_journal(home / "traces", home / "journal.sqlite")
+    assert_traces_equal_journal(home / "traces", Journal("sqlite", home / "journal.sqlite"))
 
 
-def test_compact_keeps_the_rows_and_leaves_one_file_per_table(store: Any, traces: Path, journal: Path) -> None:
+def test_compact_keeps_the_rows_and_leaves_one_file_per_table(store: Any, traces: Path, journal: Journal) -> None:
     recorder = Recorder(store, traces)
     recorder.export()  # empty: every table gets its schema file
     populate(store, "a")
@@ -463,7 +477,7 @@ def test_compact_keeps_the_rows_and_leaves_one_file_per_table(store: Any, traces
 
 
 def test_an_interrupted_compaction_is_finished_by_the_next_export(
-    store: Any, traces: Path, journal: Path, monkeypatch: pytest.MonkeyPatch
+    store: Any, traces: Path, journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     recorder = Recorder(store, traces)
     populate(store, "a")
@@ -494,7 +508,7 @@ def test_an_interrupted_compaction_is_finished_by_the_next_export(
 
 
 def test_a_compaction_interrupted_before_its_merged_file_is_abandoned(
-    store: Any, traces: Path, journal: Path, monkeypatch: pytest.MonkeyPatch
+    store: Any, traces: Path, journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from loopledger.engine import _recorder
 
@@ -551,11 +565,11 @@ def test_export_compact_killed_at_its_commits_loses_and_duplicates_nothing(tmp_p
         assert result.returncode == -signal.SIGKILL, (crash_after, result.stderr)
         add_to_home(home, populate, f"k{crash_after}")
         export_in_process(home)
-        assert_traces_equal_journal(home / "traces", home / "journal.sqlite")
+        assert_traces_equal_journal(home / "traces", Journal("sqlite", home / "journal.sqlite"))
 
     final = loopledger("export", "--compact", "--home", str(home))
     assert final.returncode == 0, final.stderr
-    assert_traces_equal_journal(home / "traces", home / "journal.sqlite")
+    assert_traces_equal_journal(home / "traces", Journal("sqlite", home / "journal.sqlite"))
     for table in CONTRACT_TABLES:
         assert len(parquet_files(home / "traces", table)) == 1, (table, file_names(home / "traces")[table])
 
@@ -564,18 +578,18 @@ def test_cli_export_twice_adds_no_rows(tmp_path: Path) -> None:
     home = make_home(tmp_path, "a", "b")
     first = loopledger("export", "--home", str(home))
     assert first.returncode == 0, first.stderr
-    counts = assert_traces_equal_journal(home / "traces", home / "journal.sqlite")
+    counts = assert_traces_equal_journal(home / "traces", Journal("sqlite", home / "journal.sqlite"))
     second = loopledger("export", "--home", str(home))
     assert second.returncode == 0, second.stderr
-    assert assert_traces_equal_journal(home / "traces", home / "journal.sqlite") == counts
+    assert assert_traces_equal_journal(home / "traces", Journal("sqlite", home / "journal.sqlite")) == counts
     assert "up to date" in second.stdout or "Nothing" in second.stdout
     compacted = loopledger("export", "--compact", "--home", str(home))
     assert compacted.returncode == 0, compacted.stderr
-    assert assert_traces_equal_journal(home / "traces", home / "journal.sqlite") == counts
+    assert assert_traces_equal_journal(home / "traces", Journal("sqlite", home / "journal.sqlite")) == counts
 
 
 def test_compact_after_an_interrupted_export_duplicates_nothing(
-    store: Any, traces: Path, journal: Path, monkeypatch: pytest.MonkeyPatch
+    store: Any, traces: Path, journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     populate(store, "a")
     Recorder(store, traces).export()
@@ -600,16 +614,16 @@ def test_compact_after_an_interrupted_export_duplicates_nothing(
     assert_traces_equal_journal(traces, journal)
 
 
-def test_exports_from_several_processes_at_once_publish_each_row_once(store: Any, traces: Path, journal: Path) -> None:
+def test_exports_from_several_processes_at_once_publish_each_row_once(store: Any, traces: Path, journal: Journal) -> None:
     populate(store, "a")
     script = (
         "import sys\n"
-        "from loopledger.engine import Recorder, SQLiteRunStore\n"
-        "store = SQLiteRunStore(sys.argv[1])\n"
+        "from loopledger.engine import Recorder, open_journal\n"
+        "store = open_journal(sys.argv[1])\n"
         "for _ in range(5):\n"
         "    Recorder(store, sys.argv[2]).export()\n"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(journal), str(traces)],
+    procs = [subprocess.Popen([sys.executable, "-c", script, journal.url, str(traces)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     advance(store, "a")
     for proc in procs:
@@ -623,14 +637,14 @@ def test_an_export_seeks_the_rows_of_its_runs_instead_of_scanning_the_journal(tm
     """The per-run ranges drive every append table's query, in key order:
     an export of a few runs costs their rows, not the journal's size, and a
     full export needs no sort. Read from SQLite's own query plans."""
-    from loopledger.engine._recorder import RANGES_TABLE_SQL
+    from loopledger.engine import SQLiteRunStore
     from loopledger.engine._sqlite import connect
     from loopledger.engine._tables import TABLES
 
     store = SQLiteRunStore(tmp_path / "journal.sqlite")
     store.close()
     conn = connect(tmp_path / "journal.sqlite")
-    conn.execute(RANGES_TABLE_SQL)
+    conn.execute(SQLiteRunStore.ranges_table_sql)
     by_range = [t for t in TABLES.values() if t.kind == "append" and not t.bounded]
     assert {t.name for t in by_range} >= {"events", "candidates", "validations", "loop_diagnoses"}
     for table in by_range:
@@ -645,7 +659,7 @@ def test_an_export_seeks_the_rows_of_its_runs_instead_of_scanning_the_journal(tm
 # -- one traces folder, one journal -------------------------------------------------
 
 
-def test_a_traces_folder_takes_the_exports_of_one_journal_only(store: Any, traces: Path, journal: Path,
+def test_a_traces_folder_takes_the_exports_of_one_journal_only(store: Any, traces: Path, journal: Journal,
                                                                tmp_path: Path) -> None:
     """A second journal's segment numbers would overwrite the first one's:
     its exports are refused and the first journal's traces stay whole."""

@@ -97,10 +97,13 @@ def test_every_state_is_reachable_from_ready() -> None:
             assert target in SPEC[source]
 
 
-@pytest.fixture(scope="module")
-def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    assert STORE_KINDS, "no store backend to test"
-    opened = open_store(STORE_KINDS[0], tmp_path_factory.mktemp("states"))
+@pytest.fixture(scope="module", params=STORE_KINDS)
+def shared_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    if request.param == "postgresql":
+        where: Any = request.getfixturevalue("postgres_server").new_database()
+    else:
+        where = tmp_path_factory.mktemp("states") / "journal.sqlite"
+    opened = open_store(request.param, where)
     yield opened
     opened.close()
 

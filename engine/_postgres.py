@@ -1,0 +1,146 @@
+"""The PostgreSQL run store: one journal for many processes and machines.
+
+``--store postgresql://user@host/db`` puts the journal in a PostgreSQL
+database; everything else (the traces and replays under ``--home``) stays
+where it is. The SQL is the shared store's (``SQLRunStore``); this module
+supplies the dialect's hooks:
+
+* **Writes** are ``READ COMMITTED`` transactions. A commit's compare-and-set
+  is the ``UPDATE runs ... WHERE state_version = expected``: PostgreSQL
+  re-checks the condition against the newest row version when another
+  transaction moved the run meanwhile, so exactly one of two racing commits
+  wins, and the loser finds nothing updated and reads the run under
+  ``SELECT ... FOR UPDATE`` for its precise refusal. The run row's lock,
+  held to the end of the transaction, is what keeps ``seq`` contiguous.
+* **Durability** is the server's: with its default ``synchronous_commit =
+  on``, ``COMMIT`` returns once the commit is flushed to the server's WAL.
+* **Reads** for an export run on a connection of their own, in one
+  ``REPEATABLE READ`` transaction (one snapshot for every table), through a
+  server-side cursor so a large export streams instead of arriving whole.
+* **Migrations** (``migrations/postgresql``, numbered like SQLite's) take a
+  transaction-scoped advisory lock, so processes that open a new database
+  at once apply each migration exactly once.
+
+psycopg (``pip install 'loopledger[postgres]'``) is imported only when such
+a store is opened.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from typing import Any
+
+from ._clock import now_us
+from ._errors import JournalError
+from ._migrate import VERSION_TABLE, MigrationTarget, migrate
+from ._store import SQLRunStore
+
+#: Key of the advisory lock that serialises migrations (any fixed number).
+MIGRATION_LOCK = 7_400_000_001
+URL_PREFIXES = ("postgresql://", "postgres://")
+_PASSWORD = re.compile(r"(://[^:/@]+:)[^@/]*@")
+
+
+def is_postgres_url(url: str) -> bool:
+    return url.startswith(URL_PREFIXES)
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for messages."""
+    return _PASSWORD.sub(r"\1***@", url)
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise JournalError("a postgresql:// store needs psycopg: pip install 'loopledger[postgres]'") from None
+    return psycopg
+
+
+def connect(url: str) -> Any:
+    """An autocommit connection (transactions are begun explicitly)."""
+    psycopg = _psycopg()
+    try:
+        return psycopg.connect(url, autocommit=True)
+    except psycopg.Error as exc:
+        raise JournalError(f"{redact(url)}: cannot open the journal: {' '.join(str(exc).split())}") from exc
+
+
+class _PostgresMigrations(MigrationTarget):
+    dialect = "postgresql"
+
+    def create_version_table(self, conn: Any) -> None:
+        # CREATE TABLE IF NOT EXISTS is not safe against itself in
+        # PostgreSQL: two sessions can both decide to create. Hence the lock.
+        self.begin_exclusive(conn)
+        try:
+            conn.execute(VERSION_TABLE.replace("INTEGER", "BIGINT"))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def begin_exclusive(self, conn: Any) -> None:
+        conn.execute("BEGIN")
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+
+    def is_complete(self, sql: str) -> bool:
+        # The migrations are plain statements ended by ';' (no function
+        # bodies), which SQLite's tokenizer delimits the same way.
+        return sqlite3.complete_statement(sql)
+
+    def placeholder(self) -> str:
+        return "%s"
+
+
+POSTGRES_MIGRATIONS = _PostgresMigrations()
+
+
+class PostgresRunStore(SQLRunStore):
+    dialect = "postgresql"
+    #: The export's ranges; PostgreSQL plans the join itself.
+    ranges_table_sql = ("CREATE TEMP TABLE IF NOT EXISTS _export_ranges"
+                        " (run_id TEXT PRIMARY KEY, lo BIGINT NOT NULL, hi BIGINT NOT NULL)")
+    driving_join = "JOIN"
+
+    def __init__(self, url: str, *, migrate_to: int | None = None) -> None:
+        super().__init__()
+        self.url = url
+        self._conn = self._connect()
+        try:
+            self.schema_version = migrate(self._conn, POSTGRES_MIGRATIONS, now_us(), upto=migrate_to)
+        except Exception:
+            self._conn.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"PostgresRunStore({redact(self.url)!r})"
+
+    def _connect(self) -> Any:
+        return connect(self.url)
+
+    def _begin_write(self, conn: Any) -> None:
+        conn.execute("BEGIN")
+
+    def _begin_read(self, conn: Any) -> None:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+
+    def _lock_run_sql(self) -> str:
+        return "SELECT state, state_version, last_seq, step, attempt FROM runs WHERE run_id = ? FOR UPDATE"
+
+    def _is_unique_violation(self, exc: BaseException) -> bool:
+        return isinstance(exc, _psycopg().errors.UniqueViolation)
+
+    def _sql(self, statement: str) -> str:
+        return statement.replace("%", "%%").replace("?", "%s")
+
+    def _stream(self, conn: Any, statement: str, params: Any = ()) -> Any:
+        cursor = conn.cursor(name="loopledger_export")
+        cursor.itersize = 20_000
+        cursor.execute(self._sql(statement), params)
+        return cursor
+
+    def read_connection(self) -> Any:
+        return self._connect()

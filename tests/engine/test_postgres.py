@@ -1,0 +1,190 @@
+"""What is particular to the PostgreSQL journal: its migrations, its schema
+against SQLite's, and its connection errors. (Everything the two stores
+share is in the conformance suite: test_store, test_states, test_recorder,
+test_concurrency and test_crash run on both.)"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import loopledger.engine
+from journal_kit import migrate_worker, raw_connection
+from loopledger.engine import (
+    Home,
+    JournalError,
+    MigrationError,
+    PostgresRunStore,
+    SQLiteRunStore,
+    open_journal,
+)
+from loopledger.engine import _migrate
+
+MIGRATIONS = Path(loopledger.engine.__file__).parent / "migrations"
+
+
+def applied(url: str) -> list[tuple[int, str, str]]:
+    conn = raw_connection("postgresql", url)
+    try:
+        return [tuple(r) for r in conn.execute("SELECT version, name, checksum FROM schema_migrations ORDER BY version")]
+    finally:
+        conn.close()
+
+
+def columns_pg(url: str) -> dict[str, set[str]]:
+    conn = raw_connection("postgresql", url)
+    try:
+        rows = conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'public'"
+        ).fetchall()
+    finally:
+        conn.close()
+    found: dict[str, set[str]] = {}
+    for table, column in rows:
+        found.setdefault(table, set()).add(column)
+    return found
+
+
+def columns_sqlite(path: Path) -> dict[str, set[str]]:
+    conn = sqlite3.connect(path)
+    try:
+        tables = [n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                  if not n.startswith("sqlite_")]
+        return {t: {row[1] for row in conn.execute(f"PRAGMA table_info({t})")} for t in tables}
+    finally:
+        conn.close()
+
+
+def with_extra(monkeypatch: pytest.MonkeyPatch, *extra: _migrate.Migration) -> None:
+    real = _migrate.load_migrations("postgresql")
+    monkeypatch.setattr(_migrate, "load_migrations", lambda dialect, package="loopledger.engine": [*real, *extra])
+
+
+def test_both_dialects_have_the_same_migrations() -> None:
+    names = {d: [(m.version, m.name) for m in _migrate.load_migrations(d)] for d in ("sqlite", "postgresql")}
+    assert names["postgresql"] == names["sqlite"]
+    assert sorted(p.name for p in (MIGRATIONS / "postgresql").glob("*.sql")) == sorted(
+        p.name for p in (MIGRATIONS / "sqlite").glob("*.sql"))
+
+
+def test_a_new_database_gets_the_same_tables_and_columns_as_a_sqlite_journal(postgres_url: str, tmp_path: Path) -> None:
+    store = PostgresRunStore(postgres_url)
+    assert store.schema_version == len(_migrate.load_migrations("postgresql"))
+    store.close()
+    SQLiteRunStore(tmp_path / "journal.sqlite").close()
+    pg = columns_pg(postgres_url)
+    lite = columns_sqlite(tmp_path / "journal.sqlite")
+    # PostgreSQL has no rowid: the two fact tables whose export order is
+    # their insertion order have an identity column of that name.
+    assert pg.pop("validations") - {"rowid"} == lite.pop("validations")
+    assert pg.pop("loop_diagnoses") - {"rowid"} == lite.pop("loop_diagnoses")
+    assert pg == lite
+
+    expected = [
+        (m.version, m.name, hashlib.sha256(m.sql.encode("utf-8")).hexdigest())
+        for m in _migrate.load_migrations("postgresql")
+    ]
+    assert applied(postgres_url) == expected
+    PostgresRunStore(postgres_url).close()  # opening again applies nothing
+    assert applied(postgres_url) == expected
+
+
+def test_an_older_database_is_upgraded_with_its_data(postgres_url: str) -> None:
+    PostgresRunStore(postgres_url, migrate_to=3).close()
+    raw = raw_connection("postgresql", postgres_url)
+    try:
+        # A run as version 3 stored it: the spec in the run row.
+        raw.execute(
+            "INSERT INTO runs (run_id, thread_id, task_id, tenant, prompt_version, model_route, state,"
+            " state_version, last_seq, started_at, updated_at, spec_json, schema_version)"
+            " VALUES ('old', 'old', 'task', 'acme', 'v1', 'scripted', 'READY', 1, 0, 1767323045000000,"
+            " 1767323045000000, '{\"contract\":{\"goal\":\"g\"}}', 1)")
+    finally:
+        raw.close()
+    store = PostgresRunStore(postgres_url)
+    try:
+        run = store.get_run("old")
+        assert run.spec == {"contract": {"goal": "g"}}
+        assert run.started_at == 1767323045000000  # microseconds fit: integers are BIGINT
+        assert [v for v, _, _ in applied(postgres_url)] == list(range(1, store.schema_version + 1))
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_processes_migrating_a_new_database_at_once_all_succeed(postgres_server: Any) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    workers = 4
+    for _ in range(2):
+        url = postgres_server.new_database()
+        barrier = ctx.Barrier(workers, timeout=120)
+        procs = [ctx.Process(target=migrate_worker, args=(url, barrier)) for _ in range(workers)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout=120)
+        assert [proc.exitcode for proc in procs] == [0] * workers
+        assert [v for v, _, _ in applied(url)] == [m.version for m in _migrate.load_migrations("postgresql")]
+
+
+def test_a_failing_migration_changes_nothing(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = PostgresRunStore(postgres_url)
+    store.create_run(loopledger.engine.NewRun(run_id="r", task_id="t", tenant="acme"))
+    latest = store.schema_version
+    store.close()
+    before = columns_pg(postgres_url)
+    with_extra(monkeypatch, _migrate.Migration(
+        latest + 1, "broken",
+        "CREATE TABLE half_done (x BIGINT);\nUPDATE runs SET tenant = 'changed';\nINSERT INTO no_such_table VALUES (1);\n"))
+
+    with pytest.raises(MigrationError) as caught:
+        PostgresRunStore(postgres_url)
+    assert (caught.value.version, caught.value.name) == (latest + 1, "broken")
+    assert [v for v, _, _ in applied(postgres_url)] == list(range(1, latest + 1))
+    assert columns_pg(postgres_url) == before  # DDL is transactional: no half_done
+    monkeypatch.undo()
+    store = PostgresRunStore(postgres_url)
+    try:
+        assert store.get_run("r").tenant == "acme"
+    finally:
+        store.close()
+
+
+def test_an_edited_applied_migration_is_detected(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    PostgresRunStore(postgres_url).close()
+    edited = [
+        _migrate.Migration(m.version, m.name, m.sql + "\n-- edited\n") if m.version == 2 else m
+        for m in _migrate.load_migrations("postgresql")
+    ]
+    monkeypatch.setattr(_migrate, "load_migrations", lambda dialect, package="loopledger.engine": edited)
+    with pytest.raises(MigrationError, match="changed") as caught:
+        PostgresRunStore(postgres_url)
+    assert caught.value.version == 2
+
+
+def test_an_unreachable_server_is_one_line_without_the_password() -> None:
+    with pytest.raises(JournalError) as caught:
+        open_journal("postgresql://someone:hunter2@127.0.0.1:1/journal")
+    message = str(caught.value)
+    assert "hunter2" not in message and "someone:***@127.0.0.1:1/journal" in message
+    assert "\n" not in message
+
+
+def test_store_urls_are_told_apart(postgres_url: str, tmp_path: Path) -> None:
+    pg = open_journal(postgres_url)
+    lite = open_journal(f"sqlite:{tmp_path / 'j.sqlite'}")
+    try:
+        assert isinstance(pg, PostgresRunStore) and isinstance(lite, SQLiteRunStore)
+        assert pg.journal_id() != lite.journal_id()
+    finally:
+        pg.close()
+        lite.close()
+    # A home with a PostgreSQL journal has no journal.sqlite of its own.
+    home = Home(tmp_path / "home", postgres_url)
+    home.open_store().close()
+    assert not home.journal_path.exists()

@@ -1,0 +1,110 @@
+"""A real PostgreSQL server for the tests, started from the distribution's
+binaries (``make test`` installs them) in a temporary folder, on loopback.
+
+``LOOPLEDGER_TEST_POSTGRES=postgresql://...`` points the tests at a server
+of your own instead (its user must be allowed to create databases). Each
+test gets a database of its own (``Server.new_database``).
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+#: Settings for a throwaway test server: no fsync (the tests kill clients,
+#: never the server), room for the concurrency tests' connections.
+TEST_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "200",
+    "listen_addresses": "127.0.0.1",
+}
+
+
+def find_bin_dir() -> Path | None:
+    """The folder of ``initdb`` and ``pg_ctl``: on PATH, else Debian's layout."""
+    found = shutil.which("pg_ctl")
+    if found and shutil.which("initdb"):
+        return Path(found).resolve().parent
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), reverse=True)
+    return Path(candidates[0]).parent if candidates else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """A server and the URL of its maintenance database."""
+
+    def __init__(self, admin_url: str, base_url: str) -> None:
+        self.admin_url = admin_url
+        self._base = base_url  # without the database name
+        self._names = itertools.count(1)
+        self._prefix = f"t{os.getpid()}_"
+
+    def new_database(self) -> str:
+        """A new empty database; returns its URL."""
+        import psycopg
+
+        name = f"{self._prefix}{next(self._names):04d}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return f"{self._base}/{name}"
+
+    def stop(self) -> None:
+        pass
+
+
+class LocalServer(Server):
+    """A cluster of our own: ``initdb`` into a temporary folder, then
+    ``pg_ctl start`` on a free loopback port. As root, both run as the
+    ``postgres`` user (the server refuses to run as root)."""
+
+    def __init__(self, bin_dir: Path) -> None:
+        self.bin_dir = bin_dir
+        self.root = Path(tempfile.mkdtemp(prefix="loopledger-pg-"))
+        self.data = self.root / "data"
+        self.port = _free_port()
+        self._as_user: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres")
+            self._as_user = ["runuser", "-u", "postgres", "--"]
+        base = f"postgresql://postgres@127.0.0.1:{self.port}"
+        super().__init__(f"{base}/postgres", base)
+
+    def _run(self, *args: str) -> None:
+        done = subprocess.run([*self._as_user, *args], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            log = self.root / "server.log"
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}): {done.stderr or done.stdout}\n{tail}")
+
+    def start(self) -> LocalServer:
+        self._run(str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
+                  "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
+        options = " ".join(f"-c {key}={value}" for key, value in TEST_SETTINGS.items())
+        options += f" -p {self.port} -k {self.root}"
+        self._run(str(self.bin_dir / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(self.data),
+                  "-l", str(self.root / "server.log"), "-o", options)
+        return self
+
+    def stop(self) -> None:
+        try:
+            self._run(str(self.bin_dir / "pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def external_server(url: str) -> Server:
+    base, _, _database = url.rpartition("/")
+    return Server(url, base)
