@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 HOME_DIR ?= loopledger-data
 
-.PHONY: demo test bench clean venv browser
+.PHONY: demo test bench clean venv browser postgres
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,16 @@ browser:
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	fi
 
-test: $(VENV)/.installed-test browser
-	LOOPLEDGER_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest
+# The PostgreSQL journal is tested against a real server, which the tests
+# start themselves (tests/postgres_kit.py) from Debian's server binaries.
+postgres:
+	@if ! command -v pg_ctl >/dev/null && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then \
+		echo "installing Debian's postgresql for the journal tests"; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+	fi
+
+test: $(VENV)/.installed-test browser postgres
+	LOOPLEDGER_CHROMIUM=$(CHROMIUM) LOOPLEDGER_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py

@@ -67,13 +67,25 @@ def guarded(fn: F) -> F:
         except OSError as exc:
             _err(f"{exc.filename or 'I/O'}: {exc.strerror or exc}")
             raise typer.Exit(EXIT_INFRA) from None
-        except sqlite3.Error as exc:
+        except Exception as exc:
+            if not _is_database_error(exc):
+                raise
             # The journal or a backend database failed under us (disk full,
-            # corruption, a lock held too long): infrastructure, not input.
-            _err(f"database: {exc}")
+            # corruption, a lock held too long, a server gone): infrastructure,
+            # not input.
+            _err(f"database: {' '.join(str(exc).split())}")
             raise typer.Exit(EXIT_INFRA) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _is_database_error(exc: BaseException) -> bool:
+    """An error of SQLite or of PostgreSQL's driver (imported only when a
+    postgresql:// journal was opened)."""
+    if isinstance(exc, sqlite3.Error):
+        return True
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(exc, psycopg.Error)
 
 
 def _home(home: Path | None, store: str | None = None) -> Any:
@@ -564,6 +576,7 @@ def label(
 @guarded
 def ui(
     home: HomeOption = None,
+    store: StoreOption = None,
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port on 127.0.0.1.")] = 8501,
 ) -> None:
     """Serve the Streamlit workbench on 127.0.0.1 over HOME's traces and replays."""
@@ -572,14 +585,19 @@ def ui(
 
     from loopledger.engine._errors import BadInput
 
-    root = _home(home).root.resolve()
+    where = _home(home, store)
+    root = where.root.resolve()
     script = Path(str(resources.files("loopledger.ui").joinpath("app.py")))
     if not _port_free(port):
         raise BadInput("--port", f"127.0.0.1:{port} is already in use; expected a free port")
     typer.echo(f"loopledger workbench on http://127.0.0.1:{port}  (data: {root}; Ctrl-C stops it)")
     # The app reads the data directory from the environment: Streamlit's own
-    # argument parser would otherwise claim --home.
+    # argument parser would otherwise claim --home. The journal (--store) is
+    # where the labels given in the workbench are written.
     env = {**os.environ, "LOOPLEDGER_HOME": str(root)}
+    env.pop("LOOPLEDGER_STORE", None)
+    if where.store_url is not None:
+        env["LOOPLEDGER_STORE"] = where.store_url
     cmd = [sys.executable, "-m", "streamlit", "run", str(script), "--server.address", "127.0.0.1",
            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     sys.stdout.flush()

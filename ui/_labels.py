@@ -14,26 +14,30 @@ from ._data import VERDICTS, DataError
 
 
 def add_human_label(home: Path, *, run_id: str, step: int, attempt: int, candidate_id: str,
-                    validator: str, expected_verdict: str, note: str = "") -> int:
-    """Record the label in the journal, export it; return its label_id."""
-    from loopledger.engine import Recorder, SQLiteRunStore
+                    validator: str, expected_verdict: str, note: str = "", store_url: str | None = None) -> int:
+    """Record the label in the journal (``store_url``, else the SQLite
+    journal in ``home``), export it; return its label_id."""
+    from loopledger.engine import Home, JournalError, Recorder
 
     if expected_verdict not in VERDICTS:
         raise DataError(f"expected verdict must be one of {', '.join(VERDICTS)}, not {expected_verdict!r}")
-    journal = Path(home) / "journal.sqlite"
-    if not journal.is_file():
+    where = Home(Path(home), store_url)
+    if store_url is None and not where.journal_path.is_file():
         # Opening the store would create an empty journal: traces imported
         # without one cannot take labels through the recorder.
-        raise DataError(f"No journal at {journal}: labels are written to the run journal, which this "
+        raise DataError(f"No journal at {where.journal_path}: labels are written to the run journal, which this "
                         "data directory does not have.")
-    store = SQLiteRunStore(journal)
+    try:
+        store = where.open_store()
+    except JournalError as exc:
+        raise DataError(f"The journal cannot take the label: {exc}") from None
     try:
         label: dict[str, Any] = {
             "run_id": run_id, "step": int(step), "attempt": int(attempt), "candidate_id": candidate_id,
             "validator": validator, "expected_verdict": expected_verdict, "source": "human", "note": note,
         }
         label_id = store.add_label(label)
-        Recorder(store, Path(home) / "traces").export()
+        Recorder(store, where.traces).export()
     finally:
         store.close()
     return label_id

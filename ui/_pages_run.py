@@ -12,7 +12,7 @@ import streamlit as st
 from loopledger.ui import _queries as q
 from loopledger.ui._data import VERDICTS, DataError
 from loopledger.ui._labels import add_human_label
-from loopledger.ui._st import guarded, home, load
+from loopledger.ui._st import guarded, home, load, store_url
 
 
 def _json(text: object) -> object:
@@ -120,7 +120,7 @@ def _label_form(detail: dict, run_id: str) -> None:
         try:
             label_id = add_human_label(home(), run_id=run_id, step=int(r["step"]), attempt=int(r["attempt"]),
                                        candidate_id=str(r["candidate_id"]), validator=str(r["validator"]),
-                                       expected_verdict=verdict, note=note)
+                                       expected_verdict=verdict, note=note, store_url=store_url())
         except DataError as exc:
             st.error(str(exc))
             return

@@ -16,6 +16,14 @@ from ._data import DataError, NoData, Traces, fingerprint
 
 RUN_PAGE = "_pages_run.py"
 HOME_ENV = "LOOPLEDGER_HOME"  # `loopledger ui --home` passes the directory this way
+STORE_ENV = "LOOPLEDGER_STORE"  # ... and `--store`, the journal that takes labels
+
+
+def store_url() -> str | None:
+    """The journal URL ``loopledger ui --store`` was given, if any."""
+    import os
+
+    return os.environ.get(STORE_ENV) or None
 
 
 def home() -> Path:

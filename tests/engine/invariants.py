@@ -1,7 +1,8 @@
 """The CONTRACT's hard rules, checked on every run of a data directory.
 
 Used by the scenario, wait and crash tests: whatever happened to a run, its
-journal and its Parquet traces must satisfy these.
+journal and its Parquet traces must satisfy these. The journal is the
+home's SQLite file, or the PostgreSQL database ``store_url`` names.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import sqlite3
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import pyarrow.dataset as ds
 
@@ -20,9 +22,17 @@ RESULT_OUTCOMES = {
 }
 
 
-def journal_violations(home: Path) -> list[str]:
+def _journal(home: Path, store_url: str | None) -> Any:
+    if store_url is not None:
+        from journal_kit import raw_connection
+
+        return raw_connection("postgresql", store_url)
+    return sqlite3.connect(home / "journal.sqlite")
+
+
+def journal_violations(home: Path, store_url: str | None = None) -> list[str]:
     """Every breach of the hard rules in the journal, as readable lines."""
-    conn = sqlite3.connect(home / "journal.sqlite")
+    conn = _journal(home, store_url)
     found: list[str] = []
     runs = {row[0]: row[1:] for row in conn.execute("SELECT run_id, state, last_seq FROM runs")}
     events: dict[str, list[tuple]] = defaultdict(list)
@@ -79,13 +89,13 @@ def side_effect_violations(home: Path) -> list[str]:
     return [f"side effect {tool} executed {n} times for key {key}" for key, tool, n in twice]
 
 
-def parquet_violations(home: Path) -> list[str]:
+def parquet_violations(home: Path, store_url: str | None = None) -> list[str]:
     """The exported traces hold exactly the journal's events, runs and candidates."""
-    conn = sqlite3.connect(home / "journal.sqlite")
+    conn = _journal(home, store_url)
     found = []
     for table, key in (("events", ("run_id", "seq")), ("candidates", ("run_id", "step", "attempt")),
                        ("runs", ("run_id",))):
-        journal = set(conn.execute(f"SELECT {', '.join(key)} FROM {table}").fetchall())
+        journal = {tuple(row) for row in conn.execute(f"SELECT {', '.join(key)} FROM {table}").fetchall()}
         data = ds.dataset(home / "traces" / table, format="parquet").to_table(columns=list(key)).to_pylist()
         parquet = [tuple(row[k] for k in key) for row in data]
         if len(parquet) != len(set(parquet)):
@@ -95,5 +105,6 @@ def parquet_violations(home: Path) -> list[str]:
     return found
 
 
-def all_violations(home: Path) -> list[str]:
-    return journal_violations(home) + side_effect_violations(home) + parquet_violations(home)
+def all_violations(home: Path, store_url: str | None = None) -> list[str]:
+    return (journal_violations(home, store_url) + side_effect_violations(home)
+            + parquet_violations(home, store_url))

@@ -1,0 +1,152 @@
+"""The commands with ``--store postgresql://...``: the journal moves to
+PostgreSQL, everything else (traces, replays, the demo backends) stays in
+``--home`` and behaves the same (CONTRACT.md, "The data directory")."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+
+from invariants import all_violations
+from journal_kit import raw_connection
+
+SCENARIOS = Path(__file__).parents[2] / "datasets" / "scenarios"
+CLI = [sys.executable, "-c", "from loopledger._cli import main; main()"]
+
+
+def cli(*args: str, home: Path, store: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    merged = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    merged.update(env or {})
+    return subprocess.run([*CLI, *args, "--home", str(home), "--store", store], capture_output=True, text=True,
+                          timeout=300, env=merged)
+
+
+def lines(proc: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in proc.stdout.splitlines() if x.strip()]
+
+
+def journal_rows(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    conn = raw_connection("postgresql", url)
+    try:
+        return [tuple(r) for r in conn.execute(sql, params).fetchall()]
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_the_bundled_scenarios_meet_their_expectations_on_a_postgresql_journal(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    home = tmp_path / "home"
+    ran = cli("run", str(SCENARIOS), "--check", "--json", home=home, store=postgres_url)
+    assert ran.returncode == 0, ran.stderr
+    runs = lines(ran)
+    assert len(runs) == len(list(SCENARIOS.glob("*.yaml")))
+    assert not (home / "journal.sqlite").exists(), "the journal is the database, not a file in --home"
+    assert all_violations(home, postgres_url) == []
+
+    # The traces are the journal's, as with SQLite: every run, every event.
+    exported = ds.dataset(home / "traces" / "runs").to_table(columns=["run_id", "status"]).to_pylist()
+    assert {(r["run_id"], r["status"]) for r in exported} == {(r["run_id"], r["status"]) for r in runs}
+    (events,) = journal_rows(postgres_url, "SELECT COUNT(*) FROM events")
+    assert ds.dataset(home / "traces" / "events").count_rows() == events[0]
+    again = cli("export", home=home, store=postgres_url)
+    assert again.returncode == 0 and "up to date" in again.stdout, again.stderr
+
+    # Replaying the recorded decisions with the suite that made them: no flip.
+    replayed = subprocess.run([*CLI, "replay", "--suite", "default", "--fail-on", "flips", "--home", str(home)],
+                              capture_output=True, text=True, timeout=300)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+
+    some = next(r for r in runs if r["status"] == "SUCCEEDED")
+    shown = cli("show", some["run_id"], home=home, store=postgres_url)
+    assert shown.returncode == 0, shown.stderr
+    assert "FINALIZING" in shown.stdout and "SUCCEEDED" in shown.stdout
+
+
+def test_an_approval_is_delivered_through_the_postgresql_journal(tmp_path: Path, postgres_url: str) -> None:
+    home = tmp_path / "home"
+    ran = cli("run", str(SCENARIOS / "approval-waits-for-person.yaml"), "--json", home=home, store=postgres_url)
+    assert ran.returncode == 0, ran.stderr
+    (line,) = lines(ran)
+    assert (line["status"], line["waiting"]["kind"]) == ("WAITING_USER", "approval")
+    token = line["waiting"]["resume_token"]
+    ok = cli("reply", line["run_id"], "--token", token, "--approve", "--json", home=home, store=postgres_url)
+    assert ok.returncode == 0, ok.stderr
+    (done,) = lines(ok)
+    assert (done["status"], done["reason"]) == ("SUCCEEDED", "completed")
+    again = cli("reply", line["run_id"], "--token", token, "--approve", "--json", home=home, store=postgres_url)
+    assert again.returncode == 1 and "already used" in again.stderr
+    assert all_violations(home, postgres_url) == []
+
+
+def test_a_run_killed_after_its_dispatch_is_resumed_from_the_postgresql_journal(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    home = tmp_path / "home"
+    died = cli("run", str(SCENARIOS / "happy-refund.yaml"), "--json", home=home, store=postgres_url,
+               env={"LOOPLEDGER_CRASH_AT": "after_dispatch"})
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    ((run_id, state),) = journal_rows(postgres_url, "SELECT run_id, state FROM runs")
+    assert state == "TOOL_RUNNING"
+
+    resumed = cli("resume", "--json", home=home, store=postgres_url)
+    assert resumed.returncode == 0, resumed.stderr
+    (line,) = lines(resumed)
+    assert (line["run_id"], line["status"]) == (run_id, "SUCCEEDED")
+    backend = sqlite3.connect(home / "demo_backend.sqlite")
+    try:
+        (count,) = backend.execute(
+            "SELECT COUNT(*) FROM executions WHERE run_id = ? AND tool = 'payments.refund'", (run_id,)).fetchone()
+    finally:
+        backend.close()
+    assert count == 1, "the refund ran once: resume reconciled it instead of sending it again"
+    assert all_violations(home, postgres_url) == []
+
+
+def test_a_label_is_written_to_the_postgresql_journal_and_exported(tmp_path: Path, postgres_url: str) -> None:
+    home = tmp_path / "home"
+    ran = cli("run", str(SCENARIOS / "happy-read-file.yaml"), "--json", home=home, store=postgres_url)
+    assert ran.returncode == 0, ran.stderr
+    (line,) = lines(ran)
+    labelled = cli("label", line["run_id"], "--step", "1", "--attempt", "1", "--expect", "reject",
+                   "--note", "should not read it", home=home, store=postgres_url)
+    assert labelled.returncode == 0, labelled.stderr
+    rows = journal_rows(postgres_url, "SELECT run_id, expected_verdict, source FROM labels WHERE source = 'human'")
+    assert rows == [(line["run_id"], "reject", "human")]
+    exported = ds.dataset(home / "traces" / "labels").to_table().to_pylist()
+    assert [(r["run_id"], r["expected_verdict"]) for r in exported if r["source"] == "human"] == [
+        (line["run_id"], "reject")]
+
+
+def test_the_workbench_writes_its_labels_to_the_postgresql_journal(tmp_path: Path, postgres_url: str) -> None:
+    from loopledger.ui._labels import add_human_label
+
+    home = tmp_path / "home"
+    ran = cli("run", str(SCENARIOS / "happy-read-file.yaml"), "--json", home=home, store=postgres_url)
+    assert ran.returncode == 0, ran.stderr
+    (line,) = lines(ran)
+    label_id = add_human_label(home, run_id=line["run_id"], step=1, attempt=1, candidate_id="c",
+                               validator="", expected_verdict="accept", store_url=postgres_url)
+    assert journal_rows(postgres_url, "SELECT label_id, source FROM labels WHERE label_id = ?", (label_id,)) == [
+        (label_id, "human")]
+    assert not (home / "journal.sqlite").exists()
+
+
+def test_a_server_that_is_not_there_is_an_infrastructure_failure(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc = cli("run", str(SCENARIOS / "happy-refund.yaml"), home=home,
+               store="postgresql://loopledger:secret@127.0.0.1:1/journal")
+    assert proc.returncode == 3, proc.stderr
+    lines_ = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines_) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "127.0.0.1:1/journal" in lines_[0] and "secret" not in lines_[0]
