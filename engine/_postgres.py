@@ -12,6 +12,9 @@ supplies the dialect's hooks:
   wins, and the loser finds nothing updated and reads the run under
   ``SELECT ... FOR UPDATE`` for its precise refusal. The run row's lock,
   held to the end of the transaction, is what keeps ``seq`` contiguous.
+  Two transactions storing the same new artifacts in different orders can
+  deadlock on the artifacts' unique key; the server aborts one, and the
+  store does that transaction again from the start (``_is_transient``).
 * **Durability** is the server's: with its default ``synchronous_commit =
   on``, ``COMMIT`` returns once the commit is flushed to the server's WAL.
 * **Reads** for an export run on a connection of their own, in one
@@ -130,8 +133,9 @@ class PostgresRunStore(SQLRunStore):
     def _lock_run_sql(self) -> str:
         return "SELECT state, state_version, last_seq, step, attempt FROM runs WHERE run_id = ? FOR UPDATE"
 
-    def _is_unique_violation(self, exc: BaseException) -> bool:
-        return isinstance(exc, _psycopg().errors.UniqueViolation)
+    def _is_transient(self, exc: BaseException) -> bool:
+        errors = _psycopg().errors
+        return isinstance(exc, (errors.DeadlockDetected, errors.SerializationFailure))
 
     def _sql(self, statement: str) -> str:
         return statement.replace("%", "%%").replace("?", "%s")

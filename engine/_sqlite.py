@@ -86,8 +86,5 @@ class SQLiteRunStore(SQLRunStore):
         # BEGIN IMMEDIATE already holds the database's write lock.
         return "SELECT state, state_version, last_seq, step, attempt FROM runs WHERE run_id = ?"
 
-    def _is_unique_violation(self, exc: BaseException) -> bool:
-        return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
-
     def read_connection(self) -> sqlite3.Connection:
         return connect(self.path)

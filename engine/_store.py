@@ -1,10 +1,10 @@
 """The run store: the journal's one contract and its shared SQL logic.
 
 ``RunStore`` is the protocol the engine, the recorder and the commands use.
-``SQLRunStore`` holds everything the SQL dialects share; a dialect (SQLite
-now, PostgreSQL behind the same protocol) overrides only small hooks:
-connecting, beginning a write transaction, locking a run row, the parameter
-placeholder and telling a unique-key violation from other errors.
+``SQLRunStore`` holds everything the SQL dialects share; a dialect (SQLite,
+PostgreSQL) overrides only small hooks: connecting, beginning a write or a
+read transaction, locking a run row, the parameter placeholder, streaming a
+long result, and telling a transient abort from other errors.
 
 The heart is :meth:`SQLRunStore.commit`, of one commit or of a chain of one
 run's commits. In one transaction it
@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import threading
 from operator import itemgetter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from loopledger.canonical import canonical_json
 
@@ -61,6 +61,8 @@ from ._records import (
     RunRecord,
 )
 from ._states import ALLOWED, INITIAL, TERMINAL, State
+
+_T = TypeVar("_T")
 
 _EVENTS_INSERT = ("INSERT INTO events (run_id, seq, ts, kind, from_state, to_state, step, attempt,"
                   " state_version, payload_json, schema_version)")
@@ -98,6 +100,11 @@ _TERMINAL_NAMES = frozenset(s._value_ for s in TERMINAL)
 
 #: Refusals that ``_commit_txn`` raises only before its first write.
 _REFUSED_BEFORE_WRITING = (StaleStateVersion, TransitionNotAllowed, UnknownRun)
+
+#: How often a transaction that the server aborted to break a conflict with
+#: another transaction (see ``SQLRunStore._is_transient``) is redone before
+#: the error is handed on.
+TRANSIENT_RETRIES = 5
 
 #: Runs whose head a store remembers (see ``SQLRunStore._remember_head``).
 MAX_HEADS = 100_000
@@ -196,8 +203,13 @@ class SQLRunStore:
         """SELECT of a run row that also takes the row's write lock."""
         raise NotImplementedError
 
-    def _is_unique_violation(self, exc: BaseException) -> bool:
-        raise NotImplementedError
+    def _is_transient(self, exc: BaseException) -> bool:
+        """Whether the server aborted the transaction to break a conflict
+        with another one (PostgreSQL's deadlock and serialization failures:
+        two commits storing the same new artifacts in different orders), so
+        that doing the whole transaction again succeeds. SQLite has none:
+        its writers queue on one lock."""
+        return False
 
     def _sql(self, statement: str) -> str:
         """Rewrite ``?`` placeholders for the dialect (identity for SQLite)."""
@@ -253,6 +265,37 @@ class SQLRunStore:
     def _in_batch(self) -> bool:
         return self._batch_owner == threading.get_ident()
 
+    def _transaction(self, work: Callable[[Any], _T], forget: Callable[[], object]) -> _T:
+        """``work(conn)`` in a write transaction on the store's connection
+        (the caller holds ``_lock``); redone from the start when the server
+        aborted it to break a conflict. ``forget`` drops what ``work`` may
+        have remembered of a transaction that was rolled back."""
+        conn = self._conn
+        retries = 0
+        while True:
+            self._begin_write(conn)
+            try:
+                value = work(conn)
+            except BaseException as exc:
+                conn.execute("ROLLBACK")
+                forget()
+                if retries < TRANSIENT_RETRIES and self._is_transient(exc):
+                    retries += 1
+                    continue
+                raise
+            conn.execute("COMMIT")
+            return value
+
+    def _write_retried(self, work: Callable[[Any], _T], forget: Callable[[], object]) -> _T:
+        """One write, as ``_write()``, but redone whole after a transient abort."""
+        if self._in_batch():
+            with self._write() as conn:
+                return work(conn)
+        with self._lock:
+            value = self._transaction(work, forget)
+        _faults.after_commit()
+        return value
+
     @contextmanager
     def batch(self) -> Iterator[None]:
         """Many writes (``create_run``, ``commit``, ``add_label``) by this
@@ -287,7 +330,8 @@ class SQLRunStore:
     def create_run(self, new: NewRun) -> RunRecord:
         now = now_us()
         spec_json = canonical_json(dict(new.spec))
-        with self._write() as conn:
+
+        def write(conn: Any) -> None:
             self.execute(
                 conn,
                 "INSERT INTO runs (run_id, thread_id, task_id, tenant, prompt_version, prompt_hash, model_route,"
@@ -314,6 +358,8 @@ class SQLRunStore:
             )
             self._insert_event(conn, new.run_id, 1, now, "run_created", None, INITIAL.value, 0, 0, 1, {})
             self._store_artifacts(conn, new.run_id, 1, now, new.artifacts)
+
+        self._write_retried(write, lambda: None)
         self._remember_head(new.run_id, (1, INITIAL, 1, 0, 0))
         return self.get_run(new.run_id)
 
@@ -441,19 +487,8 @@ class SQLRunStore:
             return result
         if self.group_commit:
             return self._group.submit(chain)
-        # The transaction is spelled out rather than taken from _write(): this
-        # is the hottest path of the engine.
-        with self._lock:
-            conn = self._conn
-            self._begin_write(conn)
-            try:
-                result, late = self._commit_txn(conn, chain)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                self._heads.pop(commit.run_id, None)
-                raise
-            conn.execute("COMMIT")
-        _faults.after_commit()
+        result, late = self._write_retried(lambda conn: self._commit_txn(conn, chain),
+                                           lambda: self._heads.pop(commit.run_id, None))
         if late is not None:
             raise late
         return result
@@ -588,22 +623,20 @@ class SQLRunStore:
         undoing, so the commits are first applied without savepoints; when one
         fails after it began writing, the transaction is rolled back and the
         group applied again, each commit in its own savepoint."""
-        with self._lock:
-            conn = self._conn
-            self._begin_write(conn)
-            try:
-                if not self._apply_slots(conn, slots):
-                    conn.execute("ROLLBACK")
-                    for slot in slots:
-                        slot.result = slot.late = slot.error = None
-                        self._heads.pop(slot.chain[0].run_id, None)
-                    self._begin_write(conn)
-                    self._apply_slots_in_savepoints(conn, slots)
-            except BaseException:
+        def apply(conn: Any) -> None:
+            if not self._apply_slots(conn, slots):
                 conn.execute("ROLLBACK")
-                self._heads.clear()
-                raise
-            conn.execute("COMMIT")
+                forget()
+                self._begin_write(conn)
+                self._apply_slots_in_savepoints(conn, slots)
+
+        def forget() -> None:
+            for slot in slots:
+                slot.result = slot.late = slot.error = None
+            self._heads.clear()
+
+        with self._lock:
+            self._transaction(apply, forget)
         for slot in slots:
             if slot.error is None:
                 _faults.after_commit()
@@ -617,7 +650,9 @@ class SQLRunStore:
             except _REFUSED_BEFORE_WRITING as exc:
                 self._heads.pop(slot.chain[0].run_id, None)
                 slot.error = exc
-            except Exception:  # noqa: BLE001 - redone in savepoints, where it is handed to its caller
+            except Exception as exc:  # noqa: BLE001 - redone in savepoints, where it is handed to its caller
+                if self._is_transient(exc):
+                    raise  # the whole group is redone
                 return False
         return True
 
@@ -627,6 +662,8 @@ class SQLRunStore:
             try:
                 slot.result, slot.late = self._commit_txn(conn, slot.chain)
             except Exception as exc:  # noqa: BLE001 - handed to the caller that owns it
+                if self._is_transient(exc):
+                    raise  # the whole group is redone
                 conn.execute("ROLLBACK TO one_commit")
                 self._heads.pop(slot.chain[0].run_id, None)
                 slot.error = exc

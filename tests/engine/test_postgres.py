@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +17,18 @@ import pytest
 import loopledger.engine
 from journal_kit import migrate_worker, raw_connection
 from loopledger.engine import (
+    Artifact,
+    Commit,
     Home,
     JournalError,
     MigrationError,
+    NewRun,
     PostgresRunStore,
     SQLiteRunStore,
+    State,
     open_journal,
 )
-from loopledger.engine import _migrate
+from loopledger.engine import _migrate, _store
 
 MIGRATIONS = Path(loopledger.engine.__file__).parent / "migrations"
 
@@ -134,7 +139,7 @@ def test_processes_migrating_a_new_database_at_once_all_succeed(postgres_server:
 
 def test_a_failing_migration_changes_nothing(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     store = PostgresRunStore(postgres_url)
-    store.create_run(loopledger.engine.NewRun(run_id="r", task_id="t", tenant="acme"))
+    store.create_run(NewRun(run_id="r", task_id="t", tenant="acme"))
     latest = store.schema_version
     store.close()
     before = columns_pg(postgres_url)
@@ -188,3 +193,97 @@ def test_store_urls_are_told_apart(postgres_url: str, tmp_path: Path) -> None:
     home = Home(tmp_path / "home", postgres_url)
     home.open_store().close()
     assert not home.journal_path.exists()
+
+
+def deadlocking_pair(url: str) -> tuple[PostgresRunStore, PostgresRunStore, list[str]]:
+    """Two stores (two connections) whose next commits of two artifacts
+    each store the first, wait for each other, then store the second: given
+    the artifacts in opposite orders, each then waits for the key the other
+    holds, and the server aborts one of them. Returns the stores and a list
+    that records each transient abort they see."""
+    barrier = threading.Barrier(2, timeout=30)
+    aborts: list[str] = []
+    stores = []
+    for run_id in ("ra", "rb"):
+        store = PostgresRunStore(url)
+        store.create_run(NewRun(run_id=run_id, task_id="t", tenant="acme"))
+        real_store, real_transient = store._store_artifacts, store._is_transient
+        first = [True]
+
+        def store_artifacts(conn: Any, run_id: str, seq: int, now: int, artifacts: Any,
+                            real: Any = real_store, first: list[bool] = first) -> None:
+            if first[0] and len(artifacts) == 2:
+                first[0] = False
+                real(conn, run_id, seq, now, artifacts[:1])
+                barrier.wait()
+                real(conn, run_id, seq, now, artifacts[1:])
+                return
+            real(conn, run_id, seq, now, artifacts)
+
+        def is_transient(exc: BaseException, real: Any = real_transient, run_id: str = run_id) -> bool:
+            transient = real(exc)
+            if transient:
+                aborts.append(run_id)
+            return transient
+
+        store._store_artifacts = store_artifacts  # type: ignore[method-assign]
+        store._is_transient = is_transient  # type: ignore[method-assign]
+        stores.append(store)
+    return stores[0], stores[1], aborts
+
+
+def commit_both(a: PostgresRunStore, b: PostgresRunStore) -> dict[str, Any]:
+    x, y = Artifact("tool_result", {"x": 1}), Artifact("tool_result", {"y": 1})
+    outcomes: dict[str, Any] = {}
+
+    def commit(store: PostgresRunStore, run_id: str, artifacts: tuple[Artifact, ...]) -> None:
+        try:
+            outcomes[run_id] = store.commit(Commit(run_id=run_id, expected_version=1, to_state=State.MODEL_RUNNING,
+                                                   artifacts=artifacts))
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            outcomes[run_id] = exc
+
+    threads = [threading.Thread(target=commit, args=(a, "ra", (x, y))),
+               threading.Thread(target=commit, args=(b, "rb", (y, x)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return outcomes
+
+
+@pytest.mark.parametrize("group_commit", [False, True], ids=["commit", "group-commit"])
+def test_commits_that_deadlock_on_shared_artifacts_are_both_made(postgres_url: str, group_commit: bool) -> None:
+    a, b, aborts = deadlocking_pair(postgres_url)
+    a.group_commit = b.group_commit = group_commit
+    try:
+        outcomes = commit_both(a, b)
+        assert len(set(aborts)) == 1, "the server should have aborted one of the two"
+        for run_id, store in (("ra", a), ("rb", b)):
+            assert not isinstance(outcomes[run_id], Exception), outcomes[run_id]
+            run = store.get_run(run_id)
+            assert (run.state, run.state_version) == (State.MODEL_RUNNING, 2)
+            assert [e.seq for e in store.events(run_id)] == [1, 2]
+        rows = raw_connection("postgresql", postgres_url)
+        try:
+            assert rows.execute("SELECT COUNT(*) FROM artifacts").fetchone() == (2,)
+        finally:
+            rows.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_without_the_retry_the_deadlock_reaches_the_caller(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control for the test above: its deadlock is real."""
+    import psycopg
+
+    monkeypatch.setattr(_store, "TRANSIENT_RETRIES", 0)
+    a, b, _ = deadlocking_pair(postgres_url)
+    try:
+        outcomes = commit_both(a, b)
+        failed = [o for o in outcomes.values() if isinstance(o, Exception)]
+        assert len(failed) == 1 and isinstance(failed[0], psycopg.errors.DeadlockDetected), outcomes
+    finally:
+        a.close()
+        b.close()
