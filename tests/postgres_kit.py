@@ -17,15 +17,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+#: Settings of a durable server (the defaults: fsync, synchronous commit) on loopback.
+DURABLE_SETTINGS = {"listen_addresses": "127.0.0.1", "max_connections": "200"}
 #: Settings for a throwaway test server: no fsync (the tests kill clients,
 #: never the server), room for the concurrency tests' connections.
-TEST_SETTINGS = {
-    "fsync": "off",
-    "synchronous_commit": "off",
-    "full_page_writes": "off",
-    "max_connections": "200",
-    "listen_addresses": "127.0.0.1",
-}
+TEST_SETTINGS = {**DURABLE_SETTINGS, "fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 
 
 def find_bin_dir() -> Path | None:
@@ -70,8 +66,9 @@ class LocalServer(Server):
     ``pg_ctl start`` on a free loopback port. As root, both run as the
     ``postgres`` user (the server refuses to run as root)."""
 
-    def __init__(self, bin_dir: Path) -> None:
+    def __init__(self, bin_dir: Path, settings: dict[str, str] | None = None) -> None:
         self.bin_dir = bin_dir
+        self.settings = TEST_SETTINGS if settings is None else settings
         self.root = Path(tempfile.mkdtemp(prefix="loopledger-pg-"))
         self.data = self.root / "data"
         self.port = _free_port()
@@ -92,7 +89,7 @@ class LocalServer(Server):
     def start(self) -> LocalServer:
         self._run(str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
                   "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
-        options = " ".join(f"-c {key}={value}" for key, value in TEST_SETTINGS.items())
+        options = " ".join(f"-c {key}={value}" for key, value in self.settings.items())
         options += f" -p {self.port} -k {self.root}"
         self._run(str(self.bin_dir / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(self.data),
                   "-l", str(self.root / "server.log"), "-o", options)
