@@ -37,6 +37,26 @@ class Home:
     def replays(self) -> Path:
         return self.root / "replays"
 
+    def describe_journal(self) -> str:
+        """Where the journal is, for people (a password in the URL masked)."""
+        if self.store_url is None:
+            return f"SQLite journal in {self.root}"
+        from ._postgres import is_postgres_url, redact
+
+        if is_postgres_url(self.store_url):
+            return f"PostgreSQL journal at {redact(self.store_url)}"
+        return f"SQLite journal {self.store_url.removeprefix('sqlite:')}"
+
+    def options(self) -> str:
+        """``--home`` (and ``--store``) as a command that reaches this data
+        directory would spell them (a password in the URL masked)."""
+        from ._postgres import redact
+
+        spelled = f"--home {self.root}"
+        if self.store_url is not None:
+            spelled += f" --store {redact(self.store_url)}"
+        return spelled
+
     def open_store(self):  # -> RunStore; typed loosely to keep imports light
         """Open (creating and migrating as needed) the journal."""
         if self.store_url is None:

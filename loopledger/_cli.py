@@ -470,6 +470,7 @@ def demo(
     """The main job on the embedded default: the bundled scenarios under
     prompt versions v1 and v2, recorded, exported and compared."""
     from rich.console import Console
+    from rich.markup import escape
 
     from loopledger.engine._runner import Runner, check_script, check_tools
     from loopledger.engine._scenario import load_scenarios
@@ -483,7 +484,7 @@ def demo(
         for version in ("v1", "v2"):
             check_script(scenario, version)
     console.print(f"Running {len(scenarios)} bundled scenarios under prompt versions v1 and v2 "
-                  f"(scripted model, SQLite journal in {where.root}) ...")
+                  f"(scripted model, {where.describe_journal()}) ...")
     runner = Runner(where)
     try:
         created = _drive(runner, scenarios, ["v1", "v2"], "scripted", concurrency, show_progress=True)
@@ -495,12 +496,15 @@ def demo(
     console.print(f"{len(outcomes) - len(mismatched)} of {len(outcomes)} runs ended as their scenario expects.")
     console.print(f"Traces: {where.traces}")
     example = next((o.run_id for o in outcomes if o.status != "SUCCEEDED"), outcomes[0].run_id if outcomes else "RUN_ID")
-    console.print(f"Inspect one run:  [bold]loopledger show {example} --home {where.root}[/]", soft_wrap=True)
+    console.print(f"Inspect one run:  [bold]loopledger show {escape(example)} {escape(where.options())}[/]",
+                  soft_wrap=True)
     _demo_replay(console, where)
 
 
 def _demo_replay(console: Any, where: Any) -> None:
     """Replay the demo runs under the bundled default and strict suites and print the flips."""
+    from rich.markup import escape
+
     from loopledger.replay import replay_many
     from loopledger.replay._report import flip_groups
 
@@ -512,7 +516,7 @@ def _demo_replay(console: Any, where: Any) -> None:
                       f"{s.regressions} regression(s)")
         for (validator, old, new, _, _), kinds in flip_groups(result.diffs):
             console.print(f"  {validator}: {old} -> {new} x{sum(kinds.values())}")
-    console.print("Open the workbench:  [bold]loopledger ui --home " + str(where.root) + "[/]")
+    console.print(f"Open the workbench:  [bold]loopledger ui {escape(where.options())}[/]", soft_wrap=True)
 
 
 @app.command("replay")

@@ -150,3 +150,19 @@ def test_a_server_that_is_not_there_is_an_infrastructure_failure(tmp_path: Path)
     lines_ = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines_) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "127.0.0.1:1/journal" in lines_[0] and "secret" not in lines_[0]
+
+
+@pytest.mark.slow
+def test_the_demo_on_a_postgresql_journal_prints_commands_that_reach_it(tmp_path: Path, postgres_url: str) -> None:
+    home = tmp_path / "home"
+    merged = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    demo = subprocess.run([*CLI, "demo", "--home", str(home), "--store", postgres_url], capture_output=True,
+                          text=True, timeout=600, env={**merged, "COLUMNS": "400"})
+    assert demo.returncode == 0, demo.stderr
+    assert "PostgreSQL journal" in demo.stdout and "106 of 106 runs" in demo.stdout
+    (inspect,) = [line for line in demo.stdout.splitlines() if line.startswith("Inspect one run:")]
+    command = inspect.split(":", 1)[1].split()
+    assert command[:2] == ["loopledger", "show"] and command[-2:] == ["--store", postgres_url]
+    shown = subprocess.run([*CLI, *command[1:]], capture_output=True, text=True, timeout=120, env=merged)
+    assert shown.returncode == 0, shown.stderr
+    assert not (home / "journal.sqlite").exists()
