@@ -20,6 +20,10 @@ supplies the dialect's hooks:
 * **Reads** for an export run on a connection of their own, in one
   ``REPEATABLE READ`` transaction (one snapshot for every table), through a
   server-side cursor so a large export streams instead of arriving whole.
+  Identity numbers are handed out before their transactions commit, so the
+  recorder never exports by a range of them where a writer could still be
+  behind: artifacts go by their run's seq ranges, and a snapshot is taken
+  only while no label is being written (an advisory lock).
 * **Migrations** (``migrations/postgresql``, numbered like SQLite's) take a
   transaction-scoped advisory lock, so processes that open a new database
   at once apply each migration exactly once.
@@ -41,6 +45,9 @@ from ._store import SQLRunStore
 
 #: Key of the advisory lock that serialises migrations (any fixed number).
 MIGRATION_LOCK = 7_400_000_001
+#: Key of the advisory lock held (shared) by every transaction that adds a
+#: label, and taken (exclusive) by an export while its snapshot is made.
+LABELS_LOCK = 7_400_000_002
 URL_PREFIXES = ("postgresql://", "postgres://")
 _PASSWORD = re.compile(r"(://[^:/@]+:)[^@/]*@")
 
@@ -128,7 +135,20 @@ class PostgresRunStore(SQLRunStore):
         conn.execute("BEGIN")
 
     def _begin_read(self, conn: Any) -> None:
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        # Label ids are handed out when a row is inserted, not when its
+        # transaction commits: a snapshot taken while a label is being
+        # written could see a higher id committed and miss a lower one
+        # still open, and the export's id range would pass over it for good.
+        # So the snapshot is taken while no label transaction is open.
+        conn.execute("SELECT pg_advisory_lock(%s)", (LABELS_LOCK,))
+        try:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            conn.execute("SELECT 1")  # the transaction's snapshot is taken here
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (LABELS_LOCK,))
+
+    def _writing_labels(self, conn: Any) -> None:
+        conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (LABELS_LOCK,))
 
     def _lock_run_sql(self) -> str:
         return "SELECT state, state_version, last_seq, step, attempt FROM runs WHERE run_id = ? FOR UPDATE"

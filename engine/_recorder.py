@@ -41,8 +41,10 @@ from ._tables import TABLES, TraceTable, arrow_batch, arrow_schema
 BATCH_ROWS = 20_000
 
 #: Tables exported by a global sequence range rather than by per-run ranges:
-#: name -> (journal table, sequence column).
-GLOBAL_SEQUENCES = {"artifacts": ("artifacts", "artifact_seq"), "labels": ("labels", "label_id")}
+#: name -> (journal table, sequence column). Labels belong to no run's
+#: commit; the store makes sure no label is being written while an export
+#: reads the range's upper bound (``SQLRunStore._begin_read``).
+GLOBAL_SEQUENCES = {"labels": ("labels", "label_id")}
 EMPTY_FILE = "empty.parquet"
 #: Segments published from outside the journal (imported runs): ``imp-<n>.parquet``.
 IMPORT_PREFIX = "imp-"

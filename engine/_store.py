@@ -217,8 +217,14 @@ class SQLRunStore:
 
     def _begin_read(self, conn: Any) -> None:
         """Begin a read transaction on a ``read_connection()``: every read
-        inside sees one snapshot of the journal."""
+        inside sees one snapshot of the journal, taken while no label is
+        being written (the recorder reads the labels' upper bound from it).
+        SQLite's writers take turns, so any snapshot will do."""
         conn.execute("BEGIN")
+
+    def _writing_labels(self, conn: Any) -> None:
+        """Called in a transaction that adds a label, before the insert
+        (see ``_begin_read``)."""
 
     def _stream(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> Any:
         """A cursor over a long result, fetched in batches (``fetchmany``)."""
@@ -445,6 +451,7 @@ class SQLRunStore:
 
     def add_label(self, label: Mapping[str, Any]) -> int:
         with self._write() as conn:
+            self._writing_labels(conn)
             cursor = self.execute(
                 conn,
                 "INSERT INTO labels (run_id, step, attempt, candidate_id, validator, expected_verdict,"

@@ -8,10 +8,10 @@ the command line starts fast.
 Two kinds of table:
 
 * **append** tables grow by segments: rows are selected by the export's
-  per-run seq ranges (``_export_ranges``: run_id, lo, hi; a WITHOUT ROWID
-  table, so it is read in run_id order), or for the global
-  tables ``artifacts`` and ``labels`` by a sequence-number range (the two
-  ``?``), and never change once written;
+  per-run seq ranges (``_export_ranges``: run_id, lo, hi; read in run_id
+  order), artifacts by the run and seq of the commit that stored them
+  first, and ``labels``, which belong to no commit, by a label id range
+  (the two ``?``); they never change once written;
 * **snapshot** tables (``runs``, ``operations``) hold mutable records and
   are rewritten whole, atomically, by each export.
 """
@@ -135,8 +135,12 @@ TABLES: dict[str, TraceTable] = {
                 _c("body"),
                 _c("schema_version", "int"),
             ),
-            "artifacts t WHERE t.artifact_seq > ? AND t.artifact_seq <= ?",
-            "t.artifact_seq",
+            # Not by artifact_seq: on PostgreSQL a transaction still open can
+            # hold a lower number than one already committed, and a range
+            # of numbers would pass over its artifacts for good.
+            "_export_ranges x {join} artifacts t ON t.first_run_id = x.run_id"
+            " AND t.first_seq > x.lo AND t.first_seq <= x.hi",
+            "x.run_id, t.first_seq, t.artifact_seq",
         ),
         TraceTable(
             "candidates",

@@ -287,3 +287,86 @@ def test_without_the_retry_the_deadlock_reaches_the_caller(postgres_url: str, mo
     finally:
         a.close()
         b.close()
+
+
+def exported_ids(traces: Path, table: str, column: str) -> list[Any]:
+    import pyarrow.dataset as ds
+
+    return sorted(ds.dataset(traces / table).to_table(columns=[column]).column(0).to_pylist())
+
+
+def journal_ids(url: str, table: str, column: str) -> list[Any]:
+    conn = raw_connection("postgresql", url)
+    try:
+        return sorted(row[0] for row in conn.execute(f"SELECT {column} FROM {table}").fetchall())
+    finally:
+        conn.close()
+
+
+def assert_exported_whole(url: str, traces: Path) -> None:
+    for table, column in (("artifacts", "artifact_id"), ("labels", "label_id"), ("events", "seq")):
+        assert exported_ids(traces, table, column) == journal_ids(url, table, column), table
+
+
+def two_runs(url: str) -> tuple[PostgresRunStore, PostgresRunStore]:
+    early, late = PostgresRunStore(url), PostgresRunStore(url)
+    early.create_run(NewRun(run_id="early", task_id="t", tenant="acme"))
+    late.create_run(NewRun(run_id="late", task_id="t", tenant="acme"))
+    return early, late
+
+
+def label_of(run_id: str) -> dict[str, Any]:
+    return {"run_id": run_id, "step": 1, "attempt": 1, "candidate_id": "c", "expected_verdict": "accept",
+            "source": "human"}
+
+
+def test_an_export_beside_an_open_commit_misses_none_of_its_artifacts(postgres_url: str, tmp_path: Path) -> None:
+    """Identity numbers are handed out at insert, not at commit: an open
+    transaction can hold a lower artifact number than one that committed
+    and was exported. Its artifact must still be exported, once."""
+    from loopledger.engine import Recorder
+
+    traces = tmp_path / "traces"
+    early, late = two_runs(postgres_url)
+    try:
+        with early.batch():  # takes the lower artifact number and keeps it uncommitted
+            early.commit(Commit(run_id="early", expected_version=1, to_state=State.MODEL_RUNNING,
+                                artifacts=(Artifact("candidate", {"from": "early"}),)))
+            late.commit(Commit(run_id="late", expected_version=1, to_state=State.MODEL_RUNNING,
+                               artifacts=(Artifact("candidate", {"from": "late"}),)))
+            assert Recorder(late, traces).export().rows["artifacts"] == 1
+        Recorder(late, traces).export()
+        assert_exported_whole(postgres_url, traces)
+        assert len(journal_ids(postgres_url, "artifacts", "artifact_id")) == 2
+    finally:
+        early.close()
+        late.close()
+
+
+def test_an_export_waits_for_a_label_being_written_and_misses_none(postgres_url: str, tmp_path: Path) -> None:
+    """The same for labels, which belong to no run's commit: an export's
+    snapshot is taken only while no label is being written."""
+    from loopledger.engine import Recorder
+
+    traces = tmp_path / "traces"
+    early, late = two_runs(postgres_url)
+    watcher = raw_connection("postgresql", postgres_url)
+    try:
+        with early.batch():  # takes the lower label id and keeps it uncommitted
+            early.add_label(label_of("early"))
+            late.add_label(label_of("late"))
+            exporter = threading.Thread(target=lambda: Recorder(late, traces).export())
+            exporter.start()
+            # Leave the batch open until the export either finished or waits for it.
+            while exporter.is_alive() and not watcher.execute(
+                    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchall():
+                exporter.join(timeout=0.01)
+        exporter.join(timeout=60)
+        assert not exporter.is_alive()
+        Recorder(late, traces).export()
+        assert_exported_whole(postgres_url, traces)
+        assert len(journal_ids(postgres_url, "labels", "label_id")) == 2
+    finally:
+        watcher.close()
+        early.close()
+        late.close()
