@@ -126,6 +126,28 @@ class Collected:
         return self.finish_reason in TRUSTED_FINISHES
 
 
+def _clean(value: Any) -> Any:
+    """``value`` with every string made storable: a NUL character, which
+    PostgreSQL's text cannot hold, and unpaired surrogates, which have no
+    UTF-8 form, become U+FFFD. What a model sends is cleaned once, here,
+    so every record of it (items, operations, messages) holds the same
+    text on every journal."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value.replace("\x00", "\ufffd") if "\x00" in value else value
+        value = value.replace("\x00", "\ufffd")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return value
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
 def collect(events: Iterator[StreamEvent]) -> Collected:
     """Assemble items from a stream. Text deltas join into one text item;
     tool calls are parsed only after the stream ended, in index order."""
@@ -177,6 +199,7 @@ def collect(events: Iterator[StreamEvent]) -> Collected:
             item["arguments"] = parsed
         items.append(item)
     items.extend(structured)
+    items = _clean(items)
     if error is not None:
         reason = "incomplete" if error.incomplete else "error"
     else:

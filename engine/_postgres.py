@@ -49,16 +49,24 @@ MIGRATION_LOCK = 7_400_000_001
 #: label, and taken (exclusive) by an export while its snapshot is made.
 LABELS_LOCK = 7_400_000_002
 URL_PREFIXES = ("postgresql://", "postgres://")
-_PASSWORD = re.compile(r"(://[^:/@]+:)[^@/]*@")
+#: A password in a URL: ``user:PASSWORD@`` or a ``password=`` parameter.
+_PASSWORDS = (re.compile(r"://[^:/@?]*:([^@/?]*)@"), re.compile(r"[?&]password=([^&]*)"))
+#: Connection settings a URL does not give: a dead server or network is
+#: found out in seconds instead of hanging a commit for ever.
+CONNECT_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
+                    "keepalives_interval": "10", "keepalives_count": "3"}
 
 
 def is_postgres_url(url: str) -> bool:
     return url.startswith(URL_PREFIXES)
 
 
-def redact(url: str) -> str:
-    """``url`` without its password, for messages."""
-    return _PASSWORD.sub(r"\1***@", url)
+def redact(text: str, url: str | None = None) -> str:
+    """``text`` (a URL, or a message that quotes ``url``) with every
+    password of the URL replaced by ``***``."""
+    for secret in {m.group(1) for pattern in _PASSWORDS for m in pattern.finditer(url or text) if m.group(1)}:
+        text = text.replace(secret, "***")
+    return text
 
 
 def _psycopg() -> Any:
@@ -73,9 +81,15 @@ def connect(url: str) -> Any:
     """An autocommit connection (transactions are begun explicitly)."""
     psycopg = _psycopg()
     try:
-        return psycopg.connect(url, autocommit=True)
+        given = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error:
+        given = {}  # malformed: psycopg.connect says how, below
+    defaults = {key: value for key, value in CONNECT_DEFAULTS.items() if key not in given}
+    try:
+        return psycopg.connect(url, autocommit=True, **defaults)
     except psycopg.Error as exc:
-        raise JournalError(f"{redact(url)}: cannot open the journal: {' '.join(str(exc).split())}") from exc
+        reason = redact(" ".join(str(exc).split()), url)
+        raise JournalError(f"{redact(url)}: cannot open the journal: {reason}") from exc
 
 
 class _PostgresMigrations(MigrationTarget):

@@ -206,11 +206,34 @@ def _message(error: Mapping[str, Any]) -> str:
     return text
 
 
+def _check_text(value: Any, source: str, loc: tuple[Any, ...] = ()) -> None:
+    """Refuse text no journal can keep: a NUL character (PostgreSQL's text
+    cannot hold one) or an unpaired surrogate (YAML's ``\\uD800`` escape;
+    not Unicode text, so it has no UTF-8 form)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise BadInput(_where(source, loc), "contains a NUL character; expected text without one")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadInput(_where(source, loc),
+                               "contains an unpaired surrogate; expected valid Unicode text") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, source, loc)
+            _check_text(item, source, (*loc, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_text(item, source, (*loc, index))
+
+
 def parse_scenario(data: Any, source: str) -> Scenario:
     if data is None:
         raise BadInput(source, "the file holds no scenario; expected a mapping with id, contract, model, ...")
     if not isinstance(data, dict):
         raise BadInput(source, f"expected a mapping at the top level, got {type(data).__name__}")
+    _check_text(data, source)
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:

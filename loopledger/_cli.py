@@ -59,7 +59,9 @@ def guarded(fn: F) -> F:
             _err(f"bad input: {exc}")
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except JournalError as exc:
-            _err(f"journal: {exc}")
+            # A server's own message may span lines (PostgreSQL's points at the
+            # failing SQL); the line printed here is one.
+            _err(f"journal: {' '.join(str(exc).split())}")
             raise typer.Exit(EXIT_INFRA) from None
         except LoopLedgerError as exc:
             _err(str(exc))
@@ -517,6 +519,8 @@ def _demo_replay(console: Any, where: Any) -> None:
         for (validator, old, new, _, _), kinds in flip_groups(result.diffs):
             console.print(f"  {validator}: {old} -> {new} x{sum(kinds.values())}")
     console.print(f"Open the workbench:  [bold]loopledger ui {escape(where.options())}[/]", soft_wrap=True)
+    if where.store_url is not None and where.options() != f"--home {where.root} --store {where.store_url}":
+        console.print("(the --store URL above has its password masked: give yours in its place)")
 
 
 @app.command("replay")

@@ -166,3 +166,15 @@ def test_the_demo_on_a_postgresql_journal_prints_commands_that_reach_it(tmp_path
     shown = subprocess.run([*CLI, *command[1:]], capture_output=True, text=True, timeout=120, env=merged)
     assert shown.returncode == 0, shown.stderr
     assert not (home / "journal.sqlite").exists()
+
+
+def test_a_database_whose_tables_are_not_a_journal_is_one_line(tmp_path: Path, postgres_url: str) -> None:
+    conn = raw_connection("postgresql", postgres_url)
+    try:
+        conn.execute("CREATE TABLE schema_migrations (version TEXT)")
+    finally:
+        conn.close()
+    proc = cli("show", "some-run", home=tmp_path / "home", store=postgres_url)
+    assert proc.returncode == 3, proc.stderr
+    lines_ = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines_) == 1 and "migration 0001_journal failed" in lines_[0], proc.stderr

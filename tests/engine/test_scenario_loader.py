@@ -60,6 +60,12 @@ model:
          "expected a run state (READY, "),
         ("id: a\ncontract: {goal: g}\nfaults: [{tool: t, kind: fails}, {tool: t, call: 1, kind: rate_limit}]\n",
          "s.yaml: faults", "faults[1] is a second fault on t call 1 (faults[0]); expected one fault per call"),
+        ('id: a\ncontract: {goal: g, required_evidence: ["ord\\0"]}\n', "s.yaml: contract.required_evidence[0]",
+         "contains a NUL character"),
+        ('id: a\ncontract: {goal: g}\nmodel: [{final: "x \\uD800 y"}]\n', "s.yaml: model[0].final",
+         "contains an unpaired surrogate"),
+        ('id: a\ncontract: {goal: g}\nmodel: [{tool_calls: [{name: "t\\0", arguments: {}}]}]\n',
+         "s.yaml: model[0].tool_calls[0].name", "contains a NUL character"),
     ],
 )
 def test_bad_fields_name_file_field_and_expectation(tmp_path: Path, text: str, where: str, why: str) -> None:
@@ -134,3 +140,21 @@ def test_every_bundled_scenario_loads() -> None:
     scenarios = load_scenarios([folder])
     assert len(scenarios) >= 25
     assert all(s.expect.status for s in scenarios), "every bundled scenario says what it expects"
+
+
+def test_what_a_model_sends_is_made_storable_once_at_collection() -> None:
+    """A NUL character (PostgreSQL's text cannot hold one) or an unpaired
+    surrogate (no UTF-8 form) in a model's output becomes U+FFFD when the
+    candidate is formed, so every record of it holds the same text on any
+    journal; a valid surrogate pair becomes its character."""
+    from loopledger.engine._model import Finish, TextDelta, ToolCallDelta, collect
+
+    collected = collect(iter([
+        TextDelta("said \x00 and \ud800"),
+        ToolCallDelta(0, "call\x00x", "look\x00up", '{"q": "a\\u0000b", "e": "\\ud83d\\ude00", "s": "\\udc00"}'),
+        Finish("tool_calls"),
+    ]))
+    text, call = collected.items
+    assert text == {"type": "text", "text": "said \ufffd and \ufffd"}
+    assert (call["call_id"], call["name"]) == ("call\ufffdx", "look\ufffdup")
+    assert call["arguments"] == {"q": "a\ufffdb", "e": "\U0001f600", "s": "\ufffd"}
