@@ -2,7 +2,10 @@
 
 A traces folder belongs to one journal: the first export writes the
 journal's id into ``traces/.journal``, and an export from any other journal
-is refused, since its segment numbers would overwrite the first one's.
+is refused, since its segment numbers would overwrite the first one's. One
+journal may feed several folders (data directories sharing a ``--store``):
+the marker also holds the folder's own id, and the journal keeps what it
+exported per folder id, so each folder gets every row.
 
 An export is idempotent. It first records an *intent* in the journal with
 the exact per-run seq ranges it covers (and the label id range); its files
@@ -27,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -118,6 +122,9 @@ class Recorder:
     def __init__(self, store: SQLRunStore, traces_dir: str | Path) -> None:
         self.store = store
         self.traces = Path(traces_dir)
+        #: The folder's id (``_claim``): the journal tracks what it exported
+        #: per folder, so each folder sharing a journal gets every row.
+        self._traces_id = ""
 
     def table_dir(self, name: str) -> Path:
         return self.traces / name
@@ -151,29 +158,37 @@ class Recorder:
         with self._exclusive():
             self._claim()
 
-    def _claim(self) -> None:
+    def _claim(self) -> str:
+        """Check the folder's marker (or write it); return the folder's id."""
         journal_id = self.store.journal_id()
         marker = self.traces / OWNER_FILE
         if marker.exists():
-            owner = marker.read_text().strip()
+            owner, _, traces_id = marker.read_text().strip().partition("\n")
             if owner != journal_id:
                 raise JournalError(f"{self.traces}: these traces were exported from another journal (id {owner}; "
                                    f"this one is {journal_id}); give this journal a --home of its own")
-            return
+            self._traces_id = traces_id.strip()
+            return self._traces_id
+        traces_id = secrets.token_hex(8)
         # Segments written before folders named their journal: adopted by a
-        # journal that has exported before, refused by a new one.
+        # journal that has exported before (the folder of its exports made
+        # before they were tracked per folder, id ''), refused by a new one.
         if any(next(self.table_dir(name).glob("seg-*.parquet"), None) for name in TABLES):
             with self.store._lock:
-                exported = self.store.execute(self.store._conn, "SELECT 1 FROM exports LIMIT 1").fetchone()
+                exported = self.store.execute(
+                    self.store._conn, "SELECT 1 FROM exports WHERE traces_id = '' LIMIT 1").fetchone()
             if exported is None:
                 raise JournalError(f"{self.traces}: these traces were exported from another journal; "
                                    f"give this journal a --home of its own")
+            traces_id = ""
         tmp = marker.with_name(marker.name + ".tmp")
-        tmp.write_text(journal_id + "\n")
+        tmp.write_text(f"{journal_id}\n{traces_id}\n")
         _durable_replace(tmp, marker)
+        self._traces_id = traces_id
+        return traces_id
 
     def _export(self) -> ExportResult:
-        self._claim()
+        traces_id = self._claim()
         self._make_table_dirs()
         self._finish_imports()
         self._finish_compactions()
@@ -181,7 +196,7 @@ class Recorder:
             pending = self.store.execute(
                 self.store._conn,
                 "SELECT export_id, ranges_json, bounds_json FROM exports"
-                " WHERE status = 'pending' ORDER BY export_id"
+                " WHERE status = 'pending' AND traces_id = ? ORDER BY export_id", (traces_id,)
             ).fetchall()
         result = ExportResult(None)
         for export_id, ranges_json, bounds_json in pending:
@@ -197,13 +212,17 @@ class Recorder:
             # One read transaction: the ranges and every row read below come
             # from the same snapshot of the journal.
             store._begin_read(reader)
-            ranges = reader.execute(
+            traces_id = self._traces_id
+            ranges = store.execute(
+                reader,
                 "SELECT r.run_id, COALESCE(m.events_hwm, 0), r.last_seq FROM runs r"
-                " LEFT JOIN export_marks m ON m.run_id = r.run_id"
-                " WHERE r.last_seq > COALESCE(m.events_hwm, 0) ORDER BY r.run_id"
+                " LEFT JOIN export_marks m ON m.traces_id = ? AND m.run_id = r.run_id"
+                " WHERE r.last_seq > COALESCE(m.events_hwm, 0) ORDER BY r.run_id", (traces_id,)
             ).fetchall()
-            last = reader.execute(
-                "SELECT bounds_json FROM exports WHERE status = 'done' ORDER BY export_id DESC LIMIT 1"
+            last = store.execute(
+                reader,
+                "SELECT bounds_json FROM exports WHERE status = 'done' AND traces_id = ?"
+                " ORDER BY export_id DESC LIMIT 1", (traces_id,)
             ).fetchone()
             previous = json.loads(last[0]) if last else {}
             bounds = {}
@@ -217,9 +236,9 @@ class Recorder:
             with store._write() as conn:
                 cursor = store.execute(
                     conn,
-                    "INSERT INTO exports (created_at, status, ranges_json, bounds_json)"
-                    " VALUES (?, 'pending', ?, ?) RETURNING export_id",
-                    (now_us(), json.dumps(ranges), json.dumps(bounds, sort_keys=True)),
+                    "INSERT INTO exports (created_at, status, ranges_json, bounds_json, traces_id)"
+                    " VALUES (?, 'pending', ?, ?, ?) RETURNING export_id",
+                    (now_us(), json.dumps(ranges), json.dumps(bounds, sort_keys=True), traces_id),
                 )
                 export_id = int(cursor.fetchall()[0][0])
             return self._publish(export_id, ranges, bounds, reader=reader)
@@ -264,10 +283,10 @@ class Recorder:
         with store._write() as conn:
             store.execute_many(
                 conn,
-                "INSERT INTO export_marks (run_id, events_hwm) VALUES (?, ?)"
-                " ON CONFLICT (run_id) DO UPDATE SET events_hwm = excluded.events_hwm"
+                "INSERT INTO export_marks (traces_id, run_id, events_hwm) VALUES (?, ?, ?)"
+                " ON CONFLICT (traces_id, run_id) DO UPDATE SET events_hwm = excluded.events_hwm"
                 " WHERE excluded.events_hwm > export_marks.events_hwm",
-                [(run_id, hi) for run_id, _lo, hi in ranges],
+                [(self._traces_id, run_id, hi) for run_id, _lo, hi in ranges],
             )
             store.execute(conn, "UPDATE exports SET status = 'done' WHERE export_id = ?", (export_id,))
         return result
@@ -382,6 +401,7 @@ class Recorder:
     def _compact(self) -> dict[str, int]:
         import pyarrow.parquet as pq
 
+        traces_id = self._claim()
         self._finish_compactions()
         merged: dict[str, int] = {}
         for name, table in TABLES.items():
@@ -394,7 +414,8 @@ class Recorder:
                 pending = {
                     f"seg-{export_id:08d}.parquet"
                     for (export_id,) in self.store.execute(
-                        self.store._conn, "SELECT export_id FROM exports WHERE status = 'pending'"
+                        self.store._conn, "SELECT export_id FROM exports WHERE status = 'pending' AND traces_id = ?",
+                        (traces_id,),
                     ).fetchall()
                 }
             files = [f for f in files if f.name not in pending]
@@ -403,9 +424,9 @@ class Recorder:
             with self.store._write() as conn:
                 cursor = self.store.execute(
                     conn,
-                    "INSERT INTO compactions (table_name, status, files_json, created_at)"
-                    " VALUES (?, 'pending', ?, ?) RETURNING compaction_id",
-                    (name, json.dumps([f.name for f in files]), now_us()),
+                    "INSERT INTO compactions (table_name, status, files_json, created_at, traces_id)"
+                    " VALUES (?, 'pending', ?, ?, ?) RETURNING compaction_id",
+                    (name, json.dumps([f.name for f in files]), now_us(), traces_id),
                 )
                 compaction_id = int(cursor.fetchall()[0][0])
 
@@ -437,6 +458,7 @@ class Recorder:
             open_ones = self.store.execute(
                 self.store._conn,
                 "SELECT compaction_id, table_name, files_json FROM compactions WHERE status != 'done'"
+                " AND traces_id = ?", (self._traces_id,)
             ).fetchall()
         for compaction_id, name, files_json in open_ones:
             target = self.table_dir(name) / f"compact-{compaction_id:08d}.parquet"

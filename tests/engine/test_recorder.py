@@ -9,6 +9,7 @@ with the recorder's own table description.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -667,7 +668,7 @@ def test_a_traces_folder_takes_the_exports_of_one_journal_only(store: Any, trace
 
     populate(store, "a")
     Recorder(store, traces).export()
-    assert (traces / ".journal").read_text().strip() == store.journal_id()
+    assert (traces / ".journal").read_text().split()[0] == store.journal_id()
     before = {t: read_parquet(traces, t) for t in ("runs", "events")}
     other = SQLiteRunStore(tmp_path / "other.sqlite")
     try:
@@ -683,14 +684,23 @@ def test_a_traces_folder_takes_the_exports_of_one_journal_only(store: Any, trace
     assert_traces_equal_journal(traces, journal)
 
 
-def test_segments_from_before_folders_named_their_journal(store: Any, traces: Path, tmp_path: Path) -> None:
-    """Traces exported before the folder recorded its journal: the journal
-    that exported them adopts them; a new journal is refused."""
+def test_segments_from_before_folders_named_their_journal(store: Any, traces: Path, tmp_path: Path,
+                                                         journal: Journal) -> None:
+    """Traces exported before the folder recorded its journal (and before
+    exports were tracked per folder, migration 0008, which gave them the
+    folder id ''): the journal that exported them adopts them and goes on
+    from where they ended; a new journal is refused."""
     from loopledger.engine import JournalError
 
     populate(store, "a")
     Recorder(store, traces).export()
     (traces / ".journal").unlink()
+    conn = journal.connect()
+    try:
+        for table in ("exports", "export_marks"):
+            conn.execute(f"UPDATE {table} SET traces_id = ''")
+    finally:
+        conn.close()
     fresh = SQLiteRunStore(tmp_path / "fresh.sqlite")
     try:
         with pytest.raises(JournalError, match="exported from another journal"):
@@ -698,4 +708,29 @@ def test_segments_from_before_folders_named_their_journal(store: Any, traces: Pa
     finally:
         fresh.close()
     Recorder(store, traces).claim()
-    assert (traces / ".journal").read_text().strip() == store.journal_id()
+    assert (traces / ".journal").read_text().split() == [store.journal_id()]
+    advance(store, "a")
+    Recorder(store, traces).export()
+    assert_traces_equal_journal(traces, journal)
+
+
+def test_every_traces_folder_of_a_shared_journal_gets_every_row(store: Any, journal: Journal,
+                                                                tmp_path: Path) -> None:
+    """Several data directories may share one journal (--store): each
+    folder's exports are tracked apart, so each gets every row once, and
+    a folder made anew (say, after its traces were deleted) is filled from
+    the start."""
+    first, second = tmp_path / "first" / "traces", tmp_path / "second" / "traces"
+    populate(store, "a")
+    Recorder(store, first).export()
+    advance(store, "a")
+    Recorder(store, second).export()
+    populate(store, "b")
+    Recorder(store, first).export()
+    Recorder(store, second).export()
+    for traces in (first, second):
+        assert_traces_equal_journal(traces, journal)
+    assert (first / ".journal").read_text().split()[1] != (second / ".journal").read_text().split()[1]
+    shutil.rmtree(first)
+    Recorder(store, first).export()
+    assert_traces_equal_journal(first, journal)
