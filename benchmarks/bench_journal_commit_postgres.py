@@ -21,35 +21,16 @@ import time
 from pathlib import Path
 
 from _common import quick_flag, report
+from bench_journal_commit import BODY, commit_loop
 
-from loopledger.engine import Artifact, Commit, NewRun, PostgresRunStore, State
+from loopledger.engine import PostgresRunStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import postgres_kit  # noqa: E402 - the tests' server helper, found through the line above
 
-BODY = "x" * 1000
-
 
 def bench_store(url: str, n: int) -> float:
-    store = PostgresRunStore(url)
-    store.create_run(NewRun(run_id="bench", task_id="bench", tenant="bench"))
-    version = store.commit(Commit("bench", 1, State.MODEL_RUNNING, step=1, attempt=1)).state_version
-    start = time.perf_counter()
-    for i in range(n):
-        result = store.commit(
-            Commit(
-                "bench",
-                version,
-                State.MODEL_RUNNING,
-                attempt=i + 2,
-                payload={"attempt": i + 2},
-                artifacts=(Artifact("candidate", {"i": i, "body": BODY}),),
-            )
-        )
-        version = result.state_version
-    elapsed = time.perf_counter() - start
-    store.close()
-    return elapsed / n * 1e6
+    return commit_loop(PostgresRunStore(url), n)
 
 
 def bench_bare(url: str, n: int) -> float:
