@@ -445,8 +445,8 @@ class SQLRunStore:
         columns = ("label_id", "run_id", "step", "attempt", "candidate_id", "validator", "expected_verdict",
                    "source", "note", "created_at", "schema_version")
         with self._lock:
-            rows = self.execute(self._conn, f"SELECT {', '.join(columns)} FROM labels WHERE run_id = ? ORDER BY label_id",
-                           (run_id,)).fetchall()
+            rows = self.execute(self._conn, f"SELECT {', '.join(columns)} FROM labels WHERE run_id = ?"
+                                " ORDER BY label_id", (run_id,)).fetchall()
         return [upgrade_row("labels", dict(zip(columns, row))) for row in rows]
 
     def add_label(self, label: Mapping[str, Any]) -> int:
