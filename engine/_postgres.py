@@ -34,12 +34,13 @@ a store is opened.
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 from typing import Any
 
 from ._clock import now_us
-from ._errors import JournalError
+from ._errors import BadInput, JournalError
 from ._migrate import VERSION_TABLE, MigrationTarget, migrate
 from ._store import SQLRunStore
 
@@ -84,6 +85,12 @@ def connect(url: str) -> Any:
         given = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error:
         given = {}  # malformed: psycopg.connect says how, below
+    else:
+        if not given.get("dbname") and not os.environ.get("PGDATABASE"):
+            # libpq would pick a database named after the user (often the
+            # server's maintenance database) and the journal's tables would
+            # be made there.
+            raise BadInput("--store", f"{redact(url)} names no database; expected postgresql://HOST/DATABASE")
     defaults = {key: value for key, value in CONNECT_DEFAULTS.items() if key not in given}
     try:
         return psycopg.connect(url, autocommit=True, **defaults)

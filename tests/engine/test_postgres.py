@@ -185,6 +185,16 @@ def test_a_failed_connection_is_one_line_without_the_password(url: str) -> None:
     assert "\n" not in message
 
 
+@pytest.mark.parametrize("url", ["postgresql://127.0.0.1:1", "postgresql://someone:pw@127.0.0.1:1/"])
+def test_a_url_that_names_no_database_is_bad_input(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopledger.engine import BadInput
+
+    monkeypatch.delenv("PGDATABASE", raising=False)
+    with pytest.raises(BadInput, match="names no database") as caught:
+        open_journal(url)
+    assert "pw" not in str(caught.value)
+
+
 def test_store_urls_are_told_apart(postgres_url: str, tmp_path: Path) -> None:
     pg = open_journal(postgres_url)
     lite = open_journal(f"sqlite:{tmp_path / 'j.sqlite'}")
