@@ -48,13 +48,13 @@ class Server:
         self._names = itertools.count(1)
         self._prefix = f"t{os.getpid()}_"
 
-    def new_database(self) -> str:
-        """A new empty database; returns its URL."""
+    def new_database(self, options: str = "") -> str:
+        """A new empty database (``options``: more of CREATE DATABASE); returns its URL."""
         import psycopg
 
         name = f"{self._prefix}{next(self._names):04d}"
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}" {options}')
         return f"{self._base}/{name}"
 
     def stop(self) -> None:

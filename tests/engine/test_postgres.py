@@ -385,3 +385,24 @@ def test_an_export_waits_for_a_label_being_written_and_misses_none(postgres_url:
         watcher.close()
         early.close()
         late.close()
+
+
+def test_exports_list_runs_in_code_point_order_whatever_the_database_collation(postgres_server: Any,
+                                                                                tmp_path: Path) -> None:
+    """Under an ICU en-US collation PostgreSQL sorts ``a_b`` before ``B``;
+    SQLite sorts by code point. The export orders by code point on both."""
+    from loopledger.engine import Recorder
+
+    url = postgres_server.new_database("TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'")
+    store = PostgresRunStore(url)
+    ids = ["B.v1", "a.v1", "a_b.v1", "a.b.v1"]
+    try:
+        for run_id in ids:
+            store.create_run(NewRun(run_id=run_id, task_id="t", tenant="acme"))
+        Recorder(store, tmp_path / "traces").export()
+    finally:
+        store.close()
+    import pyarrow.parquet as pq
+
+    (segment,) = (tmp_path / "traces" / "events").glob("seg-*.parquet")
+    assert pq.read_table(segment).column("run_id").to_pylist() == sorted(ids)
