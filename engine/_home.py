@@ -30,6 +30,12 @@ class Home:
         return self.root / "journal.sqlite"
 
     @property
+    def has_journal(self) -> bool:
+        """Whether there is a journal to read: commands that only look at
+        runs must not create one by opening it."""
+        return self.store_url is not None or self.journal_path.exists()
+
+    @property
     def traces(self) -> Path:
         return self.root / "traces"
 

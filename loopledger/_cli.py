@@ -39,7 +39,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _err(message: str) -> None:
-    typer.echo(f"loopledger: {message}", err=True)
+    """Print one line: a message that spans lines (a server's own, with its
+    SQL pointer; click's) has its lines joined."""
+    lines = [line.strip() for line in message.splitlines()]
+    typer.echo(f"loopledger: {' '.join(line for line in lines if line)}", err=True)
 
 
 def guarded(fn: F) -> F:
@@ -59,9 +62,7 @@ def guarded(fn: F) -> F:
             _err(f"bad input: {exc}")
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except JournalError as exc:
-            # A server's own message may span lines (PostgreSQL's points at the
-            # failing SQL); the line printed here is one.
-            _err(f"journal: {' '.join(str(exc).split())}")
+            _err(f"journal: {exc}")
             raise typer.Exit(EXIT_INFRA) from None
         except LoopLedgerError as exc:
             _err(str(exc))
@@ -75,7 +76,7 @@ def guarded(fn: F) -> F:
             # The journal or a backend database failed under us (disk full,
             # corruption, a lock held too long, a server gone): infrastructure,
             # not input.
-            _err(f"database: {' '.join(str(exc).split())}")
+            _err(f"database: {exc}")
             raise typer.Exit(EXIT_INFRA) from None
 
     return wrapper  # type: ignore[return-value]
@@ -96,21 +97,15 @@ def _home(home: Path | None, store: str | None = None) -> Any:
     return Home.resolve(home, store)
 
 
-def _has_journal(where: Any) -> bool:
-    """Whether the data directory has a journal: commands that only look at
-    runs (show, reply, cancel) must not create one."""
-    return where.store_url is not None or where.journal_path.exists()
-
-
-def _runner_for(run_id: str, home: Path | None, store: str | None) -> Any:
-    """A runner (no scripted replies) for a command on one existing run;
-    exit 1 when there is no journal, so none is created."""
+def _runner_for(run_id: str, where: Any, no_journal: str | None = None) -> Any:
+    """A runner (no scripted replies) on the data directory ``where`` for a
+    command on one existing run; exit 1 when there is no journal (saying
+    ``no_journal``, else that the run is unknown), so none is created."""
     from loopledger.engine._errors import UnknownRun
     from loopledger.engine._runner import Runner
 
-    where = _home(home, store)
-    if not _has_journal(where):
-        _err(str(UnknownRun(run_id)))
+    if not where.has_journal:
+        _err(no_journal or str(UnknownRun(run_id)))
         raise typer.Exit(EXIT_FAILED)
     return Runner(where, auto_reply=False)
 
@@ -266,7 +261,7 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
     from loopledger.engine._show import TracedRuns, render_run
 
     where = _home(home, store)
-    run_store = where.open_store() if _has_journal(where) else None
+    run_store = where.open_store() if where.has_journal else None
     try:
         try:
             if run_store is None:
@@ -356,7 +351,6 @@ def reply(
     import json
 
     from loopledger.engine._errors import BadInput, UnknownRun
-    from loopledger.engine._runner import Runner
     from loopledger.engine._waits import Reply, ReplyRejected
 
     if sum((approve, deny, answer is not None)) != 1:
@@ -368,10 +362,8 @@ def reply(
         except ValueError as exc:
             raise BadInput("--answer", f"expected JSON, got {answer!r} ({exc})") from None
     where = _home(home, store)
-    if not _has_journal(where):
-        _err(f"rejected: wrong run: no run {run_id!r} in the journal (there is no journal in {where.root})")
-        raise typer.Exit(EXIT_FAILED)
-    runner = Runner(where, auto_reply=False)
+    runner = _runner_for(run_id, where, no_journal=f"rejected: wrong run: no run {run_id!r} in the journal "
+                                                   f"(there is no journal in {where.root})")
     try:
         try:
             view = runner.controller.reply(run_id, token, Reply(approve=True if approve else (False if deny else None),
@@ -415,7 +407,7 @@ def token(
     from loopledger.engine._errors import UnknownRun
     from loopledger.engine._waits import ReplyRejected
 
-    runner = _runner_for(run_id, home, store)
+    runner = _runner_for(run_id, _home(home, store))
     try:
         try:
             view = runner.controller.reissue_token(run_id)
@@ -444,7 +436,7 @@ def cancel(
     CANCELLED, or CANCEL_UNKNOWN where a backend cannot confirm the stop."""
     from loopledger.engine._errors import UnknownRun
 
-    runner = _runner_for(run_id, home, store)
+    runner = _runner_for(run_id, _home(home, store))
     try:
         try:
             requested = runner.controller.request_cancel(run_id)
@@ -507,6 +499,7 @@ def _demo_replay(console: Any, where: Any) -> None:
     """Replay the demo runs under the bundled default and strict suites and print the flips."""
     from rich.markup import escape
 
+    from loopledger.engine._postgres import redact
     from loopledger.replay import replay_many
     from loopledger.replay._report import flip_groups
 
@@ -519,7 +512,7 @@ def _demo_replay(console: Any, where: Any) -> None:
         for (validator, old, new, _, _), kinds in flip_groups(result.diffs):
             console.print(f"  {validator}: {old} -> {new} x{sum(kinds.values())}")
     console.print(f"Open the workbench:  [bold]loopledger ui {escape(where.options())}[/]", soft_wrap=True)
-    if where.store_url is not None and where.options() != f"--home {where.root} --store {where.store_url}":
+    if where.store_url is not None and redact(where.store_url) != where.store_url:
         console.print("(the --store URL above has its password masked: give yours in its place)")
 
 
@@ -668,10 +661,10 @@ def main() -> None:
             # the option or argument and what was expected.
             ctx = getattr(exc, "ctx", None)
             command = ctx.command_path if ctx is not None else "loopledger"
-            _err(f"bad input: {' '.join(exc.format_message().split())} (see {command} --help)")  # type: ignore[attr-defined]
+            _err(f"bad input: {exc.format_message()} (see {command} --help)")  # type: ignore[attr-defined]
             sys.exit(EXIT_BAD_INPUT)
         if "ClickException" in kinds:
-            _err(" ".join(exc.format_message().split()))  # type: ignore[attr-defined]
+            _err(exc.format_message())  # type: ignore[attr-defined]
             sys.exit(exc.exit_code)  # type: ignore[attr-defined]
         if "Abort" in kinds:
             _err("interrupted")

@@ -54,7 +54,7 @@ def _recorded_run(home: Any, run_id: str) -> Any:
     from loopledger.engine import UnknownRun
     from loopledger.engine._show import TracedRuns
 
-    if home.journal_path.exists() or home.store_url is not None:
+    if home.has_journal:
         store = home.open_store()
         try:
             store.get_run(run_id)

@@ -22,7 +22,7 @@ def add_human_label(home: Path, *, run_id: str, step: int, attempt: int, candida
     if expected_verdict not in VERDICTS:
         raise DataError(f"expected verdict must be one of {', '.join(VERDICTS)}, not {expected_verdict!r}")
     where = Home(Path(home), store_url)
-    if store_url is None and not where.journal_path.is_file():
+    if not where.has_journal:
         # Opening the store would create an empty journal: traces imported
         # without one cannot take labels through the recorder.
         raise DataError(f"No journal at {where.journal_path}: labels are written to the run journal, which this "
