@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from loopledger.canonical import Canonical
+from loopledger.canonical import Canonical, is_unicode
 from loopledger.engine import BadInput
 
 
@@ -83,11 +83,8 @@ def text(value: Any, file: str, where: str) -> str:
     lone surrogates, which are not Unicode text)."""
     if not isinstance(value, str):
         raise bad(file, where, "a string", value)
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ImportInputError(file, where, "not valid Unicode text (a lone surrogate escape)") from None
+    if not is_unicode(value):
+        raise ImportInputError(file, where, "not valid Unicode text (a lone surrogate escape)")
     return value
 
 

@@ -91,14 +91,12 @@ def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) ->
     """How many runs one file holds, and those of the fraction ``[lo, hi)``
     of them, converted and checked; :class:`ImportInputError` if the file,
     or a record of that part, is bad."""
-    from loopledger.canonical import CanonicalJSONError
+    from loopledger.canonical import CanonicalJSONError, is_unicode
 
     fmt = source.fmt
-    try:
-        path.name.encode("utf-8")
-    except UnicodeEncodeError:
+    if not is_unicode(path.name):
         # The name is part of each run's id and of the trace tables.
-        raise ImportInputError(str(path), None, "the file's name is not valid UTF-8; rename the file") from None
+        raise ImportInputError(str(path), None, "the file's name is not valid UTF-8; rename the file")
     try:
         runs = source.reader(path, source.tools)
         n = len(runs)

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Union
 
+from loopledger.canonical import is_unicode
+
 from ._scenario import ModelEntry
 
 TRUSTED_FINISHES = frozenset({"stop", "tool_calls"})
@@ -133,12 +135,9 @@ def _clean(value: Any) -> Any:
     so every record of it (items, operations, messages) holds the same
     text on every journal."""
     if isinstance(value, str):
-        if value.isascii():
-            return value.replace("\x00", "\ufffd") if "\x00" in value else value
-        value = value.replace("\x00", "\ufffd")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
+        if "\x00" in value:
+            value = value.replace("\x00", "\ufffd")
+        if not is_unicode(value):
             value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         return value
     if isinstance(value, dict):

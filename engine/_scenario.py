@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from loopledger.canonical import is_unicode
+
 from ._backends import FAULT_KINDS
 from ._errors import BadInput
 from ._states import State
@@ -213,12 +215,8 @@ def _check_text(value: Any, source: str, loc: tuple[Any, ...] = ()) -> None:
     if isinstance(value, str):
         if "\x00" in value:
             raise BadInput(_where(source, loc), "contains a NUL character; expected text without one")
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise BadInput(_where(source, loc),
-                               "contains an unpaired surrogate; expected valid Unicode text") from None
+        if not is_unicode(value):
+            raise BadInput(_where(source, loc), "contains an unpaired surrogate; expected valid Unicode text")
     elif isinstance(value, dict):
         for key, item in value.items():
             _check_text(key, source, loc)

@@ -59,7 +59,8 @@ try:
 except ImportError:  # pragma: no cover - a declared dependency; the reference writer suffices
     orjson = None  # type: ignore[assignment]
 
-__all__ = ["Canonical", "CanonicalJSONError", "canonical_json", "canonical_bytes", "content_id", "loads"]
+__all__ = ["Canonical", "CanonicalJSONError", "canonical_json", "canonical_bytes", "content_id", "is_unicode",
+           "loads"]
 
 _encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
@@ -334,6 +335,19 @@ def _reference(value: Any) -> str:
     except UnicodeEncodeError as exc:  # lone surrogates
         raise CanonicalJSONError("$", f"string is not valid Unicode ({exc.reason})") from exc
     return text
+
+
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` is Unicode text, one with a UTF-8 form: a Python
+    string can hold lone surrogates (``\\uD800`` escapes in JSON or YAML),
+    which no journal, Parquet file or canonical JSON text can."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def canonical_bytes(value: Any) -> bytes:
