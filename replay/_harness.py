@@ -214,6 +214,7 @@ def _summary(replay_id: str, suite: Any, baseline: str, runs: Sequence[RunReplay
         baseline=baseline,
         runs=len(runs),
         candidates=sum(r.candidates for r in runs),
+        candidates_rerun=sum(r.candidates_rerun for r in runs),
         decisions=sum(r.decisions for r in runs),
         flips=len(flips),
         candidate_flips=sum(1 for d in diffs if d.candidate_level),

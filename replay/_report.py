@@ -41,10 +41,11 @@ def _side(verdict: str | None, code: str | None) -> str:
 
 def _counts(result: ReplayResult) -> list[tuple[str, str]]:
     s = result.summary
-    rate = f"{s.candidates / s.seconds:,.0f}" if s.seconds else "-"
+    rate = f"{s.candidates_rerun / s.seconds:,.0f}" if s.seconds else "-"
     return [
         ("runs", f"{s.runs:,}"),
-        ("candidates re-run", f"{s.candidates:,}"),
+        ("candidates recorded", f"{s.candidates:,}"),
+        ("candidates re-run (those that reached validation)", f"{s.candidates_rerun:,}"),
         ("decisions", f"{s.decisions:,}"),
         ("flips (validator decisions)", f"{s.flips:,}"),
         ("candidates whose verdict flipped", f"{s.candidate_flips:,}"),
@@ -57,7 +58,7 @@ def _counts(result: ReplayResult) -> list[tuple[str, str]]:
         ("runs whose trace could not be replayed", f"{s.run_errors:,}"),
         ("labelled decisions the replay agrees with", f"{s.labels_agreeing:,} of {s.labels:,}"),
         ("loop diagnoses (batch detectors)", f"{s.diagnoses:,}"),
-        ("seconds", f"{s.seconds:.2f} ({rate} candidates/s)"),
+        ("seconds", f"{s.seconds:.2f} ({rate} candidates re-run/s)"),
     ]
 
 

@@ -96,8 +96,10 @@ class RunReplay:
     #: The recorded outcome: data about the run, not about the replay.
     status: str
     reason: str | None
-    #: Validated candidates re-run, and decisions made on them.
+    #: Candidates recorded for the run; those that entered VALIDATING (a
+    #: trusted finish) were re-run, and decisions made on them.
     candidates: int = 0
+    candidates_rerun: int = 0
     decisions: int = 0
     diffs: tuple[Diff, ...] = ()
     divergence: Divergence | None = None
@@ -140,7 +142,12 @@ class Summary:
     #: ``recorded`` or the replay id compared with.
     baseline: str
     runs: int
+    #: Every recorded candidate of the replayed runs.
     candidates: int
+    #: Those the suite was re-run on: every candidate that entered VALIDATING
+    #: (a truncated, cut or failed stream never does; the engine made a new
+    #: attempt instead, and there is no decision to replay).
+    candidates_rerun: int
     decisions: int
     #: Validator decisions whose verdict or code differs from the baseline.
     flips: int

@@ -93,7 +93,7 @@ _INT_COLUMNS = frozenset({"step", "attempt"})
 _BOOL_COLUMNS = frozenset({"across_versions", "after_divergence"})
 
 
-def _frame(work: Path, relation: str, part: int) -> Any:
+def _frame(work: Path, relation: str, part: int, columns: Sequence[str] | None = None) -> Any:
     """One relation of one partition as a polars frame (None when empty).
 
     polars rather than pyarrow's ``to_pylist``: its column-to-list
@@ -105,7 +105,8 @@ def _frame(work: Path, relation: str, part: int) -> Any:
     files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
     if not files:
         return None
-    return pl.concat([pl.read_parquet(f, hive_partitioning=False) for f in files], how="vertical_relaxed")
+    return pl.concat([pl.read_parquet(f, columns=columns, hive_partitioning=False) for f in files],
+                     how="vertical_relaxed")
 
 
 def _spans(keys: Sequence[Any]) -> dict[Any, tuple[int, int]]:
@@ -139,6 +140,11 @@ class _Partition:
             self.event_spans = _spans(events["run_id"].to_list())
         else:
             self.event_columns, self.event_spans = [[] for _ in range(5)], {}
+        # Every recorded candidate counts, including those the engine never
+        # validated (an untrusted finish is a new attempt, not a decision).
+        candidates = _frame(work, "candidates", part, ["run_id"])
+        self.recorded_candidates: dict[str, int] = (
+            dict(candidates.group_by("run_id").len().iter_rows()) if candidates is not None else {})
         # run -> candidate -> validator -> (verdict, code, validator_version, suite_version)
         self.baseline: dict[str, dict[str, dict[str, tuple[Any, ...]]]] | None = None
         if has_baseline:
@@ -463,7 +469,8 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
              d.across_versions, d.after_divergence)
             for d in diffs)
     return RunReplay(run_id=run_id, task_id=run.get("task_id") or "", status=run.get("status") or "",
-                     reason=run.get("reason"), candidates=len(evaluated), decisions=n_decisions,
+                     reason=run.get("reason"), candidates=data.recorded_candidates.get(run_id, 0),
+                     candidates_rerun=len(evaluated), decisions=n_decisions,
                      diffs=tuple(diffs), divergence=divergence, labels=labelled, labels_agreeing=agreeing,
                      error=error)
 
