@@ -870,7 +870,11 @@ class Controller(PeopleMixin):
                     extra: dict[str, Any] | None = None, hold: bool = False) -> None:
         extra = dict(extra or {})
         record = view.step_record()
-        events = tuple(extra.pop("events", ())) + (NewEvent("step_closed", record.to_dict()),)
+        events = tuple(extra.pop("events", ()))
+        # A step is closed once: a run that stops in READY (a budget spent,
+        # a deadline) closed its last step when it got there.
+        if not (view.history and view.history[-1].step == record.step):
+            events += (NewEvent("step_closed", record.to_dict()),)
         self._move(view, to, hold=hold, payload=payload or {}, events=events, **extra)
 
     def _finalize(self, view: RunView, status: str, reason: str, *, extra: dict[str, Any] | None = None,

@@ -64,6 +64,11 @@ def journal_violations(home: Path, store_url: str | None = None) -> list[str]:
         for step, ids in contexts.items():
             if len(ids) != 1:
                 found.append(f"{run_id}: step {step} attempts used {len(ids)} context artifacts")
+        # A step is closed once (the loop detectors' step table reads these).
+        closed = Counter(json.loads(e[4])["step"] for e in events[run_id] if e[1] == "step_closed")
+        for step, times in closed.items():
+            if times > 1:
+                found.append(f"{run_id}: step {step} closed {times} times")
         # One terminal result per tool request.
         results = Counter(json.loads(e[4])["operation_id"] for e in events[run_id] if e[1] == "operation_result")
         for op_id, outcome in conn.execute("SELECT operation_id, outcome FROM operations WHERE run_id = ?", (run_id,)):
