@@ -159,6 +159,9 @@ def _load_file(path: Path, where: str) -> Suite:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SuiteError(where, f"cannot read the file ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise SuiteError(where, f"line {line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x})") from None
     return _parse_text(text, where)
 
 
@@ -174,10 +177,15 @@ def _parse_text(text: str, where: str) -> Suite:
 
 def _load_object(ref: str) -> Suite:
     module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise SuiteError(ref, "expected package.module:attr, with both parts named")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise SuiteError(ref, f"cannot import module {module_name!r} ({exc})") from exc
+    except Exception as exc:  # noqa: BLE001 - the user's module failed while it ran: say so, in one line
+        raise SuiteError(ref, f"module {module_name!r} failed while importing: "
+                              f"{type(exc).__name__}: {exc}") from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
