@@ -25,6 +25,16 @@ def _writable(path: Path | None, option: str) -> None:
         raise ReplayInputError(option, f"cannot write {path}: no folder {path.parent}")
     if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ReplayInputError(option, f"cannot write {path}: permission denied")
+    # Some folders refuse new files whatever their mode says (/proc, a
+    # read-only mount): try, and leave nothing behind.
+    existed = path.exists()
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise ReplayInputError(option, f"cannot write {path}: {exc.strerror or exc}") from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 def replay_command(*, home: Any, suite: str, baseline: str, traces: Path | None, fail_on: str,

@@ -34,7 +34,7 @@ from typing import Any
 
 from ._errors import BaselineNotFound, SuiteNotFound
 from ._result import ReplayResult, RunReplay, Summary
-from ._traces import BASELINE_COLUMNS, TraceSet, open_traces, table_files, write_partitions
+from ._traces import BASELINE_COLUMNS, TraceSet, check_verdicts, open_traces, table_files, write_partitions
 from ._worker import Job, SuiteRef, run_job, warm
 
 #: Candidates per partition: a partition's rows (bodies included) are held
@@ -70,11 +70,41 @@ def _baseline_files(traces: TraceSet, baseline: str, replays: Path) -> list[Path
     if baseline == "recorded":
         return list(traces.tables["validations"].files)
     folder = replays / baseline
-    if not (folder / "summary").is_dir():
-        known = sorted(p.name for p in replays.iterdir() if (p / "summary").is_dir()) if replays.is_dir() else []
-        hint = f"; known: {', '.join(known[-5:])}" if known else ""
+    if baseline.endswith(".partial") or not (folder / "summary").is_dir():
+        # A .partial folder is a replay that never finished: never a baseline.
+        known = sorted(p.name for p in replays.iterdir()
+                       if not p.name.endswith(".partial") and (p / "summary").is_dir()) if replays.is_dir() else []
+        hint = ""
+        if known:
+            hint = (f"; finished replays: {', '.join(known)}" if len(known) <= 5
+                    else f"; the newest 5 of {len(known)} finished replays: {', '.join(known[-5:])}")
         raise BaselineNotFound("--baseline", f"no finished replay {baseline!r} under {replays}{hint}")
-    return list(table_files(folder / "decisions", "decisions", BASELINE_COLUMNS).files)
+    files = list(table_files(folder / "decisions", "decisions", BASELINE_COLUMNS).files)
+    _check_overlap(traces, baseline, folder, files)
+    return files
+
+
+def _check_overlap(traces: TraceSet, baseline: str, folder: Path, files: Sequence[Path]) -> None:
+    """An earlier replay of other traces shares no run with these: every
+    decision would count as a flip against nothing. Refused, naming the
+    traces it replayed. (Some runs in common is normal: traces grow.)"""
+    import duckdb
+
+    from ._traces import _files_sql
+
+    runs, decided = traces.tables["runs"].files, files
+    if not runs or not decided:
+        return
+    shared = duckdb.sql(
+        f"SELECT count(*) FROM (SELECT DISTINCT run_id FROM {_files_sql(decided)}) b "
+        f"SEMI JOIN (SELECT run_id FROM {_files_sql(runs)}) r ON r.run_id = b.run_id").fetchone()
+    if shared is not None and shared[0] == 0:
+        try:
+            other = json.loads((folder / "replay.json").read_text(encoding="utf-8")).get("traces", "?")
+        except (OSError, ValueError):
+            other = "?"
+        raise BaselineNotFound("--baseline", f"replay {baseline!r} shares no run with {traces.root} "
+                                             f"(it replayed {other}); expected a replay of these traces")
 
 
 def replay(traces: str | os.PathLike[str], suite: SuiteLike, *, baseline: str = "recorded",
@@ -106,6 +136,9 @@ def replay_many(traces: str | os.PathLike[str], suites: Sequence[SuiteLike], *, 
     trace_set = open_traces(traces, need_validations=baseline == "recorded")
     replays = Path(write_to) if write_to is not None else Path(traces).parent / "replays"
     baseline_files = _baseline_files(trace_set, baseline, replays)
+    check_verdicts("validations" if baseline == "recorded" else "decisions", baseline_files)
+    if trace_set.has("labels"):
+        check_verdicts("labels", trace_set.tables["labels"].files)
     ids = list(replay_ids) if replay_ids else [new_replay_id() for _ in loaded]
     outputs: list[Path | None] = [replays / f"{rid}.partial" if write_to is not None else None for rid in ids]
     n = trace_set.candidates

@@ -131,6 +131,22 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
         console.print(f"Tables: {result.path}")
 
 
+def _cell(text: object) -> str:
+    """Text for a Markdown table cell: one line, its pipes escaped (GFM
+    ends a cell at a bare ``|``, even inside a code span)."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _code(text: object) -> str:
+    """A code span in a table cell, whatever backticks the text holds: a
+    fence one backtick longer than the longest run inside it."""
+    body = _cell(text)
+    longest = max((len(run) for run in re.findall(r"`+", body)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if longest else ""
+    return f"{fence}{pad}{body}{pad}{fence}"
+
+
 def markdown(result: ReplayResult, fail_on: str) -> str:
     lines = [f"# {_title(result)}", ""]
     failures = result.failures(fail_on)
@@ -143,15 +159,17 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
                   "|---|---|---|---|---:|"]
         for (validator, old, new, versions, _), kinds in groups:
             tag = f" (versions {versions})" if versions else ""
-            lines.append(f"| `{validator}`{tag} | {old} | {new} | {_kinds(kinds)} | {sum(kinds.values())} |")
+            lines.append(f"| {_code(validator)}{_cell(tag)} | {_cell(old)} | {_cell(new)} | {_kinds(kinds)} | "
+                         f"{sum(kinds.values())} |")
     regressions = [d for d in result.diffs if d.kind == "regression"]
     if regressions:
         lines += ["", "## Regressions", "", "| run | step | attempt | validator | label | baseline | replay |",
                   "|---|---:|---:|---|---|---|---|"]
         for d in regressions[:100]:
-            lines.append(f"| `{d.run_id}` | {d.step} | {d.attempt} | `{d.validator or '(candidate)'}` | "
-                         f"{d.expected_verdict} ({d.label_source}) | {_side(d.baseline_verdict, d.baseline_code)} | "
-                         f"{_side(d.replay_verdict, d.replay_code)} |")
+            lines.append(f"| {_code(d.run_id)} | {d.step} | {d.attempt} | {_code(d.validator or '(candidate)')} | "
+                         f"{_cell(d.expected_verdict)} ({_cell(d.label_source)}) | "
+                         f"{_cell(_side(d.baseline_verdict, d.baseline_code))} | "
+                         f"{_cell(_side(d.replay_verdict, d.replay_code))} |")
     diverged = result.diverged
     if diverged:
         lines += ["", f"## Runs diverged ({len(diverged)})", "", DIVERGENCE_NOTE, "",
@@ -159,13 +177,13 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
         for r in diverged[:100]:
             d = r.divergence
             assert d is not None
-            lines.append(f"| `{r.run_id}` | {r.status} {r.reason or ''} | step {d.step}, attempt {d.attempt} | "
-                         f"{', '.join(d.validators)} |")
+            lines.append(f"| {_code(r.run_id)} | {_cell(r.status)} {_cell(r.reason or '')} | "
+                         f"step {d.step}, attempt {d.attempt} | {_cell(', '.join(d.validators))} |")
     if result.summary.flips_across_versions:
         lines += ["", f"> {result.summary.flips_across_versions} flip(s) compare different versions of one "
                   "validator; they are shown as such and kept out of trend figures."]
     if result.errors:
-        lines += ["", "## Runs not replayed", ""] + [f"- `{r.run_id}`: {r.error}" for r in result.errors]
+        lines += ["", "## Runs not replayed", ""] + [f"- {_code(r.run_id)}: {_cell(r.error)}" for r in result.errors]
     return "\n".join(lines) + "\n"
 
 

@@ -38,6 +38,11 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "labels": ("run_id", "step", "attempt", "candidate_id", "validator", "expected_verdict", "source"),
 }
 OPTIONAL = frozenset({"labels"})
+#: Required columns holding whole numbers; every other required column holds text.
+INTEGER_COLUMNS = frozenset({"seq", "step", "attempt"})
+#: Columns holding a verdict, with the values they may take.
+VERDICT_COLUMNS = {"validations": "verdict", "decisions": "verdict", "labels": "expected_verdict"}
+VERDICTS = ("accept", "repair", "ask", "reject")
 #: The columns of a replay's ``decisions`` table read back as a baseline.
 BASELINE_COLUMNS = REQUIRED["validations"]
 
@@ -97,12 +102,52 @@ def table_files(folder: Path, name: str, required: Sequence[str], *, optional: b
         missing = [c for c in required if c not in names]
         if missing:
             raise TracesError(str(path), f"table {name!r} lacks column(s) {', '.join(missing)}")
+        _check_types(path, name, meta.schema.to_arrow_schema(), required)
         found = _max_schema_version(meta)
         if found is not None and found > newest:
             raise TracesError(str(path), f"schema_version {found}; this loopledger reads up to {newest}")
         columns = names if columns is None else columns & names
         rows += meta.num_rows
     return TableFiles(name, files, columns or frozenset(), rows)
+
+
+def _check_types(path: Path, table: str, schema: Any, required: Sequence[str]) -> None:
+    """Each required column holds whole numbers or text, as the table's
+    writer made it (a column that is null throughout may have no type)."""
+    import pyarrow as pa
+
+    for column in required:
+        kind = schema.field(column).type
+        if pa.types.is_null(kind):
+            continue
+        if column in INTEGER_COLUMNS:
+            ok, expected = pa.types.is_integer(kind), "whole numbers"
+        else:
+            ok = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+            expected = "text"
+        if not ok:
+            raise TracesError(str(path), f"table {table!r}: column {column!r} is {kind}; expected {expected}")
+
+
+def check_verdicts(table: str, files: Sequence[Path]) -> None:
+    """Every verdict in ``files`` is one the validators give: a baseline or
+    a label with another value would be compared as if it meant something."""
+    if not files:
+        return
+    import duckdb
+
+    column = VERDICT_COLUMNS[table]
+    allowed = ", ".join(f"'{v}'" for v in VERDICTS)
+    row = duckdb.sql(
+        f"SELECT filename, {column} FROM read_parquet([{', '.join(_quoted(p) for p in files)}], "
+        f"union_by_name = true, filename = true) WHERE {column} IS NULL OR {column} NOT IN ({allowed}) LIMIT 1"
+    ).fetchone()
+    if row is not None:
+        raise TracesError(str(row[0]), f"table {table!r}: {column} {row[1]!r}; expected one of {', '.join(VERDICTS)}")
+
+
+def _quoted(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
 
 
 def _max_schema_version(meta: Any) -> int | None:
@@ -135,7 +180,7 @@ def open_traces(root: str | Path, *, need_validations: bool = True) -> TraceSet:
 
 
 def _files_sql(files: Iterable[Path]) -> str:
-    listed = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
+    listed = ", ".join(_quoted(p) for p in files)
     return f"read_parquet([{listed}], union_by_name = true)"
 
 

@@ -109,6 +109,22 @@ def _frame(work: Path, relation: str, part: int, columns: Sequence[str] | None =
                      how="vertical_relaxed")
 
 
+def _broken_sequences(events: Any) -> dict[str, str]:
+    """Runs whose event seqs are not 1, 2, 3, ... without a gap or a repeat."""
+    import polars as pl
+
+    seq = pl.col("seq")
+    bad = (events.group_by("run_id")
+           .agg(pl.len().alias("n"), seq.min().alias("lo"), seq.max().alias("hi"), seq.n_unique().alias("distinct"))
+           .filter((pl.col("lo") != 1) | (pl.col("hi") != pl.col("n")) | (pl.col("distinct") != pl.col("n"))))
+    out = {}
+    for run_id, n, lo, hi, distinct in bad.iter_rows():
+        what = (f"{n - distinct} seq(s) repeated" if distinct != n
+                else f"seqs {lo}..{hi} in {n} event(s): some are missing")
+        out[run_id] = f"events: {what} (expected 1, 2, 3, ... once each)"
+    return out
+
+
 def _spans(keys: Sequence[Any]) -> dict[Any, tuple[int, int]]:
     """key -> (start, end) of each run of equal keys in a sorted column."""
     spans: dict[Any, tuple[int, int]] = {}
@@ -132,9 +148,13 @@ class _Partition:
         runs = _frame(work, "runs", part)
         self.runs: list[dict[str, Any]] = runs.sort("run_id").to_dicts() if runs is not None else []
         events = _frame(work, "events", part)
+        #: run -> why its events cannot be folded (a seq missing or repeated:
+        #: part of the trace was lost or written twice).
+        self.broken: dict[str, str] = {}
         if events is not None:
             # A run's events in seq order (stable: equal seqs keep file order).
             events = events.sort(["run_id", "seq"], maintain_order=True)
+            self.broken = _broken_sequences(events)
             self.event_columns = [events[c].to_list() for c in ("kind", "to_state", "step", "attempt",
                                                                "payload_json")]
             self.event_spans = _spans(events["run_id"].to_list())
@@ -184,14 +204,17 @@ class _Partition:
                 break
         loads = _loads
         unread = _UNREAD_PAYLOADS
-        folded = [{"kind": kind, "to_state": to_state, "step": step, "attempt": attempt,
-                   "payload": loads(payload) if payload and kind not in unread else {}}
-                  for kind, to_state, step, attempt, payload in zip(kinds[:last + 1], states[:last + 1],
-                                                                    steps[:last + 1], attempts[:last + 1],
-                                                                    payloads[:last + 1])]
-        closed = [e["payload"] for e in folded if e["kind"] == "step_closed"]
-        closed += [loads(payload) for kind, payload in zip(kinds[last + 1:], payloads[last + 1:])
-                   if kind == "step_closed"]
+        try:
+            folded = [{"kind": kind, "to_state": to_state, "step": step, "attempt": attempt,
+                       "payload": loads(payload) if payload and kind not in unread else {}}
+                      for kind, to_state, step, attempt, payload in zip(kinds[:last + 1], states[:last + 1],
+                                                                        steps[:last + 1], attempts[:last + 1],
+                                                                        payloads[:last + 1])]
+            closed = [e["payload"] for e in folded if e["kind"] == "step_closed"]
+            closed += [loads(payload) for kind, payload in zip(kinds[last + 1:], payloads[last + 1:])
+                       if kind == "step_closed"]
+        except ValueError as exc:  # orjson's and json's decode errors are ValueErrors
+            raise RunTraceError(run_id, f"events: a payload_json is not JSON ({exc})") from None
         return folded, closed
 
 
@@ -238,13 +261,19 @@ def run_job(job: Job) -> list[list[RunReplay]]:
     steps: dict[str, list[Any]] = {name: [] for name in _STEP_FIELDS}
     for run in data.runs:
         run_id = run["run_id"]
-        events, closed = data.events(run_id)
-        _step_columns(closed, steps)
         try:
+            if run_id in data.broken:
+                raise RunTraceError(run_id, data.broken[run_id])
+            events, closed = data.events(run_id)
+            if run_id not in data.event_spans and data.recorded_candidates.get(run_id):
+                raise RunTraceError(run_id, f"events: none in the traces, for "
+                                            f"{data.recorded_candidates[run_id]} recorded candidate(s)")
             evaluated = _evaluate_run(run, events, data.bodies, suites)
+            _check_baseline_covered(run_id, evaluated, data.baseline)
             error = None
         except RunTraceError as exc:
-            evaluated, error = [], exc.reason
+            evaluated, closed, error = [], [], exc.reason
+        _step_columns(closed, steps)
         for i, suite in enumerate(suites):
             rid = job.replay_ids[i]
             mine = [(c, res[i]) for c, res in evaluated] if len(suites) > 1 else [(c, res[0]) for c, res in evaluated]
@@ -294,6 +323,21 @@ def _evaluate_run(run: Mapping[str, Any], events: Sequence[Mapping[str, Any]], b
         inp = decision_input(view, _loads(candidate_text), context, candidate_id, artifact=artifact)
         out.append(((view.step, view.attempt, candidate_id), [s.evaluate(inp) for s in suites]))
     return out
+
+
+def _check_baseline_covered(run_id: str, evaluated: Sequence[tuple[tuple[int, int, str], Any]],
+                            baseline: Mapping[str, Mapping[str, Any]] | None) -> None:
+    """Every candidate the baseline decided on is one the events brought to
+    VALIDATING; otherwise part of the run's trace is missing, and comparing
+    the rest would pass over decisions silently."""
+    decided = baseline.get(run_id) if baseline is not None else None
+    if not decided:
+        return
+    seen = {cid for (_, _, cid), _ in evaluated}
+    missing = [cid for cid in decided if cid not in seen]
+    if missing:
+        raise RunTraceError(run_id, f"the baseline has decisions on {len(missing)} candidate(s) the events never "
+                                    f"bring to VALIDATING (first: {missing[0]}): events are missing")
 
 
 def _body(bodies: Mapping[str, str], artifact_id: str, run_id: str, what: str) -> str:

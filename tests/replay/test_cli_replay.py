@@ -11,7 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replay_kit import cli
+from replay_kit import REPO, cli
+
+REPO_SCENARIOS = REPO / "datasets" / "scenarios"
 
 
 def one_line(stderr: str, *names: str) -> None:
@@ -235,3 +237,170 @@ def test_an_imported_run_can_be_labelled(tmp_path: Path) -> None:
     out = cli("label", run_id, "--step", "7", "--expect", "reject", "--home", str(home))
     assert out.returncode == 2
     one_line(out.stderr, "--step/--attempt", "no candidate at step 7")
+
+
+# --- incomplete or inconsistent traces: named, never passed over -------------------------
+
+
+def _rewrite(folder: Path, change) -> None:
+    """Apply ``change(table) -> table`` to every Parquet file of a trace table."""
+    for path in sorted(folder.rglob("*.parquet")):
+        pq.write_table(change(pq.read_table(path)), path)
+
+
+def _a_validated_run(traces: Path) -> str:
+    import duckdb
+
+    return duckdb.connect().execute(
+        f"SELECT min(run_id) FROM read_parquet('{traces}/validations/*.parquet') WHERE validator = 'completion_gate'"
+    ).fetchone()[0]
+
+
+def test_a_run_whose_events_are_gone_is_named_not_skipped(home_copy: Path) -> None:
+    """Its recorded decisions would otherwise drop out of the comparison
+    and the gate would pass on less than was recorded."""
+    import pyarrow.compute as pc
+
+    traces = home_copy / "traces"
+    victim = _a_validated_run(traces)
+    _rewrite(traces / "events", lambda t: t.filter(pc.not_equal(t.column("run_id"), victim)))
+    out = replay_on(home_copy, "--fail-on", "flips")
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, victim, "events: none in the traces")
+
+
+def test_a_run_missing_some_events_is_named(home_copy: Path) -> None:
+    import pyarrow.compute as pc
+
+    traces = home_copy / "traces"
+    victim = _a_validated_run(traces)
+    drop = (pc.field("run_id") == victim) & (pc.field("seq") == 3)
+    _rewrite(traces / "events", lambda t: t.filter(~drop))
+    out = replay_on(home_copy)
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, victim, "some are missing")
+
+
+def test_events_written_twice_are_named(home_copy: Path) -> None:
+    events = home_copy / "traces" / "events"
+    first = sorted(events.glob("*.parquet"))[0]
+    (events / "copy").mkdir()
+    shutil.copy(first, events / "copy" / first.name)
+    out = replay_on(home_copy)
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, "repeated")
+
+
+def test_the_baseline_deciding_on_candidates_the_events_never_validate_is_named(home_copy: Path) -> None:
+    """The events end early (their tail lost with a file): the candidates
+    the baseline decided on after that point are not silently dropped."""
+    import pyarrow.compute as pc
+
+    traces = home_copy / "traces"
+    victim = _a_validated_run(traces)
+    events = pc.field("run_id") == victim
+    # Keep only the run's first two events (created, first move): seqs stay
+    # contiguous, but no candidate reaches VALIDATING any more.
+    _rewrite(traces / "events", lambda t: t.filter(~(events & (pc.field("seq") > 2))))
+    out = replay_on(home_copy)
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, victim, "never bring to VALIDATING")
+
+
+def test_a_payload_that_is_not_json_is_named(home_copy: Path) -> None:
+    traces = home_copy / "traces"
+    victim = _a_validated_run(traces)
+
+    def spoil(t: pa.Table) -> pa.Table:
+        payloads = ["{not json" if r == victim else p
+                    for r, p in zip(t.column("run_id").to_pylist(), t.column("payload_json").to_pylist())]
+        return t.set_column(t.schema.get_field_index("payload_json"), "payload_json", pa.array(payloads))
+
+    _rewrite(traces / "events", spoil)
+    out = replay_on(home_copy)
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, victim, "payload_json is not JSON")
+
+
+def test_a_column_of_the_wrong_type_is_named(home_copy: Path) -> None:
+    events = home_copy / "traces" / "events"
+    victim = sorted(events.glob("*.parquet"))[0]
+    t = pq.read_table(victim)
+    index = t.schema.get_field_index("seq")
+    pq.write_table(t.set_column(index, "seq", t.column("seq").cast(pa.string())), victim)
+    out = replay_on(home_copy)
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, victim.name, "'seq'", "expected whole numbers")
+
+
+def test_a_verdict_no_validator_gives_is_named(home_copy: Path) -> None:
+    validations = home_copy / "traces" / "validations"
+    victim = sorted(validations.glob("*.parquet"))[0]
+    t = pq.read_table(victim)
+    verdicts = t.column("verdict").to_pylist()
+    verdicts[0] = "bogus"
+    pq.write_table(t.set_column(t.schema.get_field_index("verdict"), "verdict", pa.array(verdicts)), victim)
+    out = replay_on(home_copy)
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, victim.name, "'bogus'", "expected one of accept")
+
+
+def test_a_baseline_replay_of_other_traces_is_refused(recorded_home: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    assert cli("run", str(REPO_SCENARIOS / "happy-refund.yaml"), "--home", str(other)).returncode == 0
+    common = ["--traces", str(recorded_home / "traces"), "--home", str(tmp_path)]
+    assert cli("replay", "--suite", "default", *common).returncode == 0
+    (first,) = [p.name for p in (tmp_path / "replays").iterdir()]
+    # A replay id in this home, but the traces replayed now are another home's.
+    out = cli("replay", "--suite", "default", "--baseline", first, "--traces", str(other / "traces"),
+              "--home", str(tmp_path))
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, "--baseline", first, "shares no run", str(recorded_home / "traces"))
+
+
+def test_an_unfinished_replay_is_never_offered_as_a_baseline(recorded_home: Path, tmp_path: Path) -> None:
+    common = ["--traces", str(recorded_home / "traces"), "--home", str(tmp_path)]
+    assert cli("replay", "--suite", "default", *common).returncode == 0
+    (first,) = [p.name for p in (tmp_path / "replays").iterdir()]
+    shutil.copytree(tmp_path / "replays" / first, tmp_path / "replays" / "r-broken.partial")
+    for baseline in ("r-nope", "r-broken.partial"):
+        out = cli("replay", "--suite", "default", "--baseline", baseline, *common)
+        assert out.returncode == 2, out.stdout
+        one_line(out.stderr, "--baseline", f"finished replays: {first}")
+        assert "r-broken.partial" not in out.stderr.split("finished replays:")[1]
+
+
+@pytest.mark.parametrize(
+    ("suite", "files", "names"),
+    [
+        ("bad.yaml", {"bad.yaml": b"name: x\nvalidators:\n  - \xff\xfe\n"}, ["bad.yaml", "line 3", "not UTF-8"]),
+        (":x", {}, [":x", "package.module:attr"]),
+        ("boomsuite:suite", {"boomsuite.py": b"raise RuntimeError('boom')\n"},
+         ["boomsuite:suite", "failed while importing", "RuntimeError: boom"]),
+    ],
+)
+def test_suites_that_cannot_load_are_one_line(recorded_home: Path, tmp_path: Path, monkeypatch, suite: str,
+                                              files: dict[str, bytes], names: list[str]) -> None:
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    out = cli("replay", "--suite", suite, "--traces", str(recorded_home / "traces"), "--home", str(tmp_path))
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, *names)
+
+
+def test_a_report_path_the_system_refuses_is_bad_input_before_the_work(recorded_home: Path, tmp_path: Path) -> None:
+    out = cli("replay", "--suite", "default", "--traces", str(recorded_home / "traces"), "--home", str(tmp_path),
+              "--junit", "/proc/report.xml")
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, "--junit", "/proc/report.xml")
+    assert not (tmp_path / "replays").exists()
+
+
+def test_markdown_cells_hold_whatever_the_run_ids_hold() -> None:
+    from loopledger.replay._report import _cell, _code
+
+    assert _code("ten|ant`<x>") == "`` ten\\|ant`<x> ``"
+    assert _code("plain") == "`plain`"
+    assert _cell("a|b\nc") == "a\\|b c"
