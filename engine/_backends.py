@@ -375,6 +375,10 @@ class DemoBackend:
         """The run's own workspaces, ``<home>/workspaces/<run_id>/<tenant>/``."""
         with self._lock:
             if run_id not in self._worlds:
+                # A run id is one folder name (scenario ids are checked when
+                # loaded); anything else would place files outside the home.
+                if run_id in ("", ".", "..") or "/" in run_id or "\\" in run_id or "\x00" in run_id:
+                    raise BackendError(f"run id {run_id!r} cannot name a workspace folder")
                 self._worlds[run_id] = Workspaces(self.home / "workspaces" / run_id)
             return self._worlds[run_id]
 

@@ -264,10 +264,9 @@ def _play(entry: ModelEntry, request: ModelRequest) -> Iterator[StreamEvent]:
         yield ItemEvent({"type": "claim", "text": claim.text, "evidence": list(claim.evidence)})
     if entry.plan is not None:
         yield ItemEvent({"type": "plan", "steps": list(entry.plan)})
-    usage = entry.usage or {}
-    yield Usage(
-        int(usage.get("tokens_in", 100 + 10 * request.step)),
-        int(usage.get("tokens_out", max(words, 1))),
-        float(usage.get("cost_usd", 0.0)),
-    )
+    usage = entry.usage
+    tokens_in = usage.tokens_in if usage is not None and usage.tokens_in is not None else 100 + 10 * request.step
+    tokens_out = usage.tokens_out if usage is not None and usage.tokens_out is not None else max(words, 1)
+    cost = usage.cost_usd if usage is not None and usage.cost_usd is not None else 0.0
+    yield Usage(tokens_in, tokens_out, float(cost))
     yield Finish(entry.finish_reason or ("tool_calls" if entry.tool_calls else "stop"))

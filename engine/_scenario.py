@@ -11,21 +11,44 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
+from loopledger._yaml import load as load_yaml, not_utf8
 from loopledger.canonical import is_unicode
 
 from ._backends import FAULT_KINDS
 from ._errors import BadInput
 from ._states import State
 
+def _not_a_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer, not true or false")
+    return value
+
+
+#: A whole number (``true`` is not one; ``3.0`` is, as older run specs hold
+#: it), small enough for every journal and for JSON readers that hold
+#: numbers as doubles.
+Int = Annotated[int, BeforeValidator(_not_a_bool), Field(le=2**53)]
+#: Seconds a scenario may ask for: ten years.
+MAX_SECONDS = 10 * 365 * 86_400
+#: Every reason a run can end (or wait) with; ``expect.reason`` names one.
+REASONS = frozenset({
+    "completed", "loop_detected", "no_progress", "validation_failed", "tool_failed", "model_error",
+    "protocol_error", "max_steps", "max_tool_calls", "max_tokens", "max_cost", "max_attempts", "deadline",
+    "policy", "cancelled", "expired", "waiting_for_user", "waiting_for_approval", "waiting_for_tool",
+})
+#: A scenario id is part of run ids, file names and workspace folders.
+SCENARIO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Numbers are finite: .inf and .nan are refused with the field's name.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ScriptedCall(_Strict):
@@ -48,6 +71,14 @@ class ScriptedClaim(_Strict):
     evidence: list[str] = Field(default_factory=list)
 
 
+class Usage(_Strict):
+    """What one attempt used, as a provider would report it."""
+
+    tokens_in: Int | None = Field(default=None, ge=0, le=10**12)
+    tokens_out: Int | None = Field(default=None, ge=0, le=10**12)
+    cost_usd: float | None = Field(default=None, ge=0, le=1e9)
+
+
 class ModelEntry(_Strict):
     """What the scripted model answers to one attempt."""
 
@@ -61,8 +92,8 @@ class ModelEntry(_Strict):
     finish_reason: Literal["stop", "tool_calls", "length", "content_filter", "error"] | None = None
     raw_arguments: str | None = None  # shorthand: the raw arguments of the entry's only tool call
     error: str | None = None  # the provider answers with an error event
-    repeat: int = Field(default=1, ge=1, le=10_000)
-    usage: dict[str, float] | None = None  # tokens_in, tokens_out, cost_usd
+    repeat: Int = Field(default=1, ge=1, le=10_000)
+    usage: Usage | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> ModelEntry:
@@ -80,22 +111,22 @@ class Contract(_Strict):
     required_evidence: list[str] = Field(default_factory=list)
     allowed_tools: list[str] | None = None
     forbidden_paths: list[str] = Field(default_factory=list)
-    wait_ttl_s: float = Field(default=86_400, gt=0)
-    version: int = 1
+    wait_ttl_s: float = Field(default=86_400, gt=0, le=MAX_SECONDS)
+    version: Int = 1
 
 
 class Budgets(_Strict):
-    max_steps: int | None = Field(default=None, ge=1)
-    max_tool_calls: int | None = Field(default=None, ge=0)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_steps: Int | None = Field(default=None, ge=1)
+    max_tool_calls: Int | None = Field(default=None, ge=0)
+    max_tokens: Int | None = Field(default=None, ge=1)
     max_cost: float | None = Field(default=None, ge=0)
-    max_attempts: int | None = Field(default=None, ge=1)
-    deadline_s: float | None = Field(default=None, gt=0)
+    max_attempts: Int | None = Field(default=None, ge=1)
+    deadline_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
 
 
 class FaultSpec(_Strict):
     tool: str
-    call: int = Field(default=1, ge=1)
+    call: Int = Field(default=1, ge=1)
     kind: Literal[FAULT_KINDS]  # type: ignore[valid-type]
 
 
@@ -105,8 +136,8 @@ class UserReply(_Strict):
 
 
 class ExpectedDecision(_Strict):
-    step: int = Field(ge=1)
-    attempt: int = Field(default=1, ge=1)
+    step: Int = Field(ge=1)
+    attempt: Int = Field(default=1, ge=1)
     validator: str = ""
     verdict: Literal["accept", "repair", "ask", "reject"]
 
@@ -114,8 +145,15 @@ class ExpectedDecision(_Strict):
 class Expect(_Strict):
     status: str | None = None
     reason: str | None = None
-    side_effects: dict[str, int] = Field(default_factory=dict)
+    side_effects: dict[str, Annotated[Int, Field(ge=0)]] = Field(default_factory=dict)
     decisions: list[ExpectedDecision] = Field(default_factory=list)
+
+    @field_validator("reason")
+    @classmethod
+    def _a_reason(cls, value: str | None) -> str | None:
+        if value is not None and value not in REASONS:
+            raise ValueError(f"expected a run's reason ({', '.join(sorted(REASONS))})")
+        return value
 
     @field_validator("status")
     @classmethod
@@ -142,8 +180,9 @@ class Scenario(_Strict):
     @field_validator("id")
     @classmethod
     def _id_chars(cls, value: str) -> str:
-        if any(c.isspace() for c in value):
-            raise ValueError("must not contain whitespace")
+        if not SCENARIO_ID.match(value):
+            raise ValueError("expected a name of letters, digits and '_', '.', ':', '@', '+', '-' (at most 128, "
+                             "starting with a letter or digit)")
         return value
 
     @field_validator("tenant")
@@ -200,6 +239,7 @@ def _message(error: Mapping[str, Any]) -> str:
                         ("Input should be a valid integer", "expected an integer"),
                         ("Input should be a valid number", "expected a number"),
                         ("Input should be a valid boolean", "expected true or false"),
+                        ("Input should be a finite number", "expected a finite number"),
                         ("Input should be", "expected"),
                         ("Field required", "required field missing"),
                         ("Extra inputs are not permitted", "unknown field")):
@@ -253,10 +293,10 @@ def load_scenario(path: str | Path) -> Scenario:
         text = path.read_text("utf-8")
     except OSError as exc:
         raise BadInput(str(path), f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise BadInput(str(path), "not UTF-8 text") from None
+    except UnicodeDecodeError as exc:
+        raise BadInput(str(path), not_utf8(exc.object, exc)) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}" if mark is not None else "YAML"

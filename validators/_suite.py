@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from loopledger._yaml import load as load_yaml, not_utf8
 from loopledger.canonical import content_id
 
 from ._detectors import DETECTORS
@@ -160,14 +161,13 @@ def _load_file(path: Path, where: str) -> Suite:
     except OSError as exc:
         raise SuiteError(where, f"cannot read the file ({exc.strerror or exc})") from exc
     except UnicodeDecodeError as exc:
-        line = path.read_bytes()[:exc.start].count(b"\n") + 1
-        raise SuiteError(where, f"line {line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x})") from None
+        raise SuiteError(where, not_utf8(exc.object, exc)) from None
     return _parse_text(text, where)
 
 
 def _parse_text(text: str, where: str) -> Suite:
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}: " if mark is not None else ""

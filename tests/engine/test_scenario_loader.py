@@ -54,7 +54,7 @@ model:
         ("id: a\ncontract: {goal: g}\nmodel: {v1: nope}\n", "s.yaml: model.v1", "expected a list, got 'nope'"),
         ("id: a\ncontract: {goal: g}\nuser: [5]\n", "s.yaml: user[0]", "expected a mapping, got 5"),
         ("", "s.yaml", "the file holds no scenario"),
-        ("id: a b\ncontract: {goal: g}\n", "s.yaml: id", "whitespace"),
+        ("id: a b\ncontract: {goal: g}\n", "s.yaml: id", "expected a name of letters, digits"),
         ("- just\n- a list\n", "s.yaml", "mapping"),
         ("id: a\ncontract: {goal: g}\nexpect: {status: DONE}\n", "s.yaml: expect.status",
          "expected a run state (READY, "),
