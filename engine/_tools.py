@@ -18,6 +18,7 @@ not know is a mistake to repair, not something to pass through silently.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ __all__ = [
     "TOOL_TRAITS",
     "ToolTraits",
     "demo_tool",
+    "evidence_subject",
     "tool_registry_snapshot",
 ]
 
@@ -131,10 +133,23 @@ DEMO_TOOLS: tuple[ToolSpec, ...] = (
         name="ask_user",
         version="v1",
         # `schema` is the JSON Schema the answer must match; the engine
-        # treats a missing one as "any JSON value".
-        schema=_object({"question": _TEXT, "schema": {"type": "object"}}, ["question"]),
+        # treats a missing one as "any JSON value". It must itself be a valid
+        # 2020-12 schema (checked against the metaschema jsonschema ships):
+        # a question nobody could answer is a proposal to repair.
+        schema=_object({"question": _TEXT,
+                        "schema": {"type": "object", "$ref": "https://json-schema.org/draft/2020-12/schema"}},
+                       ["question"]),
     ),
 )
+
+def evidence_subject(tool: str, arguments: Mapping[str, Any]) -> str:
+    """The subject of a call's evidence, from its arguments (CONTRACT: the
+    order id, the test suite, the path, the service)."""
+    for key in ("order_id", "path", "suite", "service"):
+        if arguments.get(key) is not None:
+            return str(arguments[key])
+    return tool
+
 
 #: Evidence kind a successful call produces (CONTRACT table). The subject is
 #: the path, order id, suite, work id or service the call was about.

@@ -141,8 +141,21 @@ def check_answer(run_id: str, waiting: dict[str, Any], reply: Reply) -> None:
     schema = waiting.get("schema") or {}
     from jsonschema import Draft202012Validator
 
-    errors = sorted(Draft202012Validator(schema).iter_errors(reply.answer), key=lambda e: list(e.path))
+    try:
+        Draft202012Validator.check_schema(schema)
+        errors = sorted(Draft202012Validator(schema).iter_errors(reply.answer), key=lambda e: list(e.path))
+    except Exception as exc:  # noqa: BLE001 - SchemaError, or a schema jsonschema fails on while applying it
+        # Such a question cannot be answered (validation refuses it now; a
+        # run recorded before may still wait on one): say so instead of failing.
+        raise ReplyRejected(run_id, "answer not matching the expected schema",
+                            f"the question's schema is not a valid JSON Schema ({_one_line(exc)}); "
+                            "cancel the run") from None
     if errors:
         first = errors[0]
         where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.path)
         raise ReplyRejected(run_id, "answer not matching the expected schema", f"{where}: {first.message}")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = getattr(exc, "message", None) or str(exc)
+    return " ".join(text.split())[:200]

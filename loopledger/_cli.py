@@ -38,6 +38,12 @@ StoreOption = Annotated[
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _finite(value: float, text: str) -> float:
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is out of a JSON number's range")
+    return value
+
+
 def _err(message: str) -> None:
     """Print one line: a message that spans lines (a server's own, with its
     SQL pointer; click's) has its lines joined."""
@@ -51,7 +57,7 @@ def guarded(fn: F) -> F:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from loopledger.engine._errors import BadInput, JournalError, LoopLedgerError
+        from loopledger.engine._errors import BadInput, JournalError, LoopLedgerError, RunsStopped
 
         try:
             from loopledger.engine._faults import check_hooks
@@ -63,6 +69,10 @@ def guarded(fn: F) -> F:
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except JournalError as exc:
             _err(f"journal: {exc}")
+            raise typer.Exit(EXIT_INFRA) from None
+        except RunsStopped as exc:
+            # Not the input: the engine could not finish these runs.
+            _err(str(exc))
             raise typer.Exit(EXIT_INFRA) from None
         except LoopLedgerError as exc:
             _err(str(exc))
@@ -357,8 +367,13 @@ def reply(
         raise BadInput("reply", "give exactly one of --approve, --deny, --answer JSON")
     value: Any = None
     if answer is not None:
+        def no_constant(name: str) -> Any:
+            raise ValueError(f"{name} is not a JSON number")
+
         try:
-            value = json.loads(answer)
+            # NaN, Infinity and 1e999 are not JSON numbers: no journal keeps them.
+            value = json.loads(answer, parse_constant=no_constant,
+                               parse_float=lambda text: _finite(float(text), text))
         except ValueError as exc:
             raise BadInput("--answer", f"expected JSON, got {answer!r} ({exc})") from None
     where = _home(home, store)

@@ -276,6 +276,10 @@ def test_an_answer_must_fit_the_question_schema(tmp_path: Path, home: Path) -> N
     ("--approve", "--deny"),
     (),
     ("--answer", "{not json"),
+    # Not JSON numbers: no journal keeps them.
+    ("--answer", "NaN"),
+    ("--answer", '{"order_id": Infinity}'),
+    ("--answer", "1e999"),
 ])
 def test_bad_reply_flags_exit_2_and_change_nothing(tmp_path: Path, home: Path, flags: tuple[str, ...]) -> None:
     line = start(tmp_path, home, QUESTION)
@@ -286,6 +290,18 @@ def test_bad_reply_flags_exit_2_and_change_nothing(tmp_path: Path, home: Path, f
     assert state(home, run_id) == ("WAITING_USER", "waiting_for_user")
     # The token was not spent by the bad input.
     assert reply(home, run_id, token, "--answer", '{"order_id": "ORD-1001"}').returncode == 0
+
+
+def test_a_question_whose_schema_is_not_json_schema_is_rejected_not_a_crash() -> None:
+    """Validation refuses such a question now (tool_args_schema checks the
+    schema against the metaschema); a run recorded before may wait on one."""
+    from loopledger.engine._waits import Reply, ReplyRejected, check_answer
+
+    waiting = {"kind": "user", "schema": {"type": "bogus", "minimum": "x"}}
+    with pytest.raises(ReplyRejected) as caught:
+        check_answer("r1", waiting, Reply(answer=5))
+    assert caught.value.reason == "answer not matching the expected schema"
+    assert "not a valid JSON Schema" in caught.value.detail
 
 
 def test_resume_leaves_waits_alone_until_they_expire(tmp_path: Path, home: Path) -> None:
@@ -516,3 +532,22 @@ def test_a_new_token_replaces_a_lost_one(tmp_path: Path, home: Path) -> None:
     again = cli("token", run_id, home=home)
     assert again.returncode == 1 and "not waiting" in again.stderr
     assert all_violations(home) == []
+
+
+def test_a_question_with_a_schema_that_is_not_json_schema_is_repaired(tmp_path: Path, home: Path) -> None:
+    """Nobody could answer it: the model gets the schema's error back, and
+    the run never waits on it."""
+    path = tmp_path / "bad-question.yaml"
+    path.write_text("""\
+id: bad-question
+contract: {goal: ask, allowed_tools: [ask_user]}
+model:
+  - tool_calls: [{name: ask_user, arguments: {question: "How many?", schema: {type: bogus, minimum: "x"}}}]
+  - final: I will not ask after all.
+expect:
+  status: SUCCEEDED
+  decisions: [{step: 1, validator: tool_args_schema, verdict: repair}]
+""")
+    proc = cli("run", str(path), "--check", "--json", home=home)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout.splitlines()[0])["status"] == "SUCCEEDED"
