@@ -16,6 +16,7 @@ from ._clock import from_us, now_us
 from ._errors import StaleStateVersion, TerminalAlreadySet
 from ._records import Artifact, Commit, NewEvent
 from ._states import TERMINAL, State
+from ._tools import EVIDENCE_KIND, evidence_subject
 from ._view import OpView, RunView
 from ._waits import Reply, ReplyRejected, TokenClaims, check_answer, issue_token, read_token, token_hash
 
@@ -132,10 +133,13 @@ class PeopleMixin:
                                   evidence=({"kind": "user_answer", "subject": waiting["wait_id"]},),
                                   error_code=None, retry_after_s=None, work_id=None, executed=True)
         elif reply.answer.get("executed"):
-            # A person checked the backend and found the effect: it happened,
-            # but no result came back, so it proves nothing for the gate.
+            # A person checked the backend and found the effect: it happened.
+            # Their word is the evidence (marked as theirs), so the gate can
+            # accept an answer built on it instead of the model doing it again.
+            evidence = ({"kind": EVIDENCE_KIND[op.tool], "subject": evidence_subject(op.tool, op.arguments),
+                         "confirmed_by": "person"},) if op.tool in EVIDENCE_KIND else ()
             outcome = ToolOutcome(outcome="success", status="succeeded",
-                                  result={"confirmed_by": "person", **reply.answer}, evidence=(),
+                                  result={"confirmed_by": "person", **reply.answer}, evidence=evidence,
                                   error_code=None, retry_after_s=None, work_id=None, executed=True)
         else:
             outcome = ToolOutcome(outcome="cancelled", status="failed",

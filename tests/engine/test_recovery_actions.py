@@ -113,6 +113,28 @@ GAVE_UP = """\
 # -- recovery actions by error code ------------------------------------------------------
 
 
+def test_a_person_who_confirms_an_unknown_outcome_gives_the_evidence(tmp_path: Path) -> None:
+    """Their word is the evidence, marked as theirs: the final answer built
+    on it passes the gate, and the effect is not made a second time."""
+    rec = Recorded(tmp_path, """\
+id: confirmed-deploy
+contract: {goal: deploy, required_evidence: [deployed], allowed_tools: [deploy.service]}
+faults: [{tool: deploy.service, call: 1, kind: timeout_after_commit}]
+model:
+  - tool_calls: [{name: deploy.service, arguments: {service: api, version: "9"}}]
+  - final: deployed
+    claims: [{text: deployed, evidence: ["deployed:api"]}]
+user: [{approve: true}, {answer: {executed: true}}]
+""")
+    assert rec.outcome == ("SUCCEEDED", "completed")
+    (result,) = rec.events("operation_result")[-1:]
+    assert result["outcome"] == "success"
+    assert result["evidence"] == [{"kind": "deployed", "subject": "api", "confirmed_by": "person"}]
+    (op,) = rec.operations()
+    assert rec.executions(op["key"]) == 1
+    assert all_violations(rec.home) == []
+
+
 def test_permission_denied_is_not_retried(tmp_path: Path) -> None:
     r = Recorded(tmp_path, refund_with("permission_denied", then=GAVE_UP))
     assert r.outcome == ("SUCCEEDED", "completed")
@@ -452,6 +474,22 @@ model:
     ("id: bad\ncontract: {goal: g}\nfaults: [{tool: payments.refund, kind: meteor_strike}]\n", "faults[0].kind"),
     ("id: bad\ncontract: {goal: g\nmodel: [\n", "line"),
     ("- just\n- a list\n", "mapping"),
+    # An id names run ids and workspace folders: no path in it.
+    ("id: ../../../escaped\ncontract: {goal: g}\n", "id"),
+    ("id: /tmp/absolute\ncontract: {goal: g}\n", "id"),
+    # Numbers no date, journal or JSON reader can hold, refused before anything runs.
+    ("id: bad\ncontract: {goal: g, wait_ttl_s: 1.0e12}\n", "contract.wait_ttl_s"),
+    ("id: bad\ncontract: {goal: g}\nmodel: [{final: done, usage: {tokens_in: 123456789012345678901234567890}}]\n",
+     "model[0].usage.tokens_in"),
+    ("id: bad\ncontract: {goal: g}\nmodel: [{final: done, usage: {tokens_in: -5}}]\n", "model[0].usage.tokens_in"),
+    ("id: bad\ncontract: {goal: g}\nmodel: [{final: done, usage: {cost_usd: .inf}}]\n", "model[0].usage.cost_usd"),
+    ("id: bad\ncontract: {goal: g}\nbudgets: {max_cost: .inf}\n", "budgets.max_cost"),
+    ("id: bad\ncontract: {goal: g}\nbudgets: {deadline_s: .inf}\n", "budgets.deadline_s"),
+    ("id: bad\ncontract: {goal: g}\nbudgets: {max_steps: true}\n", "budgets.max_steps"),
+    ("id: bad\ncontract: {goal: g}\nexpect: {reason: finished}\n", "expect.reason"),
+    ("id: bad\ncontract: {goal: g}\nexpect: {side_effects: {payments.refund: -1}}\n",
+     "expect.side_effects.payments.refund"),
+    ("id: bad\nid: worse\ncontract: {goal: g}\n", "line 2"),
 ])
 def test_a_bad_scenario_file_exits_2_with_one_line_and_records_nothing(tmp_path: Path, text: str,
                                                                       field: str) -> None:
