@@ -51,6 +51,22 @@ class EngineError(LoopLedgerError):
     code = "engine_error"
 
 
+class RunsStopped(EngineError):
+    """Runs that an unexpected error stopped while they were driven; the
+    others were driven on. Each stopped run stays at its last committed
+    state, for a later ``resume``."""
+
+    code = "runs_stopped"
+
+    def __init__(self, failures: list[tuple[str, BaseException]]) -> None:
+        run_id, exc = failures[0]
+        more = f" ({len(failures)} runs in all; the others were driven on)" if len(failures) > 1 else ""
+        detail = " ".join(str(exc).split())[:300]
+        super().__init__(f"run {run_id} stopped by an unexpected error: {type(exc).__name__}: {detail}{more}; "
+                         "it stays at its last committed state")
+        self.failures = failures
+
+
 class JournalError(EngineError):
     """The journal cannot be opened, migrated or written."""
 

@@ -32,7 +32,7 @@ from loopledger.validators import Suite, SuiteError, Verdict, load_suite
 from ._backends import DemoBackend, Fault
 from ._clock import pinned
 from ._controller import Controller, RunConfig
-from ._errors import BadInput
+from ._errors import BadInput, JournalError, RunsStopped
 from ._home import Home
 from ._model import ScriptedModel
 from ._recorder import Recorder
@@ -219,6 +219,7 @@ class Runner:
         unless ``wait_for_tools`` is False, until its background work is done)."""
         timers: list[tuple[float, str]] = []
         queue = list(run_ids)
+        stopped: list[tuple[str, BaseException]] = []
         # Runs driven side by side share fsyncs (see SQLRunStore.group_commit).
         self.store.group_commit = concurrency > 1
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="run") as pool:
@@ -237,7 +238,13 @@ class Runner:
                 done, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
                 for future in done:
                     run_id = running.pop(future)
-                    view = future.result()  # an engine bug surfaces here, loudly
+                    try:
+                        view = future.result()
+                    except Exception as exc:  # noqa: BLE001 - one run's failure must not stop the others
+                        if isinstance(exc, (BadInput, JournalError)):
+                            raise
+                        stopped.append((run_id, exc))
+                        continue
                     # Under a pinned clock (LOOPLEDGER_NOW) no work ever falls
                     # due: the run is left waiting, for a resume at a later time.
                     if view.state is State.WAITING_TOOL and wait_for_tools and not pinned():
@@ -248,6 +255,8 @@ class Runner:
                         if on_settled is not None:
                             on_settled(run_id)
         self.recorder.flush()
+        if stopped:
+            raise RunsStopped(stopped)
 
     def _drive_one(self, run_id: str) -> Any:
         """Drive a run; while it waits for a person and its scenario scripts

@@ -38,3 +38,34 @@ def test_a_thousand_runs_at_concurrency_64(tmp_path: Path) -> None:
     assert len(outcomes) == 1000
     assert [(o.run_id, o.mismatches) for o in outcomes if not o.ok] == []
     assert all_violations(tmp_path / "home") == []
+
+
+def test_a_run_stopped_by_an_unexpected_error_does_not_stop_the_others(tmp_path: Path, monkeypatch) -> None:
+    """The others are driven to their end; the failure is reported once, by
+    run, and the stopped run stays at its last committed state."""
+    import pytest
+
+    from loopledger.engine import RunsStopped, State
+
+    scenario = load_scenario(ROOT / "datasets" / "scenarios" / "happy-refund.yaml")
+    runner = Runner(Home.resolve(tmp_path / "home"))
+    try:
+        ids = [runner.create(scenario, "v1") for _ in range(4)]
+        doomed = ids[1]
+        drive = runner.controller.drive
+
+        def failing(run_id: str):
+            if run_id == doomed:
+                raise TypeError("an engine bug")
+            return drive(run_id)
+
+        monkeypatch.setattr(runner.controller, "drive", failing)
+        with pytest.raises(RunsStopped) as caught:
+            runner.drive_all(ids, concurrency=2)
+        assert [run_id for run_id, _ in caught.value.failures] == [doomed]
+        assert f"run {doomed} stopped by an unexpected error: TypeError: an engine bug" in str(caught.value)
+        states = {run_id: runner.store.get_run(run_id).state for run_id in ids}
+    finally:
+        runner.close()
+    assert states.pop(doomed) is State.READY
+    assert set(states.values()) == {State.SUCCEEDED}
