@@ -19,11 +19,14 @@ normalised error code, and a successful result to evidence.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
+
+import orjson
 
 from loopledger.canonical import Canonical, is_unicode
 from loopledger.engine import BadInput
@@ -90,6 +93,20 @@ def text(value: Any, file: str, where: str) -> str:
 
 def optional_text(value: Any, file: str, where: str) -> str | None:
     return None if value is None else text(value, file, where)
+
+
+def fingerprint(record: Any) -> str:
+    """A record's content id: sha256 of its JSON with sorted keys (so the
+    same record reformatted keeps its id)."""
+    try:
+        data = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # integers beyond 64 bits, which json reads
+        data = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+#: A source name: it becomes the runs' tenant and the start of their ids.
+SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 
 def identifier(value: Any, file: str, where: str) -> str:
@@ -229,13 +246,17 @@ class Conversation:
     #: How the source says the run ended: ``completed``, ``max_steps``, ...
     termination: str = "completed"
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: The record's content id (:func:`fingerprint`).
+    content: str = ""
 
     @property
     def run_id(self) -> str:
         # Deterministic, so importing the same file twice finds the runs
-        # already there instead of duplicating them.
-        digest = hashlib.sha256(f"{self.source}|{self.file}|{self.source_id}".encode()).hexdigest()[:16]
-        return f"{self.source}-{digest}"
+        # already there instead of duplicating them; the record's content
+        # is part of it, so two different runs that share a file name and a
+        # source id (two experiments' gpt-4o-airline.json) are both kept.
+        key = f"{self.source}|{self.file}|{self.source_id}|{self.content}"
+        return f"{self.source}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     @property
     def prompt_version(self) -> str:

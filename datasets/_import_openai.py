@@ -20,10 +20,12 @@ from pathlib import Path
 from loopledger.canonical import Canonical
 
 from ._import_model import (
+    SOURCE_NAME,
     Conversation,
     ImportInputError,
     Runs,
     bad,
+    fingerprint,
     identifier,
     mapping,
     optional_number,
@@ -41,7 +43,7 @@ def read_openai_jsonl(path: Path, tools: Path | None = None) -> Runs:
     file = str(path)
     shared = load_catalogue(tools)[0] if tools is not None else None
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark, as Windows tools write, is dropped
     except (OSError, UnicodeDecodeError) as exc:
         raise ImportInputError(file, None, f"cannot read as UTF-8 text: {exc}") from None
     lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
@@ -61,6 +63,10 @@ def read_openai_jsonl(path: Path, tools: Path | None = None) -> Runs:
         task_id = meta.get("task_id")
         task_id = None if task_id is None else identifier(task_id, file, f"{where}.metadata.task_id")
         named = {key: optional_text(meta.get(key), file, f"{where}.metadata.{key}") for key in _META_TEXT}
+        if named["source"] is not None and not SOURCE_NAME.match(named["source"]):
+            raise ImportInputError(file, f"{where}.metadata.source",
+                                   f"expected a name of letters, digits, '_', '.', ':' or '-' (at most 64, starting "
+                                   f"with a letter or digit): it becomes the runs' tenant; got {named['source']!r}")
         reward = optional_number(meta.get("reward"), file, f"{where}.metadata.reward")
         extra = {k: plain(v, file, f"{where}.metadata.{k}") for k, v in meta.items() if k != "reward"}
         messages = [openai_message(m, f"{where}.messages[{i}]", file) for i, m in enumerate(record["messages"])]
@@ -72,7 +78,7 @@ def read_openai_jsonl(path: Path, tools: Path | None = None) -> Runs:
         if catalogue is None:
             catalogue = Canonical([])
         return Conversation(
-            source=named["source"] or "openai-jsonl", file=path.name, record=where,
+            source=named["source"] or "openai-jsonl", file=path.name, record=where, content=fingerprint(record),
             source_id=run_id or where, task_id=task_id or f"{path.stem}/{number}",
             model=named["model"] or "unknown",
             system_prompt=next((m.content or "" for m in messages if m.role == "system"), ""),
@@ -112,6 +118,7 @@ def read_toolbench(path: Path, tools: Path | None = None) -> list[Conversation]:
         tool_specs(functions or [], None, file, "answer_generation.function"))
     return [Conversation(
         source="toolbench", file=path.name, record="answer_generation", source_id=path.parent.name + "/" + path.name,
+        content=fingerprint(data),
         task_id=f"{path.parent.name}/{path.stem.split('_')[0]}", model="gpt-3.5-turbo",
         system_prompt=next((m.content or "" for m in messages if m.role == "system"), ""),
         messages=tuple(messages), tools=catalogue,

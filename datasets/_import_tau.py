@@ -37,6 +37,7 @@ from ._import_model import (
     ToolCall,
     ToolResult,
     bad,
+    fingerprint,
     identifier,
     kind,
     integer,
@@ -63,6 +64,7 @@ def read_json(path: Path) -> Any:
         opener = gzip.open if head == b"\x1f\x8b" else open
         with opener(path, "rb") as handle:
             data = handle.read()
+        data = data.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark, as Windows tools write
         try:
             return orjson.loads(data)  # twice as fast as json
         except orjson.JSONDecodeError:
@@ -265,7 +267,7 @@ def read_tau_bench(path: Path, tools: Path | None = None) -> Runs:
         stopped = last is not None and last.role == "user" and "###STOP###" in (last.content or "")
         return Conversation(
             source="tau-bench", file=path.name, record=where,
-            source_id=f"{task_id}:{trial}:{index}",
+            source_id=f"{task_id}:{trial}:{index}", content=fingerprint(record),
             task_id=f"{domain or 'tau-bench'}/{task_id}", model=model or "unknown",
             system_prompt=system, messages=tuple(messages), tools=catalogue,
             reward=reward,
@@ -330,7 +332,7 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
                     for i, m in enumerate(sim["messages"])]
         catalogue = read_catalogue()
         return Conversation(
-            source="tau2", file=path.name, record=where, source_id=sim_id,
+            source="tau2", file=path.name, record=where, source_id=sim_id, content=fingerprint(sim),
             task_id=f"{domain}/{task_id}", model=model,
             # The agent's system prompt is tau2's fixed wrapper around the
             # domain policy: the policy is what varies between files.

@@ -75,6 +75,50 @@ def _jsonl(tmp: Path, *records: dict[str, Any], name: str = "chats.jsonl") -> Pa
     return path
 
 
+def _chat(question: str, reward: float, **meta: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": "done"}],
+            "metadata": {"reward": reward, **meta}}
+
+
+def test_two_runs_that_share_a_file_name_and_an_id_are_both_kept(tmp_path: Path) -> None:
+    """Two experiments' results are often named alike (gpt-4o-airline.json):
+    a run id that also holds the record's content keeps both, and importing
+    either again still adds nothing."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = _jsonl(tmp_path / "a", _chat("alpha", 1, id="same"))
+    second = _jsonl(tmp_path / "b", _chat("beta", 0, id="same"))
+    home = tmp_path / "home"
+    done = import_traces("openai-jsonl", [first, second], home=home)
+    assert (done.runs, done.skipped) == (2, 0)
+    assert sorted(r["reward"] for r in table(home, "runs")) == [0, 1]
+    again = import_traces("openai-jsonl", [second, first], home=home)
+    assert (again.runs, again.skipped) == (0, 2)
+
+
+def test_a_record_given_twice_in_one_file_is_imported_once(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path, _chat("alpha", 1, id="x"), _chat("alpha", 1, id="x"))
+    done = import_traces("openai-jsonl", [path], home=tmp_path / "home")
+    assert (done.runs, done.skipped) == (1, 1)
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(_chat("alpha", 1)).encode() + b"\n")
+    assert import_traces("openai-jsonl", [path], home=tmp_path / "home").runs == 1
+    tau = _tau_bench_file(tmp_path)
+    tau.write_bytes(b"\xef\xbb\xbf" + tau.read_bytes())
+    assert import_traces("tau-bench", [tau], home=tmp_path / "home2").runs == 1
+
+
+@pytest.mark.parametrize("source", ["", "a/b", "ten ant", "x\u0000y"])
+def test_a_source_that_cannot_name_a_tenant_is_refused(tmp_path: Path, source: str) -> None:
+    path = _jsonl(tmp_path, _chat("alpha", 1, source=source))
+    err = _bad(tmp_path, "openai-jsonl", path)
+    assert "line 1.metadata.source" in err and len(err.strip().splitlines()) == 1
+    assert _runs_recorded(tmp_path / "home") == 0
+
+
 def test_parallel_calls_are_matched_by_id_whatever_their_order(tmp_path: Path) -> None:
     messages = [
         {"role": "user", "content": "check A and B"},
