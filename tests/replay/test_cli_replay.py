@@ -8,6 +8,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -256,59 +257,40 @@ def _a_validated_run(traces: Path) -> str:
     ).fetchone()[0]
 
 
-def test_a_run_whose_events_are_gone_is_named_not_skipped(home_copy: Path) -> None:
+# Each spoils a copy of the traces and returns what the one line must name.
+
+
+def _events_of_a_run_gone(traces: Path) -> list[str]:
     """Its recorded decisions would otherwise drop out of the comparison
     and the gate would pass on less than was recorded."""
-    import pyarrow.compute as pc
-
-    traces = home_copy / "traces"
     victim = _a_validated_run(traces)
-    _rewrite(traces / "events", lambda t: t.filter(pc.not_equal(t.column("run_id"), victim)))
-    out = replay_on(home_copy, "--fail-on", "flips")
-    assert out.returncode == 2, out.stdout
-    one_line(out.stderr, victim, "events: none in the traces")
+    _rewrite(traces / "events", lambda t: t.filter(pc.field("run_id") != victim))
+    return [victim, "events: none in the traces"]
 
 
-def test_a_run_missing_some_events_is_named(home_copy: Path) -> None:
-    import pyarrow.compute as pc
-
-    traces = home_copy / "traces"
+def _one_event_gone(traces: Path) -> list[str]:
     victim = _a_validated_run(traces)
-    drop = (pc.field("run_id") == victim) & (pc.field("seq") == 3)
-    _rewrite(traces / "events", lambda t: t.filter(~drop))
-    out = replay_on(home_copy)
-    assert out.returncode == 2, out.stdout
-    one_line(out.stderr, victim, "some are missing")
+    _rewrite(traces / "events", lambda t: t.filter(~((pc.field("run_id") == victim) & (pc.field("seq") == 3))))
+    return [victim, "some are missing"]
 
 
-def test_events_written_twice_are_named(home_copy: Path) -> None:
-    events = home_copy / "traces" / "events"
-    first = sorted(events.glob("*.parquet"))[0]
-    (events / "copy").mkdir()
-    shutil.copy(first, events / "copy" / first.name)
-    out = replay_on(home_copy)
-    assert out.returncode == 2, out.stdout
-    one_line(out.stderr, "repeated")
+def _events_written_twice(traces: Path) -> list[str]:
+    first = sorted((traces / "events").glob("*.parquet"))[0]
+    (traces / "events" / "copy").mkdir()
+    shutil.copy(first, traces / "events" / "copy" / first.name)
+    return ["repeated"]
 
 
-def test_the_baseline_deciding_on_candidates_the_events_never_validate_is_named(home_copy: Path) -> None:
-    """The events end early (their tail lost with a file): the candidates
-    the baseline decided on after that point are not silently dropped."""
-    import pyarrow.compute as pc
-
-    traces = home_copy / "traces"
+def _events_cut_short(traces: Path) -> list[str]:
+    """Only the run's first two events are left (created, first move): the
+    seqs are whole, but no candidate the baseline decided on reaches
+    VALIDATING any more."""
     victim = _a_validated_run(traces)
-    events = pc.field("run_id") == victim
-    # Keep only the run's first two events (created, first move): seqs stay
-    # contiguous, but no candidate reaches VALIDATING any more.
-    _rewrite(traces / "events", lambda t: t.filter(~(events & (pc.field("seq") > 2))))
-    out = replay_on(home_copy)
-    assert out.returncode == 2, out.stdout
-    one_line(out.stderr, victim, "never bring to VALIDATING")
+    _rewrite(traces / "events", lambda t: t.filter(~((pc.field("run_id") == victim) & (pc.field("seq") > 2))))
+    return [victim, "never bring to VALIDATING"]
 
 
-def test_a_payload_that_is_not_json_is_named(home_copy: Path) -> None:
-    traces = home_copy / "traces"
+def _a_payload_not_json(traces: Path) -> list[str]:
     victim = _a_validated_run(traces)
 
     def spoil(t: pa.Table) -> pa.Table:
@@ -317,32 +299,31 @@ def test_a_payload_that_is_not_json_is_named(home_copy: Path) -> None:
         return t.set_column(t.schema.get_field_index("payload_json"), "payload_json", pa.array(payloads))
 
     _rewrite(traces / "events", spoil)
-    out = replay_on(home_copy)
-    assert out.returncode == 2, out.stdout
-    one_line(out.stderr, victim, "payload_json is not JSON")
+    return [victim, "payload_json is not JSON"]
 
 
-def test_a_column_of_the_wrong_type_is_named(home_copy: Path) -> None:
-    events = home_copy / "traces" / "events"
-    victim = sorted(events.glob("*.parquet"))[0]
+def _seq_as_text(traces: Path) -> list[str]:
+    victim = sorted((traces / "events").glob("*.parquet"))[0]
     t = pq.read_table(victim)
-    index = t.schema.get_field_index("seq")
-    pq.write_table(t.set_column(index, "seq", t.column("seq").cast(pa.string())), victim)
-    out = replay_on(home_copy)
-    assert out.returncode == 2, out.stdout
-    one_line(out.stderr, victim.name, "'seq'", "expected whole numbers")
+    pq.write_table(t.set_column(t.schema.get_field_index("seq"), "seq", t.column("seq").cast(pa.string())), victim)
+    return [victim.name, "'seq'", "expected whole numbers"]
 
 
-def test_a_verdict_no_validator_gives_is_named(home_copy: Path) -> None:
-    validations = home_copy / "traces" / "validations"
-    victim = sorted(validations.glob("*.parquet"))[0]
+def _a_verdict_no_validator_gives(traces: Path) -> list[str]:
+    victim = sorted((traces / "validations").glob("*.parquet"))[0]
     t = pq.read_table(victim)
-    verdicts = t.column("verdict").to_pylist()
-    verdicts[0] = "bogus"
+    verdicts = ["bogus", *t.column("verdict").to_pylist()[1:]]
     pq.write_table(t.set_column(t.schema.get_field_index("verdict"), "verdict", pa.array(verdicts)), victim)
-    out = replay_on(home_copy)
+    return [victim.name, "'bogus'", "expected one of accept"]
+
+
+@pytest.mark.parametrize("spoil", [_events_of_a_run_gone, _one_event_gone, _events_written_twice, _events_cut_short,
+                                   _a_payload_not_json, _seq_as_text, _a_verdict_no_validator_gives])
+def test_incomplete_or_inconsistent_traces_are_named_never_passed_over(home_copy: Path, spoil) -> None:
+    names = spoil(home_copy / "traces")
+    out = replay_on(home_copy, "--fail-on", "flips")
     assert out.returncode == 2, out.stdout
-    one_line(out.stderr, victim.name, "'bogus'", "expected one of accept")
+    one_line(out.stderr, *names)
 
 
 def test_a_baseline_replay_of_other_traces_is_refused(recorded_home: Path, tmp_path: Path) -> None:
