@@ -4,8 +4,9 @@ PostgreSQL journal.
 The same commit as journal_commit (one transition event, one distinct 1 KB
 artifact, the compare-and-set on the run's state_version) through
 ``PostgresRunStore.commit``. Baseline, same run, same server, same driver:
-a bare psycopg ``BEGIN``, INSERT of the event, INSERT of the same 1 KB,
-UPDATE of the run row, ``COMMIT``. Both wait for the server's WAL flush
+a bare psycopg ``BEGIN``, UPDATE of the run row, INSERT of the event,
+INSERT of the artifact, ``COMMIT``, writing the same rows as the store (see
+``bench_journal_commit.BareSide``). Both wait for the server's WAL flush
 (``synchronous_commit = on``, fsync on), which is the floor.
 
 The server: ``LOOPLEDGER_BENCH_POSTGRES`` (a URL whose user may create
@@ -15,6 +16,7 @@ with durable settings (tests/postgres_kit.py), on loopback.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -34,20 +36,36 @@ def bench_store(url: str, n: int) -> float:
 
 
 def bench_bare(url: str, n: int) -> float:
+    """The rows the store writes for one transition (as journal_commit's
+    bare side: the run row's changed columns under the compare-and-set's
+    WHERE, the 11-column event, the 1 KB artifact under its sha256 id), in
+    plain tables keyed as the journal's."""
     import psycopg
 
+    bodies = ['{"body":"' + BODY + f'","i":{i}}}' for i in range(n)]
+    ids = [hashlib.sha256(body.encode()).hexdigest() for body in bodies]
     conn = psycopg.connect(url, autocommit=True)
-    conn.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, state_version BIGINT, last_seq BIGINT)")
-    conn.execute("CREATE TABLE events (run_id TEXT, seq BIGINT, payload TEXT, PRIMARY KEY (run_id, seq))")
-    conn.execute("CREATE TABLE artifacts (artifact_id TEXT PRIMARY KEY, body TEXT)")
-    conn.execute("INSERT INTO runs VALUES ('bench', 1, 1)")
+    conn.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, state TEXT, state_version BIGINT, last_seq BIGINT,"
+                 " step BIGINT, attempt BIGINT, updated_at BIGINT)")
+    conn.execute("CREATE TABLE events (run_id TEXT, seq BIGINT, ts BIGINT, kind TEXT, from_state TEXT,"
+                 " to_state TEXT, step BIGINT, attempt BIGINT, state_version BIGINT, payload_json TEXT,"
+                 " schema_version BIGINT, PRIMARY KEY (run_id, seq))")
+    conn.execute("CREATE TABLE artifacts (artifact_id TEXT PRIMARY KEY, kind TEXT, created_at BIGINT,"
+                 " size_bytes BIGINT, body TEXT, first_run_id TEXT, first_seq BIGINT, schema_version BIGINT)")
+    conn.execute("INSERT INTO runs VALUES ('bench', 'MODEL_RUNNING', 1, 1, 1, 1, 0)")
     start = time.perf_counter()
     for i in range(n):
-        body = '{"body":"' + BODY + f'","i":{i}}}'
+        seq = i + 2
+        now = time.time_ns() // 1000
+        body = bodies[i]
         conn.execute("BEGIN")
-        conn.execute("INSERT INTO events VALUES ('bench', %s, %s)", (i + 2, f'{{"attempt":{i + 2}}}'))
-        conn.execute("INSERT INTO artifacts VALUES (%s, %s)", (f"a{i}", body))
-        conn.execute("UPDATE runs SET state_version = %s, last_seq = %s WHERE run_id = 'bench'", (i + 2, i + 2))
+        conn.execute("UPDATE runs SET state_version = %s, last_seq = %s, step = %s, attempt = %s, updated_at = %s"
+                     " WHERE run_id = %s AND state_version = %s", (seq, seq, 1, seq, now, "bench", seq - 1))
+        conn.execute("INSERT INTO events VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                     ("bench", seq, now, "transition", "MODEL_RUNNING", "MODEL_RUNNING", 1, seq, seq,
+                      f'{{"attempt":{seq}}}', 1))
+        conn.execute("INSERT INTO artifacts VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                     (ids[i], "candidate", now, len(body), body, "bench", seq, 1))
         conn.execute("COMMIT")
     elapsed = time.perf_counter() - start
     conn.close()
