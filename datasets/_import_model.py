@@ -395,7 +395,7 @@ def evidence_subject(arguments: Mapping[str, Any] | None) -> str | None:
 class Outcome:
     """A tool result as the engine records it."""
 
-    outcome: str  # success | failed | unknown_outcome
+    outcome: str  # success | validation_failed | unknown_outcome
     status: str  # succeeded | failed | unknown
     error_code: str | None
     evidence: tuple[dict[str, Any], ...]
@@ -414,7 +414,7 @@ def outcome_of(call: ToolCall, result: ToolResult) -> Outcome:
     if failed is None:
         failed = text.lstrip().startswith("Error") or _toolbench_error(text) is not None
     if failed:
-        return Outcome("failed", "failed", error_code(_toolbench_error(text) or text), ())
+        return Outcome("validation_failed", "failed", error_code(_toolbench_error(text) or text), ())
     subject = evidence_subject(call.arguments)
     return Outcome("success", "succeeded", None, ({"kind": call.name, "subject": subject},))
 

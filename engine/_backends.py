@@ -90,11 +90,13 @@ FAULT_KINDS = (
 _BEFORE = frozenset({"timeout_before_commit", "rate_limit", "permission_denied", "state_conflict"})
 _TIMEOUTS = frozenset({"timeout_before_commit", "timeout_after_commit"})
 
-#: The CONTRACT's terminal results of a tool request, plus ``failed``: the
-#: tool ran and reported a failure (failing tests, not found, conflict).
+#: The CONTRACT's terminal results of a tool request. A tool that refuses a
+#: request or reports a failure (not found, a conflict, failing tests, a
+#: provider's decline) gives ``validation_failed``, its ``error_code`` saying
+#: which; a rate limit the runtime cannot wait out ends ``cancelled``.
 OUTCOMES = frozenset({
     "success", "validation_failed", "permission_denied", "approval_required", "timeout", "cancelled",
-    "background_accepted", "unknown_outcome", "unknown_or_disabled_tool", "failed",
+    "background_accepted", "unknown_outcome", "unknown_or_disabled_tool",
 })
 
 RATE_LIMIT_RETRY_AFTER_S = 0.05
@@ -405,7 +407,7 @@ class DemoBackend:
         if kind == "timeout_before_commit":
             return _timeout(req.tool)
         if kind == "rate_limit":
-            return failure("failed", "RATE_LIMIT", f"{req.tool}: too many requests",
+            return failure("cancelled", "RATE_LIMIT", f"{req.tool}: too many requests",
                           retry_after_s=RATE_LIMIT_RETRY_AFTER_S)
         if kind == "permission_denied":
             return failure("permission_denied", "PERMISSION_DENIED", f"{req.tool}: the provider denied this call")
@@ -415,7 +417,7 @@ class DemoBackend:
         version = svc.order_version(conn, req.run_id, req.arguments.get("order_id"), req.tenant)
         if version is not None:
             details = {"order_id": req.arguments["order_id"], "current_version": version}
-        return failure("failed", "STATE_CONFLICT", f"{req.tool}: the resource changed; refresh it and replan", **details)
+        return failure("validation_failed", "STATE_CONFLICT", f"{req.tool}: the resource changed; refresh it and replan", **details)
 
     def _execute_read(self, req: ToolRequest, fault: Fault | None) -> tuple[ToolOutcome, str | None]:
         fired = None
@@ -447,7 +449,7 @@ class DemoBackend:
                         "SELECT tool, args_hash, outcome_json FROM executions WHERE idempotency_key = ?"
                         " ORDER BY execution_no LIMIT 1", (req.idempotency_key,)).fetchone()
                 if recorded is not None and (recorded["tool"], recorded["args_hash"]) != (req.tool, args_hash):
-                    outcome = failure("failed", "IDEMPOTENCY_CONFLICT",
+                    outcome = failure("validation_failed", "IDEMPOTENCY_CONFLICT",
                                      f"idempotency key already used for a different {recorded['tool']} call")
                 elif recorded is not None:
                     dedup = True
@@ -489,7 +491,7 @@ class DemoBackend:
         if fails and tool != "tests.run" and tool != "reports.export":
             # The call reached the tool and it reported an error of its own.
             code, message = _TOOL_FAILURES[tool]
-            return failure("failed", code, f"{tool}: {message}")
+            return failure("validation_failed", code, f"{tool}: {message}")
         if tool == "workspace.read_file":
             result = ws.read_file(tenant, args["path"], req.forbidden_paths)
             svc.check_version(req, result["sha256"], result["path"])
@@ -505,7 +507,7 @@ class DemoBackend:
         if tool == "tests.run":
             result = test_run_result(args["suite"], failing=fails)
             if fails:
-                return ToolOutcome("failed", "failed", result, (), "TESTS_FAILED", None, None, executed=False)
+                return ToolOutcome("validation_failed", "failed", result, (), "TESTS_FAILED", None, None, executed=False)
             return _success(tool, args["suite"], result, executed=False)
         if tool == "orders.get_order":
             order = svc.find_order(conn, req)
@@ -608,7 +610,7 @@ class DemoBackend:
         if row["state"] != "running":  # another process finished it first
             return row
         if row["will_fail"]:
-            outcome = ToolOutcome("failed", "failed", {"work_id": work_id, "error": "EXPORT_FAILED",
+            outcome = ToolOutcome("validation_failed", "failed", {"work_id": work_id, "error": "EXPORT_FAILED",
                                                        "message": "the warehouse query was aborted"},
                                   (), "EXPORT_FAILED", None, work_id, executed=True)
         else:

@@ -143,7 +143,7 @@ def money(cents: int) -> float:
 def check_version(req: ToolRequest, current: str, subject: str) -> None:
     """STATE_CONFLICT when the request was planned against another version."""
     if req.expected_resource_version is not None and req.expected_resource_version != current:
-        raise ToolRefused("failed", "STATE_CONFLICT",
+        raise ToolRefused("validation_failed", "STATE_CONFLICT",
                           f"{subject} is at version {current}, not {req.expected_resource_version}",
                           current_version=current, expected_version=req.expected_resource_version)
 
@@ -155,7 +155,7 @@ def find_order(conn: sqlite3.Connection, req: ToolRequest) -> sqlite3.Row:
     order_id = req.arguments["order_id"]
     row = conn.execute("SELECT * FROM orders WHERE world = ? AND order_id = ?", (req.run_id, order_id)).fetchone()
     if row is None:
-        raise ToolRefused("failed", "NOT_FOUND", f"no order {order_id}", order_id=order_id)
+        raise ToolRefused("validation_failed", "NOT_FOUND", f"no order {order_id}", order_id=order_id)
     if row["tenant"] != req.tenant:
         # Nothing about the order: not its status, not its amount.
         raise ToolRefused("permission_denied", "PERMISSION_DENIED",
@@ -185,7 +185,7 @@ def update_address(conn: sqlite3.Connection, req: ToolRequest, now: int) -> dict
     order = find_order(conn, req)
     expected = req.arguments["expected_version"]
     if expected != order["version"]:
-        raise ToolRefused("failed", "STATE_CONFLICT",
+        raise ToolRefused("validation_failed", "STATE_CONFLICT",
                           f"{order['order_id']} is at version {order['version']}, not {expected}; get it again",
                           order_id=order["order_id"], current_version=order["version"], expected_version=expected)
     version = order["version"] + 1
@@ -201,10 +201,10 @@ def refund(conn: sqlite3.Connection, req: ToolRequest, now: int) -> dict[str, An
     amount = req.arguments["amount"]
     cents = round(amount * 100)
     if abs(amount * 100 - cents) > 1e-6:
-        raise ToolRefused("failed", "INVALID_ARGUMENT", f"amount {amount} has more than two decimals")
+        raise ToolRefused("validation_failed", "INVALID_ARGUMENT", f"amount {amount} has more than two decimals")
     remaining = order["amount_cents"] - order["refunded_cents"]
     if cents > remaining:
-        raise ToolRefused("failed", "AMOUNT_EXCEEDS_REMAINING",
+        raise ToolRefused("validation_failed", "AMOUNT_EXCEEDS_REMAINING",
                           f"refund of {money(cents):.2f} exceeds the {money(remaining):.2f} left on {order['order_id']}",
                           order_id=order["order_id"], remaining=money(remaining))
     refunded = order["refunded_cents"] + cents

@@ -23,8 +23,9 @@ from ._states import State
 TERMINAL_OUTCOMES = frozenset(
     {
         "success",
-        "failed",
         "validation_failed",
+        # Journals written before every failure was validation_failed.
+        "failed",
         "permission_denied",
         "approval_required",
         "timeout",

@@ -58,8 +58,9 @@ class ToolRefused(Exception):
 
     Internal to the demo backends (never escapes ``DemoBackend.execute``).
     ``outcome`` is ``permission_denied`` (the sandbox or tenant boundary said
-    no) or ``failed`` (the tool ran and reported an error such as
-    ``NOT_FOUND``); ``details`` go into the result next to the message.
+    no) or ``validation_failed`` (the tool refused the request or reported
+    an error such as ``NOT_FOUND``); ``details`` go into the result next to
+    the message.
     """
 
     def __init__(self, outcome: str, code: str, message: str, **details: Any) -> None:
@@ -170,7 +171,7 @@ class Workspaces:
         where = self.resolve(tenant, raw, forbidden)
         data = _read_bytes(where)
         if data is None:
-            raise ToolRefused("failed", "NOT_FOUND", f"no file {where.canonical!r}", path=where.canonical)
+            raise ToolRefused("validation_failed", "NOT_FOUND", f"no file {where.canonical!r}", path=where.canonical)
         return {
             "path": where.canonical,
             "content": data.decode("utf-8", "replace"),
@@ -183,13 +184,13 @@ class Workspaces:
         try:
             names = sorted(os.listdir(where.real))
         except FileNotFoundError:
-            raise ToolRefused("failed", "NOT_FOUND", f"no directory {where.canonical!r}", path=where.canonical) from None
+            raise ToolRefused("validation_failed", "NOT_FOUND", f"no directory {where.canonical!r}", path=where.canonical) from None
         except NotADirectoryError:
             if not os.path.isfile(where.real):  # README.md/x names nothing
-                raise ToolRefused("failed", "NOT_FOUND", f"no directory {where.canonical!r}", path=where.canonical) from None
-            raise ToolRefused("failed", "NOT_A_DIRECTORY", f"{where.canonical!r} is a file", path=where.canonical) from None
+                raise ToolRefused("validation_failed", "NOT_FOUND", f"no directory {where.canonical!r}", path=where.canonical) from None
+            raise ToolRefused("validation_failed", "NOT_A_DIRECTORY", f"{where.canonical!r} is a file", path=where.canonical) from None
         except OSError as exc:
-            raise ToolRefused("failed", "IO_ERROR", f"cannot list {where.canonical!r}: {exc.strerror}") from None
+            raise ToolRefused("validation_failed", "IO_ERROR", f"cannot list {where.canonical!r}: {exc.strerror}") from None
         entries = []
         hidden = 0
         for name in names:
@@ -216,9 +217,9 @@ class Workspaces:
         where = self.resolve(tenant, raw, forbidden)
         data = content.encode("utf-8", "surrogatepass")
         if len(data) > MAX_FILE_BYTES:
-            raise ToolRefused("failed", "FILE_TOO_LARGE", f"{len(data)} bytes; at most {MAX_FILE_BYTES}")
+            raise ToolRefused("validation_failed", "FILE_TOO_LARGE", f"{len(data)} bytes; at most {MAX_FILE_BYTES}")
         if where.canonical == "." or os.path.isdir(where.real):
-            raise ToolRefused("failed", "IS_A_DIRECTORY", f"{where.canonical!r} is a directory", path=where.canonical)
+            raise ToolRefused("validation_failed", "IS_A_DIRECTORY", f"{where.canonical!r} is a directory", path=where.canonical)
         existed = os.path.lexists(where.real)
         parent = os.path.dirname(where.real)
         tmp = os.path.join(parent, f".lltmp-{secrets.token_hex(6)}")
@@ -236,7 +237,7 @@ class Workspaces:
         except OSError as exc:
             if os.path.lexists(tmp):
                 os.unlink(tmp)
-            raise ToolRefused("failed", "IO_ERROR", f"cannot write {where.canonical!r}: {exc.strerror}",
+            raise ToolRefused("validation_failed", "IO_ERROR", f"cannot write {where.canonical!r}: {exc.strerror}",
                                    path=where.canonical) from None
         return {"path": where.canonical, "bytes": len(data), "sha256": content_version(data), "created": not existed}
 
@@ -249,16 +250,16 @@ def _read_bytes(where: ResolvedPath) -> bytes | None:
     except (FileNotFoundError, NotADirectoryError):  # README.md/x names nothing
         return None
     except IsADirectoryError:
-        raise ToolRefused("failed", "IS_A_DIRECTORY", f"{where.canonical!r} is a directory", path=where.canonical) from None
+        raise ToolRefused("validation_failed", "IS_A_DIRECTORY", f"{where.canonical!r} is a directory", path=where.canonical) from None
     except OSError as exc:
-        raise ToolRefused("failed", "IO_ERROR", f"cannot open {where.canonical!r}: {exc.strerror}",
+        raise ToolRefused("validation_failed", "IO_ERROR", f"cannot open {where.canonical!r}: {exc.strerror}",
                                path=where.canonical) from None
     try:
         if os.path.isdir(where.real):
-            raise ToolRefused("failed", "IS_A_DIRECTORY", f"{where.canonical!r} is a directory", path=where.canonical)
+            raise ToolRefused("validation_failed", "IS_A_DIRECTORY", f"{where.canonical!r} is a directory", path=where.canonical)
         size = os.fstat(fd).st_size
         if size > MAX_FILE_BYTES:
-            raise ToolRefused("failed", "FILE_TOO_LARGE", f"{where.canonical!r} is {size} bytes; at most {MAX_FILE_BYTES}")
+            raise ToolRefused("validation_failed", "FILE_TOO_LARGE", f"{where.canonical!r} is {size} bytes; at most {MAX_FILE_BYTES}")
         chunks = []
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)

@@ -50,7 +50,7 @@ def test_reused_call_id_is_matched_by_position(tmp_path: Path) -> None:
     result = import_traces("tau-bench", [path], home=tmp_path / "home")
     assert result.runs == 1
     ops = sorted(table(tmp_path / "home", "operations"), key=lambda o: o["step"])
-    assert [(o["tool"], o["outcome"]) for o in ops] == [("get_order", "success"), ("cancel_order", "failed")]
+    assert [(o["tool"], o["outcome"]) for o in ops] == [("get_order", "success"), ("cancel_order", "validation_failed")]
     events = [json.loads(e["payload_json"]) for e in table(tmp_path / "home", "events") if e["kind"] == "operation_result"]
     assert [e["error_code"] for e in events] == [None, "NOT_FOUND"]
     assert events[0]["evidence"] == [{"kind": "get_order", "subject": "A"}]
@@ -132,7 +132,7 @@ def test_parallel_calls_are_matched_by_id_whatever_their_order(tmp_path: Path) -
                              "metadata": {"id": "x1", "model": "gpt-4.1", "reward": 1}})
     import_traces("openai-jsonl", [path], home=tmp_path / "home")
     ops = {o["call_id"]: o for o in table(tmp_path / "home", "operations")}
-    assert (ops["c1"]["outcome"], ops["c2"]["outcome"]) == ("success", "failed")
+    assert (ops["c1"]["outcome"], ops["c2"]["outcome"]) == ("success", "validation_failed")
     assert ops["c1"]["step"] == ops["c2"]["step"] == 1
     (run,) = table(tmp_path / "home", "runs")
     assert (run["model_route"], run["reward"], run["tenant"]) == ("gpt-4.1", 1.0, "openai-jsonl")
@@ -155,7 +155,7 @@ def test_legacy_function_call_shape(tmp_path: Path) -> None:
     path = _jsonl(tmp_path, {"messages": messages, "functions": [t["function"] for t in TOOLS["tools"]]})
     import_traces("openai-jsonl", [path], home=tmp_path / "home")
     ops = sorted(table(tmp_path / "home", "operations"), key=lambda o: o["step"])
-    assert [(o["tool"], o["outcome"]) for o in ops] == [("get_order", "failed"), ("get_order", "success")]
+    assert [(o["tool"], o["outcome"]) for o in ops] == [("get_order", "validation_failed"), ("get_order", "success")]
     results = [json.loads(e["payload_json"]) for e in table(tmp_path / "home", "events") if e["kind"] == "operation_result"]
     assert results[0]["error_code"] == "TIMEOUT"
     second = sorted(table(tmp_path / "home", "candidates"), key=lambda c: c["step"])[1]

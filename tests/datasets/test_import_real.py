@@ -56,7 +56,7 @@ def test_counts_rewards_and_outcomes_match_the_source(real_home: Path, external:
         assert sum(r["tool_calls"] for r in mine) == c["calls"]
         assert sum(1 for o in ops if o["run_id"] in ids) == c["calls"]
         assert sum(1 for x in candidates if x["run_id"] in ids) == c["candidates"]
-        assert sum(1 for o in ops if o["run_id"] in ids and o["outcome"] == "failed") == c["failed"]
+        assert sum(1 for o in ops if o["run_id"] in ids and o["outcome"] == "validation_failed") == c["failed"]
         # One import label per run, on its final candidate: accept iff reward 1.
         mine_labels = [lab for lab in labels if lab["run_id"] in ids]
         assert len(mine_labels) == c["runs"]
@@ -99,7 +99,7 @@ def test_reused_tool_call_ids_in_tau_bench_are_matched_by_position(real_home: Pa
             for k, _ in enumerate(m.get("tool_calls") or []):
                 answer = traj[i + 1 + k] if i + 1 + k < len(traj) and traj[i + 1 + k]["role"] == "tool" else None
                 expected.append("unknown_outcome" if answer is None else
-                                "failed" if answer["content"].startswith("Error") else "success")
+                                "validation_failed" if answer["content"].startswith("Error") else "success")
     runs = {(r["task_id"], json.loads(r["spec_json"])["imported"]["source_id"]): r["run_id"]
             for r in table(real_home, "runs") if r["tenant"] == "tau-bench"}
     wanted = [runs[(f"airline/{r['task_id']}", f"{r['task_id']}:{r['trial']}:{records.index(r)}")] for r in reused]

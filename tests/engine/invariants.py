@@ -17,7 +17,7 @@ import pyarrow.dataset as ds
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "CANCEL_UNKNOWN", "BUDGET_EXHAUSTED", "POLICY_STOPPED", "EXPIRED"}
 RESULT_OUTCOMES = {
-    "success", "failed", "validation_failed", "permission_denied", "approval_required", "timeout", "cancelled",
+    "success", "validation_failed", "permission_denied", "approval_required", "timeout", "cancelled",
     "background_accepted", "unknown_outcome", "unknown_or_disabled_tool",
 }
 

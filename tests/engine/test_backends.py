@@ -203,14 +203,14 @@ def test_workspace_failures(backend: DemoBackend) -> None:
     assert call(backend, "workspace.list", {"path": "README.md"}).error_code == "NOT_A_DIRECTORY"
     assert call(backend, "workspace.write_file", {"path": ".", "content": "x"}).error_code == "IS_A_DIRECTORY"
     missing = call(backend, "workspace.list", {"path": "nowhere"})
-    assert (missing.outcome, missing.error_code, missing.evidence) == ("failed", "NOT_FOUND", ())
+    assert (missing.outcome, missing.error_code, missing.evidence) == ("validation_failed", "NOT_FOUND", ())
 
 
 def test_write_with_expected_resource_version(backend: DemoBackend) -> None:
     current = call(backend, "workspace.read_file", {"path": "README.md"}).result["sha256"]
     stale = call(backend, "workspace.write_file", {"path": "README.md", "content": "a"},
                  expected_resource_version="0" * 64)
-    assert (stale.outcome, stale.error_code, stale.result["current_version"]) == ("failed", "STATE_CONFLICT", current)
+    assert (stale.outcome, stale.error_code, stale.result["current_version"]) == ("validation_failed", "STATE_CONFLICT", current)
     fresh = call(backend, "workspace.write_file", {"path": "README.md", "content": "a"},
                  expected_resource_version=current)
     assert fresh.outcome == "success"
@@ -226,7 +226,7 @@ def test_update_address_conflict_returns_current_version(backend: DemoBackend) -
     first = call(backend, "orders.update_address", {"order_id": "ORD-1003", "address": ADDRESS, "expected_version": 1})
     assert first.result["version"] == 2
     stale = call(backend, "orders.update_address", {"order_id": "ORD-1003", "address": ADDRESS, "expected_version": 1})
-    assert (stale.outcome, stale.error_code, stale.evidence) == ("failed", "STATE_CONFLICT", ())
+    assert (stale.outcome, stale.error_code, stale.evidence) == ("validation_failed", "STATE_CONFLICT", ())
     assert stale.result["current_version"] == 2
     assert not stale.executed
     after = call(backend, "orders.get_order", {"order_id": "ORD-1003"}).result
@@ -258,7 +258,7 @@ def test_unknown_order_is_not_found(backend: DemoBackend) -> None:
     for tool, args in (("orders.get_order", {"order_id": "ORD-9999"}),
                        ("payments.refund", {"order_id": "ORD-9999", "amount": 1})):
         outcome = call(backend, tool, args)
-        assert (outcome.outcome, outcome.error_code, outcome.evidence) == ("failed", "NOT_FOUND", ())
+        assert (outcome.outcome, outcome.error_code, outcome.evidence) == ("validation_failed", "NOT_FOUND", ())
 
 
 # --- tenant isolation ---------------------------------------------------------------------------
@@ -337,10 +337,10 @@ REFUND = {"order_id": "ORD-1042", "amount": 25.0}
     [
         ("timeout_before_commit", "unknown_outcome", "TIMEOUT", 0),
         ("timeout_after_commit", "unknown_outcome", "TIMEOUT", 1),
-        ("rate_limit", "failed", "RATE_LIMIT", 0),
+        ("rate_limit", "cancelled", "RATE_LIMIT", 0),
         ("permission_denied", "permission_denied", "PERMISSION_DENIED", 0),
-        ("state_conflict", "failed", "STATE_CONFLICT", 0),
-        ("fails", "failed", "PROVIDER_ERROR", 0),
+        ("state_conflict", "validation_failed", "STATE_CONFLICT", 0),
+        ("fails", "validation_failed", "PROVIDER_ERROR", 0),
     ],
 )
 def test_fault_kinds_on_a_side_effect(backend: DemoBackend, kind: str, outcome: str, code: str, executions: int) -> None:
@@ -386,7 +386,7 @@ def test_fault_kinds_on_a_read(backend: DemoBackend, kind: str) -> None:
 
 def test_fails_on_tests_run_reports_failing_tests(backend: DemoBackend) -> None:
     red = call(backend, "tests.run", {"suite": "unit"}, faults=fault("tests.run", "fails"))
-    assert (red.outcome, red.status, red.error_code, red.evidence) == ("failed", "failed", "TESTS_FAILED", ())
+    assert (red.outcome, red.status, red.error_code, red.evidence) == ("validation_failed", "failed", "TESTS_FAILED", ())
     assert red.result["failed"] == 3
     assert "FAILED tests/unit/test_refunds.py::test_refunds_0007" in red.result["log"]
     green = call(backend, "tests.run", {"suite": "unit"}, call=2, faults=fault("tests.run", "fails"))
@@ -400,7 +400,7 @@ def test_fails_on_other_tools(backend: DemoBackend, tool: str, code: str) -> Non
             "orders.update_address": {"order_id": "ORD-1031", "address": ADDRESS, "expected_version": 1},
             "deploy.service": {"service": "api", "version": "3"}}[tool]
     got = call(backend, tool, args, key="fk", faults=fault(tool, "fails"))
-    assert (got.outcome, got.error_code, got.executed) == ("failed", code, False)
+    assert (got.outcome, got.error_code, got.executed) == ("validation_failed", code, False)
     assert backend.execution_count("fk") == 0
 
 
@@ -462,7 +462,7 @@ def test_honoured_key_executes_once_and_replays_the_result(backend: DemoBackend,
     assert second.result == json.loads(canonical_json(first.result)) and second.evidence == first.evidence
     assert (backend.execution_count("w1"), backend.delivery_count("w1")) == (1, 2)
     conflict = call(backend, "workspace.write_file", {"path": "src/once.txt", "content": "v2"}, key="w1")
-    assert (conflict.outcome, conflict.error_code) == ("failed", "IDEMPOTENCY_CONFLICT")
+    assert (conflict.outcome, conflict.error_code) == ("validation_failed", "IDEMPOTENCY_CONFLICT")
     assert (home / "workspaces" / "run-1" / "acme" / "src" / "once.txt").read_text() == "v1"
 
 
@@ -565,7 +565,7 @@ def test_export_fails_in_the_background(backend: DemoBackend, monkeypatch: pytes
     at(monkeypatch, 2)
     done = backend.poll_work(accepted.work_id)
     assert done.state == "failed" and done.outcome is not None
-    assert (done.outcome.outcome, done.outcome.error_code, done.outcome.evidence) == ("failed", "EXPORT_FAILED", ())
+    assert (done.outcome.outcome, done.outcome.error_code, done.outcome.evidence) == ("validation_failed", "EXPORT_FAILED", ())
 
 
 def test_cancel_work(backend: DemoBackend, monkeypatch: pytest.MonkeyPatch) -> None:

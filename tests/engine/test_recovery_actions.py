@@ -177,12 +177,12 @@ def test_rate_limit_with_no_time_left_fails_the_operation_instead_of_sleeping(tm
                  env=pinned)
     assert r.outcome == ("SUCCEEDED", "completed")
     (op,) = r.operations()
-    assert (op["outcome"], op["dispatches"]) == ("failed", 1)
+    assert (op["outcome"], op["dispatches"]) == ("cancelled", 1)
     assert r.deliveries(op["key"]) == 1 and r.executions(op["key"]) == 0
     assert r.events("dispatch_refused") == []
     (result,) = r.events("operation_result")
     assert result["error_code"] == "RATE_LIMIT"
-    assert [m["outcome"] for m in r.context(2)["messages"] if m.get("role") == "tool"] == ["failed"]
+    assert [m["outcome"] for m in r.context(2)["messages"] if m.get("role") == "tool"] == ["cancelled"]
     assert all_violations(r.home) == []
 
 
@@ -208,10 +208,10 @@ def test_state_conflict_gives_the_model_the_conflict_and_the_current_version(tmp
     r = Recorded(tmp_path, STATE_CONFLICT)
     assert r.outcome == ("SUCCEEDED", "completed")
     first, second = r.operations()
-    assert (first["outcome"], first["dispatches"]) == ("failed", 1)
+    assert (first["outcome"], first["dispatches"]) == ("validation_failed", 1)
     assert r.executions(first["key"]) == 0 and r.executions(second["key"]) == 1
     (conflict,) = [m for m in r.context(2)["messages"] if m.get("role") == "tool"]
-    assert conflict["tool"] == "orders.update_address" and conflict["outcome"] == "failed"
+    assert conflict["tool"] == "orders.update_address" and conflict["outcome"] == "validation_failed"
     content = conflict["content"]["result"]
     assert content["error"] == "STATE_CONFLICT"
     assert (content["order_id"], content["current_version"]) == ("ORD-1045", 1)
@@ -238,7 +238,7 @@ def test_other_error_codes_go_to_the_model_a_bounded_number_of_times(tmp_path: P
     r = Recorded(tmp_path, UNKNOWN_CODES)
     assert r.outcome == ("FAILED", "loop_detected")
     ops = r.operations()
-    assert {op["outcome"] for op in ops} == {"failed"}
+    assert {op["outcome"] for op in ops} == {"validation_failed"}
     # Each error went back to the model in the next step's context ...
     for step in range(2, r.model_steps() + 1):
         tool_messages = [m for m in r.context(step)["messages"] if m.get("role") == "tool"]
@@ -294,13 +294,13 @@ model:
 """
 
 
-def test_fails_is_a_failed_outcome_with_a_reduced_log_and_the_full_log_kept(tmp_path: Path) -> None:
+def test_fails_is_a_validation_failed_outcome_with_a_reduced_log_and_the_full_log_kept(tmp_path: Path) -> None:
     r = Recorded(tmp_path, TESTS_FAIL)
     assert r.outcome == ("SUCCEEDED", "completed")
     (op,) = r.operations()
-    assert op["outcome"] == "failed"
+    assert op["outcome"] == "validation_failed"
     (result,) = r.events("operation_result")
-    assert (result["outcome"], result["error_code"], result["evidence"]) == ("failed", "TESTS_FAILED", [])
+    assert (result["outcome"], result["error_code"], result["evidence"]) == ("validation_failed", "TESTS_FAILED", [])
     summary = result["summary"]
     assert summary["full_artifact"] == result["result_artifact_id"]
     assert summary["summary"]["failed"] == 3 and len(summary["failures"]) == 3
