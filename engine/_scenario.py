@@ -114,6 +114,21 @@ class Contract(_Strict):
     wait_ttl_s: float = Field(default=86_400, gt=0, le=MAX_SECONDS)
     version: Int = 1
 
+    @field_validator("required_evidence")
+    @classmethod
+    def _known_kinds(cls, entries: list[str]) -> list[str]:
+        # A kind no tool gives could never be met: the run would end as if
+        # the model had failed, for a typo in the scenario.
+        from ._tools import EVIDENCE_KIND
+
+        kinds = sorted(set(EVIDENCE_KIND.values()))
+        for index, entry in enumerate(entries):
+            kind, _, subject = entry.partition(":")
+            if kind not in kinds or (":" in entry and not subject):
+                raise ValueError(f"item {index}, {entry!r}, is no evidence a tool gives; expected KIND or "
+                                 f"KIND:SUBJECT, KIND one of {', '.join(kinds)}")
+        return entries
+
 
 class Budgets(_Strict):
     max_steps: Int | None = Field(default=None, ge=1)
