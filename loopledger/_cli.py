@@ -171,18 +171,33 @@ def _bundled_scenarios() -> Path:
 def _drive(runner: Any, scenarios: list[Any], versions: list[str], model: str, concurrency: int,
            show_progress: bool) -> list[tuple[str, Any]]:
     """Create a run per scenario and prompt version, drive them all; return (run_id, scenario)."""
+    created = [(runner.create(s, v, model), s) for v in versions for s in scenarios]
+    _drive_ids(runner, [run_id for run_id, _ in created], concurrency, show_progress)
+    return created
+
+
+def _drive_ids(runner: Any, ids: list[str], concurrency: int, show_progress: bool) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    created = [(runner.create(s, v, model), s) for v in versions for s in scenarios]
-    ids = [run_id for run_id, _ in created]
     if not show_progress:
         runner.drive_all(ids, concurrency)
-        return created
+        return
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=True) as progress:
         task = progress.add_task("runs", total=len(ids))
         runner.drive_all(ids, concurrency, on_settled=lambda _: progress.advance(task))
-    return created
+
+
+def _stopped(drive: Any) -> Any:
+    """``drive()``; the RunsStopped it raised, if any, to raise after the
+    other runs' rows are printed."""
+    from loopledger.engine import RunsStopped
+
+    try:
+        drive()
+    except RunsStopped as exc:
+        return exc
+    return None
 
 
 def _outcome_json(outcome: Any) -> dict[str, Any]:
@@ -232,7 +247,9 @@ def run(
             check_script(scenario, prompt_version)
     runner = Runner(_home(home, store))
     try:
-        created = _drive(runner, scenarios, [prompt_version], model, concurrency, show_progress=not as_json)
+        created = [(runner.create(s, prompt_version, model), s) for s in scenarios]
+        stopped = _stopped(lambda: _drive_ids(runner, [run_id for run_id, _ in created], concurrency,
+                                              show_progress=not as_json))
         outcomes = [runner.outcome(run_id, scenario) for run_id, scenario in created]
     finally:
         runner.close()
@@ -257,6 +274,8 @@ def run(
         console = Console()
         console.print(table)
         _print_tokens(console, outcomes)
+    if stopped is not None:
+        raise stopped
     if check and failed:
         raise typer.Exit(EXIT_FAILED)
 
@@ -338,11 +357,13 @@ def resume(
     runner = Runner(_home(home, store), auto_reply=False)
     try:
         ids = [r.run_id for r in runner.store.list_runs(s for s in State if s not in TERMINAL)]
-        runner.drive_all(ids, concurrency, wait_for_tools=False)
+        stopped = _stopped(lambda: runner.drive_all(ids, concurrency, wait_for_tools=False))
         outcomes = [runner.outcome(run_id) for run_id in ids]
     finally:
         runner.close()
     _print_outcomes(outcomes, as_json, f"{len(outcomes)} run(s) resumed")
+    if stopped is not None:
+        raise stopped
 
 
 @app.command()

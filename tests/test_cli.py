@@ -143,3 +143,47 @@ def test_a_testing_hook_that_cannot_mean_anything_is_refused_up_front(tmp_path: 
     assert result.returncode == 2
     assert_one_clear_line(result.stderr, "bad input", *names)
     assert not (tmp_path / "home").exists()
+
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "datasets" / "scenarios"
+
+#: Loaded by Python at start-up (``sitecustomize``): the engine's drive
+#: fails with an unexpected error for the runs of one task.
+BREAK_ONE_TASK = """\
+from loopledger.engine._controller import Controller
+
+_drive = Controller.drive
+
+
+def drive(self, run_id):
+    if run_id.startswith("happy-read-file."):
+        raise TypeError("an engine bug")
+    return _drive(self, run_id)
+
+
+Controller.drive = drive
+"""
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_run_stopped_by_an_engine_bug_is_one_line_exit_3_and_the_others_finish(tmp_path: Path,
+                                                                                 as_json: bool) -> None:
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(BREAK_ONE_TASK)
+    files = [str(SCENARIOS / f"{name}.yaml") for name in ("happy-read-file", "happy-refund", "happy-list-then-read")]
+    result = cli("run", *files, "--home", str(tmp_path / "home"), *(["--json"] if as_json else []),
+                 env={"PYTHONPATH": str(hooks)})
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert_one_clear_line(result.stderr, "happy-read-file.", "stopped by an unexpected error",
+                          "TypeError: an engine bug")
+    # The other runs finished and are reported; the stopped one is shown where it stopped.
+    if as_json:
+        lines = {json.loads(line)["task_id"]: json.loads(line)["status"] for line in result.stdout.splitlines()}
+        assert lines == {"happy-read-file": "READY", "happy-refund": "SUCCEEDED", "happy-list-then-read": "SUCCEEDED"}
+    else:
+        assert result.stdout.count("SUCCEEDED") == 2 and "READY" in result.stdout
+    # resume meets the same bug: the same line, the same exit code, the run still where it was.
+    again = cli("resume", "--home", str(tmp_path / "home"), env={"PYTHONPATH": str(hooks)})
+    assert again.returncode == 3, (again.stdout, again.stderr)
+    assert_one_clear_line(again.stderr, "happy-read-file.", "stays at its last committed state")
