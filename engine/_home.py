@@ -82,4 +82,7 @@ def open_journal(url: str):  # -> RunStore
         from ._sqlite import SQLiteRunStore
 
         return SQLiteRunStore(url.removeprefix("sqlite:"))
-    raise BadInput("--store", f"unsupported store URL {url!r}; expected sqlite:PATH or postgresql://...")
+    from ._postgres import redact
+
+    # Whatever the URL is, a password in it is not printed.
+    raise BadInput("--store", f"unsupported store URL {redact(url)!r}; expected sqlite:PATH or postgresql://...")

@@ -50,8 +50,11 @@ MIGRATION_LOCK = 7_400_000_001
 #: label, and taken (exclusive) by an export while its snapshot is made.
 LABELS_LOCK = 7_400_000_002
 URL_PREFIXES = ("postgresql://", "postgres://")
-#: A password in a URL: ``user:PASSWORD@`` or a ``password=`` parameter.
-_PASSWORDS = (re.compile(r"://[^:/@?]*:([^@/?]*)@"), re.compile(r"[?&]password=([^&]*)"))
+#: A password in a URL or a connection string: ``user:PASSWORD@`` (up to the
+#: last ``@`` of the authority: a password may hold an unencoded one), a
+#: ``password=`` parameter, or ``password=`` among ``key=value`` settings.
+_PASSWORDS = (re.compile(r"://[^:/@?]*:([^/?]*)@"), re.compile(r"[?&]password=([^&]*)"),
+              re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)"))
 #: Connection settings a URL does not give: a dead server or network is
 #: found out in seconds instead of hanging a commit for ever.
 CONNECT_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",

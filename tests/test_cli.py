@@ -77,6 +77,27 @@ def test_an_unsupported_store_url_is_bad_input(tmp_path: Path) -> None:
     assert_one_clear_line(result.stderr, "--store", "mysql://db/x")
 
 
+@pytest.mark.parametrize("url", [
+    "mysql://u:s3cr3tpw@h/db",
+    "POSTGRESQL://u:s3cr3tpw@127.0.0.1:1/db",
+    "host=127.0.0.1 password=s3cr3tpw",
+    "redis://h/db?password=s3cr3tpw",
+])
+def test_an_unsupported_store_url_never_shows_its_password(tmp_path: Path, url: str) -> None:
+    result = cli("export", "--home", str(tmp_path / "home"), "--store", url)
+    assert result.returncode == 2
+    assert_one_clear_line(result.stderr, "--store", "unsupported store URL", "***")
+    assert "s3cr3tpw" not in result.stderr + result.stdout
+
+
+def test_a_password_with_an_at_sign_is_masked_whole() -> None:
+    from loopledger.engine._postgres import redact
+
+    assert redact("postgresql://postgres:pa@ss@127.0.0.1:1/db") == "postgresql://postgres:***@127.0.0.1:1/db"
+    assert redact("host=h password='a b' user=u") == "host=h password=*** user=u"
+    assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
 def test_a_journal_that_is_not_a_database_is_an_infrastructure_failure(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
