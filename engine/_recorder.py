@@ -63,6 +63,8 @@ class ExportResult:
     export_id: int | None
     rows: dict[str, int] = field(default_factory=dict)  # rows written per table
     runs: int = 0  # runs with new events
+    #: Tables written again because their folder was deleted (before the new rows).
+    refilled: tuple[str, ...] = ()
 
     @property
     def appended(self) -> int:
@@ -189,6 +191,10 @@ class Recorder:
 
     def _export(self) -> ExportResult:
         traces_id = self._claim()
+        # A table folder with no file at all was deleted (an export always
+        # leaves at least the empty schema file): what this folder had of it
+        # is written again from the journal, before anything new.
+        lost = [name for name in TABLES if not any(self.table_dir(name).glob("*.parquet"))]
         self._make_table_dirs()
         self._finish_imports()
         self._finish_compactions()
@@ -201,9 +207,49 @@ class Recorder:
         result = ExportResult(None)
         for export_id, ranges_json, bounds_json in pending:
             result = self._publish(export_id, json.loads(ranges_json), json.loads(bounds_json))
+        refilled = self._refill(lost) if lost else None
         fresh = self._export_new()
         self._ensure_schema_files()
-        return fresh or result
+        if refilled is None:
+            return fresh or result
+        # One account of both: the refill's rows, then the new ones.
+        rows = dict(refilled.rows)
+        for name, n in (fresh.rows if fresh else {}).items():
+            rows[name] = rows.get(name, 0) + n
+        return ExportResult(fresh.export_id if fresh else refilled.export_id, rows,
+                            runs=fresh.runs if fresh else 0, refilled=tuple(refilled.rows))
+
+    def _refill(self, tables: Sequence[str]) -> ExportResult | None:
+        """Write ``tables`` again with every row this folder was given before
+        (each run's seqs up to its mark, labels up to the last bound), as an
+        intent of their own (``bounds["tables"]`` names them, so a redo after
+        a crash writes them alone). None when the folder was given nothing."""
+        store, traces_id = self.store, self._traces_id
+        with store._lock:
+            marks = store.execute(
+                store._conn, "SELECT run_id, events_hwm FROM export_marks WHERE traces_id = ? ORDER BY run_id",
+                (traces_id,)).fetchall()
+            last = store.execute(
+                store._conn, "SELECT bounds_json FROM exports WHERE status = 'done' AND traces_id = ?"
+                " ORDER BY export_id DESC LIMIT 1", (traces_id,)).fetchone()
+        if not marks and last is None:
+            return None
+        previous = json.loads(last[0]) if last else {}
+        bounds: dict[str, Any] = {}
+        for name in GLOBAL_SEQUENCES:
+            upto = previous.get(name, [0, 0])[1]
+            bounds[name] = [0 if name in tables else upto, upto]
+        bounds["tables"] = sorted(tables)
+        ranges = [[run_id, 0, hwm] for run_id, hwm in marks]
+        with store._write() as conn:
+            cursor = store.execute(
+                conn,
+                "INSERT INTO exports (created_at, status, ranges_json, bounds_json, traces_id)"
+                " VALUES (?, 'pending', ?, ?, ?) RETURNING export_id",
+                (now_us(), json.dumps(ranges), json.dumps(bounds, sort_keys=True), traces_id),
+            )
+            export_id = int(cursor.fetchall()[0][0])
+        return self._publish(export_id, ranges, bounds)
 
     def _export_new(self) -> ExportResult | None:
         store = self.store
@@ -249,7 +295,7 @@ class Recorder:
         self,
         export_id: int,
         ranges: Sequence[Sequence[Any]],
-        bounds: dict[str, list[int]],
+        bounds: dict[str, Any],
         reader: Any = None,
     ) -> ExportResult:
         store = self.store
@@ -264,7 +310,10 @@ class Recorder:
             reader.execute(store.ranges_table_sql)
             reader.execute("DELETE FROM _export_ranges")
             store.execute_many(reader, "INSERT INTO _export_ranges VALUES (?, ?, ?)", ranges)
+            only = bounds.get("tables")  # a refill writes these alone
             for name, table in TABLES.items():
+                if only is not None and name not in only:
+                    continue
                 params: tuple[Any, ...] = tuple(bounds[name]) if table.bounded else ()
                 cursor = store._stream(reader, table.select_sql(store.driving_join), params)
                 try:

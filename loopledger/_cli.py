@@ -128,6 +128,8 @@ def _print_export(result: Any, traces: Path) -> None:
     if result.export_id is None:
         console.print(f"Nothing new to export; traces in [bold]{traces}[/] are up to date.")
         return
+    if result.refilled:
+        console.print(f"Written again from the journal (their folders were deleted): {', '.join(result.refilled)}")
     table = Table(title=f"export {result.export_id}: {result.runs} run(s) with new events")
     table.add_column("table")
     table.add_column("rows written", justify="right")

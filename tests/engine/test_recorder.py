@@ -336,6 +336,27 @@ def test_a_new_recorder_on_the_same_journal_adds_no_rows(store: Any, traces: Pat
     assert assert_traces_equal_journal(traces, journal) == counts
 
 
+@pytest.mark.parametrize("deleted", [("events",), ("labels",), ("runs", "artifacts", "validations")])
+def test_a_deleted_table_folder_is_written_again_from_the_journal(store: Any, traces: Path, journal: Journal,
+                                                                   deleted: tuple[str, ...]) -> None:
+    """Not "up to date" with a table gone: the journal is the source of
+    truth, and what this folder had of the table comes back, once, beside
+    the rows that are new since."""
+    import shutil
+
+    populate(store, "a")
+    recorder = Recorder(store, traces)
+    recorder.export()
+    for name in deleted:
+        shutil.rmtree(traces / name)
+    advance(store, "a")
+    result = recorder.export()
+    assert set(result.refilled) == set(deleted)
+    assert_traces_equal_journal(traces, journal)
+    assert recorder.export().appended == 0
+    assert_traces_equal_journal(traces, journal)
+
+
 class Interrupted(Exception):
     pass
 
