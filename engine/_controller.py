@@ -219,6 +219,12 @@ class Controller(PeopleMixin):
     # -- READY ----------------------------------------------------------------
 
     def _ready(self, view: RunView, config: RunConfig) -> None:
+        first = view.step == 0
+        if first:
+            # The deadline's clock starts when the engine first takes the
+            # run up: a run created with a batch and queued behind the others
+            # has not started, and its outcome must not depend on the batch.
+            view.started_at = now_us()
         exhausted = self._exhausted_budget(view, config)
         if exhausted:
             self._finalize(view, "BUDGET_EXHAUSTED", exhausted)
@@ -230,12 +236,15 @@ class Controller(PeopleMixin):
         self._remember(context.artifact_id, plain, Context(
             messages=plain["messages"], tools=DEMO_TOOLS, policy=plain["policy"], contract=plain["contract"],
             tenant=plain["tenant"], budget=plain["budget"]))
+        payload: dict[str, Any] = {"context_id": context.artifact_id}
+        if first:
+            payload["clock_started_at"] = view.started_at
         self._move(
             view,
             State.MODEL_RUNNING,
             step=view.step + 1,
             attempt=1,
-            payload={"context_id": context.artifact_id},
+            payload=payload,
             artifacts=(context, registry),
         )
 

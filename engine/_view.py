@@ -208,6 +208,10 @@ class RunView:
             self.context_id = payload["context_id"]
             self.attempts_in_step = 0
             self.pending_messages = []
+            if "clock_started_at" in payload:
+                # The deadline counts from the first time the engine took
+                # the run up (see Controller._ready), not from its creation.
+                self.started_at = payload["clock_started_at"]
         if target is State.MODEL_RUNNING:
             self.attempts_in_step += 1
         self.step, self.attempt = step, attempt

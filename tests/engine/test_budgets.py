@@ -54,3 +54,37 @@ def test_tool_calls_used_exactly_leave_the_final_answer_free(tmp_path: Path) -> 
     scenario = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "budget-tool-calls-used-exactly.yaml"
     line, _ = run(scenario, tmp_path / "home")
     assert (line["status"], line["reason"]) == ("SUCCEEDED", "completed")
+
+
+def test_the_deadline_counts_from_when_the_engine_takes_the_run_up(tmp_path: Path) -> None:
+    """A run created with a batch and queued behind the others has not
+    started: its outcome does not depend on what else is in the batch."""
+    from loopledger.engine._home import Home
+    from loopledger.engine._runner import Runner
+    from loopledger.engine._scenario import load_scenario
+
+    path = tmp_path / "quick.yaml"
+    path.write_text("""\
+id: quick-lookup
+contract:
+  goal: Look ORD-1001 up
+  required_evidence: [order_found]
+  allowed_tools: [orders.get_order]
+budgets: {deadline_s: 0.5}
+model:
+  - tool_calls: [{name: orders.get_order, arguments: {order_id: ORD-1001}}]
+  - final: ORD-1001 is paid.
+    claims: [{text: paid, evidence: ["order_found:ORD-1001"]}]
+expect: {status: SUCCEEDED, reason: completed}
+""")
+    scenario = load_scenario(path)
+    runner = Runner(Home.resolve(tmp_path / "home"))
+    try:
+        run_id = runner.create(scenario, "v1")
+        time.sleep(0.7)  # queued for longer than its whole deadline
+        runner.drive_all([run_id], 1)
+        outcome = runner.outcome(run_id, scenario)
+    finally:
+        runner.close()
+    assert (outcome.status, outcome.reason) == ("SUCCEEDED", "completed"), outcome
+    assert all_violations(tmp_path / "home") == []
