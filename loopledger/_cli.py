@@ -530,10 +530,10 @@ def demo(
     example = next((o.run_id for o in outcomes if o.status != "SUCCEEDED"), outcomes[0].run_id if outcomes else "RUN_ID")
     console.print(f"Inspect one run:  [bold]loopledger show {escape(example)} {escape(where.options())}[/]",
                   soft_wrap=True)
-    _demo_replay(console, where)
+    _demo_replay(console, where, made=len(outcomes))
 
 
-def _demo_replay(console: Any, where: Any) -> None:
+def _demo_replay(console: Any, where: Any, made: int) -> None:
     """Replay the demo runs under the bundled default and strict suites and print the flips."""
     from rich.markup import escape
 
@@ -549,6 +549,13 @@ def _demo_replay(console: Any, where: Any) -> None:
                       f"{s.regressions} regression(s)")
         for (validator, old, new, _, _), kinds in flip_groups(result.diffs):
             console.print(f"  {validator}: {old} -> {new} x{sum(kinds.values())}")
+    replayed = next(iter(results.values())).summary.runs
+    if replayed > made:
+        # A replay reads the whole traces folder: say so when it holds more
+        # than this demo made, so the figures are not taken for the demo's.
+        console.print(f"(these replays cover every run in the traces folder: {replayed:,}, of which "
+                      f"{replayed - made:,} were there before this demo; give --home an empty folder to see "
+                      "the demo alone)")
     console.print(f"Open the workbench:  [bold]loopledger ui {escape(where.options())}[/]", soft_wrap=True)
     if where.store_url is not None and redact(where.store_url) != where.store_url:
         console.print("(the --store URL above has its password masked: give yours in its place)")

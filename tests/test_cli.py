@@ -208,3 +208,17 @@ def test_a_run_stopped_by_an_engine_bug_is_one_line_exit_3_and_the_others_finish
     again = cli("resume", "--home", str(tmp_path / "home"), env={"PYTHONPATH": str(hooks)})
     assert again.returncode == 3, (again.stdout, again.stderr)
     assert_one_clear_line(again.stderr, "happy-read-file.", "stays at its last committed state")
+
+
+@pytest.mark.slow
+def test_the_demo_runs_and_says_when_its_replays_cover_earlier_runs(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    first = cli("demo", "--home", str(home), env={"COLUMNS": "400"})
+    assert first.returncode == 0, first.stderr
+    assert "106 of 106 runs ended as their scenario expects" in first.stdout
+    assert "Replay with suite default" in first.stdout and "0 flip(s)" in first.stdout
+    assert "Replay with suite strict" in first.stdout and f"loopledger ui --home {home}" in first.stdout
+    assert "were there before" not in first.stdout
+    second = cli("demo", "--home", str(home), env={"COLUMNS": "400"})
+    assert second.returncode == 0, second.stderr
+    assert "212, of which 106 were there before this demo" in second.stdout
