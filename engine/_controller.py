@@ -850,28 +850,32 @@ class Controller(PeopleMixin):
             status = self.backend.poll_work(op.work_id)
             if status.state == "running":
                 return False
-            outcome = status.outcome
-            summary = None
-            if outcome is not None and outcome.result is not None:
-                summary = reduce_result(op.tool, outcome.result)
-            event = {
-                "work_id": op.work_id,
-                "operation_id": op.operation_id,
-                "state": status.state,
-                "evidence": [dict(e) for e in (outcome.evidence if outcome else ())],
-                "error_code": outcome.error_code if outcome else None,
-                "summary": summary,
-            }
-            # Its own event, linked by work_id: not a second result of the
-            # request (whose outcome stays background_accepted); the
-            # operation's tool status follows the work.
-            self._commit(view, Commit(view.run_id, view.state_version, None,
-                                      events=(NewEvent("work_completed", event),),
-                                      operation_updates=({"operation_id": op.operation_id,
-                                                          "status": status.state},)))
+            self._work_completed(view, op, status.state, status.outcome)
         # A new step: the model sees the results and the gate judges again.
         self._move(view, State.READY, payload={"work_completed": True})
         return True
+
+    def _work_completed(self, view: RunView, op: OpView, state: str, outcome: ToolOutcome | None,
+                        error_code: str | None = None) -> None:
+        """Background work has ended (``state``: succeeded, failed,
+        cancelled, or cancel_unconfirmed when a cancel could not be
+        confirmed). Its own event, linked by work_id: not a second result of
+        the request (whose outcome stays background_accepted); the
+        operation's tool status follows the work."""
+        summary = None
+        if outcome is not None and outcome.result is not None:
+            summary = reduce_result(op.tool, outcome.result)
+        event = {
+            "work_id": op.work_id,
+            "operation_id": op.operation_id,
+            "state": state,
+            "evidence": [dict(e) for e in (outcome.evidence if outcome else ())],
+            "error_code": outcome.error_code if outcome else error_code,
+            "summary": summary,
+        }
+        self._commit(view, Commit(view.run_id, view.state_version, None,
+                                  events=(NewEvent("work_completed", event),),
+                                  operation_updates=({"operation_id": op.operation_id, "status": state},)))
 
     # -- FINALIZING ------------------------------------------------------------------
 

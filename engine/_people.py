@@ -190,12 +190,16 @@ class PeopleMixin:
         unconfirmed: list[str] = []
         for op in view.pending_background():
             stopped = self.backend.cancel_work(op.work_id)
-            if stopped is None:  # False means it had already finished: nothing left to stop
+            if stopped is False:
+                # It had already ended: nothing left to stop; record how it
+                # ended, as a poll would have.
+                status = self.backend.poll_work(op.work_id)
+                self._work_completed(view, op, status.state, status.outcome)
+            elif stopped:
+                self._work_completed(view, op, "cancelled", None, "CANCELLED")
+            else:  # None: the backend cannot confirm that it stopped
                 unconfirmed.append(op.operation_id)
-            self._commit(view, Commit(view.run_id, view.state_version, None, events=(NewEvent("work_completed", {
-                "work_id": op.work_id, "operation_id": op.operation_id,
-                "state": "cancelled" if stopped else "cancel_unconfirmed", "evidence": [],
-                "error_code": "CANCELLED", "summary": None}),)))
+                self._work_completed(view, op, "cancel_unconfirmed", None, "CANCEL_UNCONFIRMED")
         for op in view.step_ops():
             if op.in_flight:
                 # Sent, answer unknown: nobody can say it did not happen.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -119,8 +120,11 @@ def test_cancel_of_long_background_work_that_cannot_confirm_its_stop_is_cancel_u
     assert proc.returncode == 0, proc.stderr
     assert run_state(home, run_id) == ("CANCEL_UNKNOWN", "cancelled")
     (done,) = events(home, run_id, "work_completed")
-    assert done["state"] == "cancel_unconfirmed"
+    assert (done["state"], done["error_code"]) == ("cancel_unconfirmed", "CANCEL_UNCONFIRMED")
     conn = sqlite3.connect(home / "journal.sqlite")
+    # The operation's tool status follows the work; its request's result stays background_accepted.
+    assert conn.execute("SELECT status, outcome FROM operations WHERE operation_id = ?",
+                        (done["operation_id"],)).fetchone() == ("cancel_unconfirmed", "background_accepted")
     # The model's early answer went through FINALIZING into WAITING_TOOL; the
     # cancel's is the last entry into FINALIZING, naming what nobody could stop.
     (payload,) = conn.execute(
@@ -142,7 +146,10 @@ def test_cancel_of_short_background_work_stops_it(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert run_state(home, run_id) == ("CANCELLED", "cancelled")
     (done,) = events(home, run_id, "work_completed")
-    assert done["state"] == "cancelled"
+    assert (done["state"], done["error_code"]) == ("cancelled", "CANCELLED")
+    assert sqlite3.connect(home / "journal.sqlite").execute(
+        "SELECT status, outcome FROM operations WHERE operation_id = ?", (done["operation_id"],)
+    ).fetchone() == ("cancelled", "background_accepted")
     backend = sqlite3.connect(home / "demo_backend.sqlite")
     assert backend.execute("SELECT state FROM work WHERE work_id = ?", (done["work_id"],)).fetchone() == ("cancelled",)
     assert all_violations(home) == []
@@ -163,3 +170,20 @@ def test_cancel_of_a_finished_run_and_of_an_unknown_run_exit_1(tmp_path: Path) -
     unknown = cli("cancel", "no-such-run", home=home)
     assert unknown.returncode == 1
     assert "no-such-run" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
+def test_cancel_after_the_background_work_ended_records_how_it_ended(tmp_path: Path) -> None:
+    """Nothing is left to stop: the work's end (here, success) is recorded
+    as a poll would have, and the run still ends CANCELLED, as asked."""
+    home = tmp_path / "home"
+    run_id = waiting_for_export(tmp_path, home, 0.2)
+    time.sleep(0.4)  # the export is done; nobody has polled it
+    proc = cli("cancel", run_id, home=home)
+    assert proc.returncode == 0, proc.stderr
+    assert run_state(home, run_id) == ("CANCELLED", "cancelled")
+    (done,) = events(home, run_id, "work_completed")
+    assert (done["state"], done["error_code"]) == ("succeeded", None)
+    assert done["evidence"] and done["evidence"][0]["kind"] == "report_ready"
+    assert sqlite3.connect(home / "journal.sqlite").execute(
+        "SELECT status FROM operations WHERE operation_id = ?", (done["operation_id"],)).fetchone() == ("succeeded",)
+    assert all_violations(home) == []
