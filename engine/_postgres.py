@@ -86,20 +86,38 @@ def connect(url: str) -> Any:
     psycopg = _psycopg()
     try:
         given = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.Error:
-        given = {}  # malformed: psycopg.connect says how, below
-    else:
-        if not given.get("dbname") and not os.environ.get("PGDATABASE"):
-            # libpq would pick a database named after the user (often the
-            # server's maintenance database) and the journal's tables would
-            # be made there.
-            raise BadInput("--store", f"{redact(url)} names no database; expected postgresql://HOST/DATABASE")
+    except psycopg.Error as exc:  # not a URL libpq can read: the input, not the server
+        raise BadInput("--store", f"{redact(url)}: {redact(' '.join(str(exc).split()), url)}") from None
+    _check_settings(url, given)
+    if not given.get("dbname") and not os.environ.get("PGDATABASE"):
+        # libpq would pick a database named after the user (often the
+        # server's maintenance database) and the journal's tables would
+        # be made there.
+        raise BadInput("--store", f"{redact(url)} names no database; expected postgresql://HOST/DATABASE")
     defaults = {key: value for key, value in CONNECT_DEFAULTS.items() if key not in given}
     try:
         return psycopg.connect(url, autocommit=True, **defaults)
     except psycopg.Error as exc:
         reason = redact(" ".join(str(exc).split()), url)
         raise JournalError(f"{redact(url)}: cannot open the journal: {reason}") from exc
+
+
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+_WHOLE = re.compile(r"^\d+$")
+
+
+def _check_settings(url: str, given: dict[str, Any]) -> None:
+    """Settings libpq would only refuse when connecting (and then as if the
+    server had failed): bad input, named."""
+    ports = str(given.get("port", "")).split(",") if given.get("port") else []
+    if any(not _WHOLE.match(port) for port in ports):
+        raise BadInput("--store", f"{redact(url)}: port {given['port']!r}; expected a whole number")
+    if "connect_timeout" in given and not _WHOLE.match(str(given["connect_timeout"])):
+        raise BadInput("--store", f"{redact(url)}: connect_timeout {given['connect_timeout']!r}; "
+                                  "expected whole seconds")
+    if "sslmode" in given and given["sslmode"] not in _SSLMODES:
+        raise BadInput("--store", f"{redact(url)}: sslmode {given['sslmode']!r}; expected one of "
+                                  f"{', '.join(_SSLMODES)}")
 
 
 class _PostgresMigrations(MigrationTarget):

@@ -222,3 +222,19 @@ def test_the_demo_runs_and_says_when_its_replays_cover_earlier_runs(tmp_path: Pa
     second = cli("demo", "--home", str(home), env={"COLUMNS": "400"})
     assert second.returncode == 0, second.stderr
     assert "212, of which 106 were there before this demo" in second.stdout
+
+
+@pytest.mark.parametrize(("url", "names"), [
+    ("postgresql://u:s3cr3t@127.0.0.1:notaport/db", ["port 'notaport'", "expected a whole number"]),
+    ("postgresql://u:s3cr3t@[::1", ["IPv6"]),
+    ("postgresql://u@127.0.0.1/db?bogusopt=1", ["bogusopt"]),
+    ("postgresql://u@127.0.0.1/db?sslmode=bogus", ["sslmode 'bogus'"]),
+    ("postgresql://u:s3cr3t@127.0.0.1/db?connect_timeout=abc", ["connect_timeout 'abc'"]),
+])
+def test_a_malformed_postgresql_url_is_bad_input_not_a_server_failure(tmp_path: Path, url: str,
+                                                                       names: list[str]) -> None:
+    pytest.importorskip("psycopg")
+    result = cli("export", "--home", str(tmp_path / "home"), "--store", url)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert_one_clear_line(result.stderr, "--store", *names)
+    assert "s3cr3t" not in result.stderr
