@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -65,6 +66,7 @@ class TracedRuns:
 
 def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from loopledger.canonical import canonical_json
@@ -123,10 +125,19 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
                            op["status"], op["outcome"] or "", str(op["dispatch_count"]))
     console.print(operations)
 
+    # The diagnosis and the wait are read whole: they say why the run
+    # stopped and what it waits for (the timeline above is clipped).
     for diagnosis in store.facts("loop_diagnoses", run_id):
+        evidence = diagnosis["evidence_json"]
         console.print(f"[bold red]loop diagnosis[/] step {diagnosis['step']}: {diagnosis['detector']} "
                       f"v{diagnosis['detector_version']} {diagnosis['pattern']} "
-                      f"{_short(canonical_json(diagnosis['evidence_json']) if not isinstance(diagnosis['evidence_json'], str) else diagnosis['evidence_json'])}")
+                      f"{evidence if isinstance(evidence, str) else canonical_json(evidence)}", soft_wrap=True)
+    if run.waiting_json:
+        waiting = json.loads(run.waiting_json)
+        text = (f"for {waiting.get('kind')}: {waiting.get('question') or ''}  expires {waiting.get('expires_at', '')}"
+                f"  wait {waiting.get('wait_id', '')}"
+                + (f"  answer schema {canonical_json(waiting['schema'])}" if waiting.get("schema") else ""))
+        console.print(f"[bold]waiting[/] {escape(text)}", soft_wrap=True)
 
 
 def comparison_table(outcomes: Sequence[Any]) -> Any:

@@ -81,6 +81,19 @@ def test_show_prints_a_timeline_and_unknown_runs_exit_1(recorded) -> None:
     assert missing.returncode == 1 and "no-such-run" in missing.stderr and "Traceback" not in missing.stderr
 
 
+def test_show_prints_the_diagnosis_and_the_wait_whole(recorded) -> None:
+    home, lines = recorded
+    looped = next(line["run_id"] for line in lines if line["task_id"] == "loop-repeated-call")
+    shown = loopledger("show", looped, home=home).stdout
+    (diagnosis,) = [x for x in shown.splitlines() if x.startswith("loop diagnosis")]
+    evidence = json.loads(diagnosis.split(" repeated_call ", 1)[1])
+    assert evidence["pattern"] == "repeated_call" and len(evidence["call"]) > 60
+    waiting = next(line for line in lines if line["task_id"] == "ask-user-bad-answer")
+    shown = loopledger("show", waiting["run_id"], home=home).stdout
+    (wait,) = [x for x in shown.splitlines() if x.startswith("waiting for user")]
+    assert waiting["waiting"]["expires_at"] in wait and '"pattern":"^ORD-[0-9]{4}$"' in wait
+
+
 def test_a_timeout_after_commit_is_reconciled_not_resent(recorded) -> None:
     home, lines = recorded
     import sqlite3
