@@ -259,6 +259,13 @@ class Conversation:
         return f"{self.source}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     @property
+    def legacy_run_id(self) -> str:
+        """The id an import gave this run before ids held the content: a
+        trace folder that has it imported the run already."""
+        key = f"{self.source}|{self.file}|{self.source_id}"
+        return f"{self.source}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+    @property
     def prompt_version(self) -> str:
         return "sha256:" + hashlib.sha256(self.system_prompt.encode()).hexdigest()[:12]
 

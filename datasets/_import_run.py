@@ -302,8 +302,10 @@ def _write_pieces(job: _Job, pieces: Sequence[Piece], rows: Any) -> tuple[Any, d
         # cut between shares are checked by one share or the other.
         totals[index], conversations = _read_file(job.source, job.source.files[index], lo, hi)
         for conv in conversations:
-            if conv.run_id in job.existing or conv.run_id in seen:
-                continue  # a run repeated (in a file or across files) is imported once
+            if conv.run_id in job.existing or conv.run_id in seen or conv.legacy_run_id in job.existing:
+                # A run repeated (in a file or across files) is imported once;
+                # one imported before run ids held the content is known by its old id.
+                continue
             seen.add(conv.run_id)
             counts[index]["runs"] += 1
             try:

@@ -95,10 +95,12 @@ def _check_overlap(traces: TraceSet, baseline: str, folder: Path, files: Sequenc
     runs, decided = traces.tables["runs"].files, files
     if not runs or not decided:
         return
-    shared = duckdb.sql(
-        f"SELECT count(*) FROM (SELECT DISTINCT run_id FROM {_files_sql(decided)}) b "
-        f"SEMI JOIN (SELECT run_id FROM {_files_sql(runs)}) r ON r.run_id = b.run_id").fetchone()
-    if shared is not None and shared[0] == 0:
+    # A baseline that decided nothing (its runs never validated a candidate)
+    # says nothing about which traces it replayed.
+    counts = duckdb.sql(
+        f"SELECT count(*), count(*) FILTER (WHERE b.run_id IN (SELECT run_id FROM {_files_sql(runs)})) "
+        f"FROM (SELECT DISTINCT run_id FROM {_files_sql(decided)}) b").fetchone()
+    if counts is not None and counts[0] > 0 and counts[1] == 0:
         try:
             other = json.loads((folder / "replay.json").read_text(encoding="utf-8")).get("traces", "?")
         except (OSError, ValueError):

@@ -158,8 +158,8 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
         lines += ["", "## Flips by validator", "", "| validator | baseline | replay | kinds | count |",
                   "|---|---|---|---|---:|"]
         for (validator, old, new, versions, _), kinds in groups:
-            tag = f" (versions {versions})" if versions else ""
-            lines.append(f"| {_code(validator)}{_cell(tag)} | {_cell(old)} | {_cell(new)} | {_kinds(kinds)} | "
+            tag = f" {_cell(f'(versions {versions})')}" if versions else ""
+            lines.append(f"| {_code(validator)}{tag} | {_cell(old)} | {_cell(new)} | {_kinds(kinds)} | "
                          f"{sum(kinds.values())} |")
     regressions = [d for d in result.diffs if d.kind == "regression"]
     if regressions:

@@ -118,6 +118,8 @@ def _check_types(path: Path, table: str, schema: Any, required: Sequence[str]) -
 
     for column in required:
         kind = schema.field(column).type
+        if pa.types.is_dictionary(kind):  # categorical text, as pandas, polars and pyarrow may write it
+            kind = kind.value_type
         if pa.types.is_null(kind):
             continue
         if column in INTEGER_COLUMNS:

@@ -96,6 +96,19 @@ def test_two_runs_that_share_a_file_name_and_an_id_are_both_kept(tmp_path: Path)
     assert (again.runs, again.skipped) == (0, 2)
 
 
+def test_runs_imported_before_ids_held_the_content_are_not_imported_again(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopledger.datasets._import_model import Conversation
+
+    path = _tau_bench_file(tmp_path)
+    with monkeypatch.context() as patched:  # an import made by the earlier form of run ids
+        patched.setattr(Conversation, "run_id", Conversation.legacy_run_id)
+        assert import_traces("tau-bench", [path], home=tmp_path / "home").runs == 1
+    again = import_traces("tau-bench", [path], home=tmp_path / "home")
+    assert (again.runs, again.skipped) == (0, 1)
+    assert len(table(tmp_path / "home", "runs")) == 1
+
+
 def test_a_record_given_twice_in_one_file_is_imported_once(tmp_path: Path) -> None:
     path = _jsonl(tmp_path, _chat("alpha", 1, id="x"), _chat("alpha", 1, id="x"))
     done = import_traces("openai-jsonl", [path], home=tmp_path / "home")

@@ -385,3 +385,27 @@ def test_markdown_cells_hold_whatever_the_run_ids_hold() -> None:
     assert _code("ten|ant`<x>") == "`` ten\\|ant`<x> ``"
     assert _code("plain") == "`plain`"
     assert _cell("a|b\nc") == "a\\|b c"
+
+
+def test_a_baseline_replay_that_decided_nothing_is_still_a_baseline(tmp_path: Path) -> None:
+    """Runs that never validated a candidate give a replay with no
+    decisions: it still is a replay of these traces."""
+    home = tmp_path / "home"
+    files = [str(REPO_SCENARIOS / f"{name}.yaml") for name in ("model-content-filter", "model-truncated-exhausted")]
+    assert cli("run", *files, "--home", str(home)).returncode == 0
+    assert cli("replay", "--suite", "default", "--home", str(home)).returncode == 0
+    (first,) = [p.name for p in (home / "replays").iterdir()]
+    out = cli("replay", "--suite", "default", "--baseline", first, "--fail-on", "flips", "--home", str(home))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_categorical_text_columns_are_text(home_copy: Path) -> None:
+    """pandas, polars and pyarrow may write a text column dictionary-encoded."""
+    (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
+    t = pq.read_table(path)
+    index = t.schema.get_field_index("status")
+    pq.write_table(t.set_column(index, "status", t.column("status").dictionary_encode()), path)
+    assert pq.read_schema(path).field("status").type.value_type == pa.string()
+    out = replay_on(home_copy, "--fail-on", "flips")
+    assert out.returncode == 0, out.stdout + out.stderr
+

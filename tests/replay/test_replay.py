@@ -153,6 +153,11 @@ def test_a_comparison_across_validator_versions_is_shown_as_such(home_copy: Path
     assert len(flips) == 1 and flips[0].across_versions
     assert (flips[0].baseline_validator_version, flips[0].replay_validator_version) == ("0", "1")
     assert result.summary.flips_across_versions == 1
+    # The Markdown report shows the flip as one across versions, in its own cell.
+    from loopledger.replay._report import markdown
+
+    (row,) = [line for line in markdown(result, "flips").splitlines() if line.startswith("| `completion_gate`")]
+    assert row.startswith("| `completion_gate` (versions 0→1) | ")
 
 
 def test_the_replay_tables(default_replay: ReplayResult) -> None:
