@@ -66,7 +66,7 @@ def scenario_of(record: RunRecord) -> Scenario:
     with _SCENARIOS_LOCK:
         parsed = _SCENARIOS.get(record.spec_json)
     if parsed is None:
-        parsed = parse_scenario(record.spec, source=source)
+        parsed = parse_scenario(record.spec, source=source, stored=True)
         with _SCENARIOS_LOCK:
             _SCENARIOS[record.spec_json] = parsed
             while len(_SCENARIOS) > SCENARIO_CACHE:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from loopledger._yaml import load as load_yaml, not_utf8
 from loopledger.canonical import is_unicode
@@ -44,6 +44,14 @@ REASONS = frozenset({
 })
 #: A scenario id is part of run ids, file names and workspace folders.
 SCENARIO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
+
+
+def _stored(info: ValidationInfo) -> bool:
+    """Whether the scenario being validated is a run's frozen spec, written
+    when the run was created, perhaps by an earlier version with looser
+    rules: the rules added since apply to files being loaded, not to runs
+    already recorded (they must resume as they were)."""
+    return bool(info.context and info.context.get("stored"))
 
 
 class _Strict(BaseModel):
@@ -95,6 +103,15 @@ class ModelEntry(_Strict):
     repeat: Int = Field(default=1, ge=1, le=10_000)
     usage: Usage | None = None
 
+    @field_validator("usage", mode="before")
+    @classmethod
+    def _stored_usage(cls, value: Any, info: ValidationInfo) -> Any:
+        # Specs written before usage had its own model: any keys, numbers as floats.
+        if _stored(info) and isinstance(value, dict):
+            value = {key: (round(v) if key != "cost_usd" and isinstance(v, float) else v)
+                     for key, v in value.items() if key in Usage.model_fields}
+        return value
+
     @model_validator(mode="after")
     def _shape(self) -> ModelEntry:
         if not (self.tool_calls or self.final is not None or self.text is not None or self.error or self.plan
@@ -116,11 +133,13 @@ class Contract(_Strict):
 
     @field_validator("required_evidence")
     @classmethod
-    def _known_kinds(cls, entries: list[str]) -> list[str]:
+    def _known_kinds(cls, entries: list[str], info: ValidationInfo) -> list[str]:
         # A kind no tool gives could never be met: the run would end as if
         # the model had failed, for a typo in the scenario.
         from ._tools import EVIDENCE_KIND
 
+        if _stored(info):
+            return entries
         kinds = sorted(set(EVIDENCE_KIND.values()))
         for index, entry in enumerate(entries):
             kind, _, subject = entry.partition(":")
@@ -165,8 +184,8 @@ class Expect(_Strict):
 
     @field_validator("reason")
     @classmethod
-    def _a_reason(cls, value: str | None) -> str | None:
-        if value is not None and value not in REASONS:
+    def _a_reason(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and value not in REASONS and not _stored(info):
             raise ValueError(f"expected a run's reason ({', '.join(sorted(REASONS))})")
         return value
 
@@ -194,7 +213,9 @@ class Scenario(_Strict):
 
     @field_validator("id")
     @classmethod
-    def _id_chars(cls, value: str) -> str:
+    def _id_chars(cls, value: str, info: ValidationInfo) -> str:
+        if _stored(info):  # the run's id was made from it already
+            return value
         if not SCENARIO_ID.match(value):
             raise ValueError("expected a name of letters, digits and '_', '.', ':', '@', '+', '-' (at most 128, "
                              "starting with a letter or digit)")
@@ -281,14 +302,16 @@ def _check_text(value: Any, source: str, loc: tuple[Any, ...] = ()) -> None:
             _check_text(item, source, (*loc, index))
 
 
-def parse_scenario(data: Any, source: str) -> Scenario:
+def parse_scenario(data: Any, source: str, *, stored: bool = False) -> Scenario:
+    """Validate a scenario; ``stored``: ``data`` is a recorded run's frozen
+    spec (see :func:`_stored`)."""
     if data is None:
         raise BadInput(source, "the file holds no scenario; expected a mapping with id, contract, model, ...")
     if not isinstance(data, dict):
         raise BadInput(source, f"expected a mapping at the top level, got {type(data).__name__}")
     _check_text(data, source)
     try:
-        scenario = Scenario.model_validate(data)
+        scenario = Scenario.model_validate(data, context={"stored": stored})
     except ValidationError as exc:
         # A union (model: a list, or a map of lists) fails once per branch:
         # the error that went deepest names the field the user got wrong.

@@ -158,3 +158,51 @@ def test_what_a_model_sends_is_made_storable_once_at_collection() -> None:
     assert text == {"type": "text", "text": "said \ufffd and \ufffd"}
     assert (call["call_id"], call["name"]) == ("call\ufffdx", "look\ufffdup")
     assert call["arguments"] == {"q": "a\ufffdb", "e": "\U0001f600", "s": "\ufffd"}
+
+
+def test_a_recorded_runs_spec_is_read_by_the_rules_it_was_written_under(tmp_path: Path) -> None:
+    """Rules added for files being loaded do not strand runs already
+    recorded: their frozen spec (a unicode id, usage with other keys and
+    whole numbers as floats, a reason or an evidence kind outside today's
+    lists) still resumes."""
+    import json
+    import sqlite3
+
+    from loopledger.engine._home import Home
+    from loopledger.engine._runner import Runner
+    from loopledger.engine._scenario import load_scenario
+
+    path = tmp_path / "s.yaml"
+    path.write_text("""\
+id: lookup
+contract: {goal: Look ORD-1001 up, allowed_tools: [orders.get_order]}
+model:
+  - tool_calls: [{name: orders.get_order, arguments: {order_id: ORD-1001}}]
+  - final: ORD-1001 is paid.
+""")
+    home = tmp_path / "home"
+    runner = Runner(Home.resolve(home))
+    try:
+        run_id = runner.create(load_scenario(path), "v1")
+    finally:
+        runner.close()
+    conn = sqlite3.connect(home / "journal.sqlite")
+    (spec_json,) = conn.execute("SELECT spec_json FROM run_specs WHERE run_id = ?", (run_id,)).fetchone()
+    spec = json.loads(spec_json)
+    spec["id"] = "tâche lookup"
+    spec["model"][0]["usage"] = {"tokens_in": 10.0, "cached_tokens": 4.0}
+    spec["expect"]["reason"] = "finished"
+    spec["contract"]["required_evidence"] = ["order_seen"]
+    conn.execute("UPDATE run_specs SET spec_json = ? WHERE run_id = ?", (json.dumps(spec), run_id))
+    conn.commit()
+    conn.close()
+    runner = Runner(Home.resolve(home))
+    try:
+        runner.drive_all([run_id], 1)
+        record = runner.store.get_run(run_id)
+    finally:
+        runner.close()
+    # It ran to its end: the evidence kind no tool gives is never met, so the
+    # gate sends the answer back until the script runs out.
+    assert (record.state.value, record.reason) == ("FAILED", "model_error")
+    assert record.model_attempts == 2 and record.tool_calls == 1 and record.tokens_in >= 10
