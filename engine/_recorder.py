@@ -241,15 +241,19 @@ class Recorder:
             bounds[name] = [0 if name in tables else upto, upto]
         bounds["tables"] = sorted(tables)
         ranges = [[run_id, 0, hwm] for run_id, hwm in marks]
+        return self._publish(self._intent(ranges, bounds), ranges, bounds)
+
+    def _intent(self, ranges: Sequence[Sequence[Any]], bounds: Mapping[str, Any]) -> int:
+        """Record what an export will write, before it writes it; its id."""
+        store = self.store
         with store._write() as conn:
             cursor = store.execute(
                 conn,
                 "INSERT INTO exports (created_at, status, ranges_json, bounds_json, traces_id)"
                 " VALUES (?, 'pending', ?, ?, ?) RETURNING export_id",
-                (now_us(), json.dumps(ranges), json.dumps(bounds, sort_keys=True), traces_id),
+                (now_us(), json.dumps(ranges), json.dumps(bounds, sort_keys=True), self._traces_id),
             )
-            export_id = int(cursor.fetchall()[0][0])
-        return self._publish(export_id, ranges, bounds)
+            return int(cursor.fetchall()[0][0])
 
     def _export_new(self) -> ExportResult | None:
         store = self.store
@@ -279,15 +283,7 @@ class Recorder:
                 reader.execute("ROLLBACK")
                 return None
             ranges = [list(r) for r in ranges]
-            with store._write() as conn:
-                cursor = store.execute(
-                    conn,
-                    "INSERT INTO exports (created_at, status, ranges_json, bounds_json, traces_id)"
-                    " VALUES (?, 'pending', ?, ?, ?) RETURNING export_id",
-                    (now_us(), json.dumps(ranges), json.dumps(bounds, sort_keys=True), traces_id),
-                )
-                export_id = int(cursor.fetchall()[0][0])
-            return self._publish(export_id, ranges, bounds, reader=reader)
+            return self._publish(self._intent(ranges, bounds), ranges, bounds, reader=reader)
         finally:
             reader.close()
 
