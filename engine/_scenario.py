@@ -339,7 +339,13 @@ def load_scenario(path: str | Path) -> Scenario:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}" if mark is not None else "YAML"
         raise BadInput(f"{path}: {line}", f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    return parse_scenario(data, str(path))
+    scenario = parse_scenario(data, str(path))
+    suite = scenario.suite
+    if suite.endswith((".yaml", ".yml")) and not Path(suite).is_absolute():
+        # A suite file is named relative to the scenario that names it, as a
+        # user reads it, wherever the command runs from.
+        scenario = scenario.model_copy(update={"suite": str((path.parent / suite).resolve())})
+    return scenario
 
 
 def scenario_files(paths: Iterable[str | Path]) -> list[Path]:

@@ -136,9 +136,13 @@ def build_rules(patterns: Any, custom: Any) -> tuple[Rule, ...]:
         if not isinstance(custom[name], str):
             raise ParamError(f"custom.{name}", "a regular expression string", custom[name])
         try:
-            rules.append(Rule(name, re.compile(custom[name])))
+            pattern = re.compile(custom[name])
         except re.error as exc:
             raise ParamError(f"custom.{name}", f"a valid regular expression ({exc})", custom[name]) from exc
+        if pattern.search("") is not None:
+            # It matches empty text, so at every position of every output: all would be flagged.
+            raise ParamError(f"custom.{name}", "a regular expression that does not match empty text", custom[name])
+        rules.append(Rule(name, pattern))
     return tuple(rules)
 
 

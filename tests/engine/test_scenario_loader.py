@@ -206,3 +206,32 @@ model:
     # gate sends the answer back until the script runs out.
     assert (record.state.value, record.reason) == ("FAILED", "model_error")
     assert record.model_attempts == 2 and record.tool_calls == 1 and record.tokens_in >= 10
+
+
+def test_a_suite_file_is_named_relative_to_the_scenario_wherever_the_command_runs(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "tight.yaml").write_text("name: tight\nvalidators:\n  - structure\n  - loop.repeated_call: {threshold: 2}\n")
+    (tmp_path / "suites" / "bad.yaml").write_text("name: bad\nvalidators:\n  - loop.repeated_call: {threshold: 1}\n")
+    (tmp_path / "scenarios").mkdir()
+    body = "contract: {goal: Look ORD-1001 up, allowed_tools: [orders.get_order]}\nmodel:\n  - final: done\n"
+    (tmp_path / "scenarios" / "good.yaml").write_text(f"id: good\nsuite: ../suites/tight.yaml\n{body}")
+    from loopledger.engine._scenario import load_scenario
+
+    monkeypatch.chdir(tmp_path.parent)
+    assert load_scenario(tmp_path / "scenarios" / "good.yaml").suite == str(tmp_path / "suites" / "tight.yaml")
+    cli = [str(Path(sys.executable).with_name("loopledger"))]
+    ok = subprocess.run([*cli, "run", str(tmp_path / "scenarios" / "good.yaml"), "--home", str(tmp_path / "h")],
+                        capture_output=True, text=True, timeout=120, cwd="/")
+    assert ok.returncode == 0, ok.stderr
+    # A suite that cannot load is named with its own file and field.
+    (tmp_path / "scenarios" / "good.yaml").unlink()
+    (tmp_path / "scenarios" / "bad.yaml").write_text(f"id: bad\nsuite: ../suites/bad.yaml\n{body}")
+    bad = subprocess.run([*cli, "run", str(tmp_path / "scenarios"), "--home", str(tmp_path / "h2")],
+                         capture_output=True, text=True, timeout=120, cwd="/")
+    assert bad.returncode == 2, bad.stdout
+    (line,) = bad.stderr.strip().splitlines()
+    assert "bad.yaml: suite" in line and "suites/bad.yaml: validators[0].loop.repeated_call.threshold" in line

@@ -65,5 +65,9 @@ def test_bad_params_are_refused_at_build_time():
         rules(patterns=["secret"])
     with pytest.raises(ParamError, match="custom.bad"):
         rules(custom={"bad": "("})
+    # A pattern that matches empty text would flag every output.
+    for empty in ("", "x*", "(?:a|)"):
+        with pytest.raises(ParamError, match="custom.any.*does not match empty text"):
+            rules(custom={"any": empty})
     with pytest.raises(ParamError, match="verdict"):
         rules(verdict="ask")
