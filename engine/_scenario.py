@@ -343,8 +343,11 @@ def load_scenario(path: str | Path) -> Scenario:
     suite = scenario.suite
     if suite.endswith((".yaml", ".yml")) and not Path(suite).is_absolute():
         # A suite file is named relative to the scenario that names it, as a
-        # user reads it, wherever the command runs from.
-        scenario = scenario.model_copy(update={"suite": str((path.parent / suite).resolve())})
+        # user reads it, wherever the command runs from (one found only from
+        # the working directory, as earlier versions read it, still counts).
+        beside = (path.parent / suite).resolve()
+        if beside.is_file() or not Path(suite).is_file():
+            scenario = scenario.model_copy(update={"suite": str(beside)})
     return scenario
 
 
