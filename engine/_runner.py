@@ -103,8 +103,10 @@ def check_tools(scenario: Scenario) -> None:
             raise BadInput(f"{scenario.source}: expect.side_effects.{key}", "unknown tool")
     try:
         suite = _suite(scenario.suite)
-    except SuiteError as exc:  # its message names the suite's file and field: keep it whole
-        raise BadInput(f"{scenario.source}: suite", str(exc)) from None
+    except SuiteError as exc:
+        # A suite file's error names its file and field: kept whole. An
+        # unknown name is the scenario's own field.
+        raise BadInput(f"{scenario.source}: suite", exc.reason if exc.where == "--suite" else str(exc)) from None
     members = {member.name for member in suite.members}
     for index, decision in enumerate(scenario.expect.decisions):
         if decision.validator and decision.validator not in members:
