@@ -24,6 +24,7 @@ from ._backends import FAULT_KINDS
 from ._errors import BadInput
 from ._states import State
 
+
 def _not_a_bool(value: Any) -> Any:
     if isinstance(value, bool):
         raise ValueError("expected an integer, not true or false")
