@@ -122,6 +122,10 @@ def check_script(scenario: Scenario, prompt_version: str) -> None:
         raise BadInput(f"{scenario.source}: model",
                        f"no list for prompt version {prompt_version!r} and no default; "
                        f"lists given: {', '.join(sorted(model)) or 'none'}")
+    if not scenario.entries_for(prompt_version):
+        # It could only end FAILED/model_error before its first step.
+        raise BadInput(f"{scenario.source}: model", f"no entry for prompt version {prompt_version!r}; expected "
+                                                    "at least one (or run it with --model openai:... / anthropic:...)")
 
 
 @dataclass

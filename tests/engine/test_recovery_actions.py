@@ -491,6 +491,8 @@ model:
      "expect.side_effects.payments.refund"),
     ("id: bad\nid: worse\ncontract: {goal: g}\n", "line 2"),
     ("id: bad\ncontract: {goal: g, required_evidence: [refund_done]}\n", "contract.required_evidence"),
+    ("id: bad\ncontract: {goal: g}\nmodel: []\n", "model"),
+    ("id: bad\ncontract: {goal: g}\n", "model"),
     ("id: bad\ncontract: {goal: g, required_evidence: [\"order_found:\"]}\n", "contract.required_evidence"),
 ])
 def test_a_bad_scenario_file_exits_2_with_one_line_and_records_nothing(tmp_path: Path, text: str,
