@@ -486,14 +486,9 @@ class SQLRunStore:
             _check_commit_shape(c)
             if c.run_id != commit.run_id:
                 raise ValueError(f"a chain of commits is one run's: {c.run_id} after {commit.run_id}")
-        if self._in_batch():
-            with self._write() as conn:
-                result, late = self._commit_txn(conn, chain)
-            if late is not None:
-                raise late
-            return result
-        if self.group_commit:
+        if self.group_commit and not self._in_batch():
             return self._group.submit(chain)
+        # In a batch, _write_retried writes inside the batch's transaction.
         result, late = self._write_retried(lambda conn: self._commit_txn(conn, chain),
                                            lambda: self._heads.pop(commit.run_id, None))
         if late is not None:
@@ -565,8 +560,8 @@ class SQLRunStore:
         # only) leaves the state column, and so the runs_by_state index
         # (one page fewer to write), alone.
         moved = state is not head[1]
-        params: list[Any] = [state._value_, version, seq, step, attempt, now] if moved else [version, seq, step,
-                                                                                             attempt, now]
+        params: list[Any] = [state._value_] if moved else []
+        params += (version, seq, step, attempt, now)
         for values in deltas.values():
             params += values
         if set_fields:
