@@ -224,17 +224,14 @@ class Recorder:
         (each run's seqs up to its mark, labels up to the last bound), as an
         intent of their own (``bounds["tables"]`` names them, so a redo after
         a crash writes them alone). None when the folder was given nothing."""
-        store, traces_id = self.store, self._traces_id
+        store = self.store
         with store._lock:
             marks = store.execute(
                 store._conn, "SELECT run_id, events_hwm FROM export_marks WHERE traces_id = ? ORDER BY run_id",
-                (traces_id,)).fetchall()
-            last = store.execute(
-                store._conn, "SELECT bounds_json FROM exports WHERE status = 'done' AND traces_id = ?"
-                " ORDER BY export_id DESC LIMIT 1", (traces_id,)).fetchone()
-        if not marks and last is None:
+                (self._traces_id,)).fetchall()
+            previous = self._last_bounds(store._conn)
+        if not marks and not previous:
             return None
-        previous = json.loads(last[0]) if last else {}
         bounds: dict[str, Any] = {}
         for name in GLOBAL_SEQUENCES:
             upto = previous.get(name, [0, 0])[1]
@@ -242,6 +239,13 @@ class Recorder:
         bounds["tables"] = sorted(tables)
         ranges = [[run_id, 0, hwm] for run_id, hwm in marks]
         return self._publish(self._intent(ranges, bounds), ranges, bounds)
+
+    def _last_bounds(self, conn: Any) -> dict[str, Any]:
+        """The bounds of this folder's last finished export ({} before the first)."""
+        row = self.store.execute(
+            conn, "SELECT bounds_json FROM exports WHERE status = 'done' AND traces_id = ?"
+            " ORDER BY export_id DESC LIMIT 1", (self._traces_id,)).fetchone()
+        return json.loads(row[0]) if row else {}
 
     def _intent(self, ranges: Sequence[Sequence[Any]], bounds: Mapping[str, Any]) -> int:
         """Record what an export will write, before it writes it; its id."""
@@ -269,12 +273,7 @@ class Recorder:
                 " LEFT JOIN export_marks m ON m.traces_id = ? AND m.run_id = r.run_id"
                 " WHERE r.last_seq > COALESCE(m.events_hwm, 0) ORDER BY r.run_id", (traces_id,)
             ).fetchall()
-            last = store.execute(
-                reader,
-                "SELECT bounds_json FROM exports WHERE status = 'done' AND traces_id = ?"
-                " ORDER BY export_id DESC LIMIT 1", (traces_id,)
-            ).fetchone()
-            previous = json.loads(last[0]) if last else {}
+            previous = self._last_bounds(reader)
             bounds = {}
             for name, (table, key) in GLOBAL_SEQUENCES.items():
                 upto = reader.execute(f"SELECT COALESCE(MAX({key}), 0) FROM {table}").fetchone()[0]
