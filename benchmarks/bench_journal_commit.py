@@ -65,31 +65,55 @@ class StoreSide:
         self.store.close()
 
 
-class BareSide:
-    """Bare commits of the rows the store writes for one transition: the run
-    row's state, version, seq, step, attempt and time (the compare-and-set's
-    WHERE included), the 11-column event row, the 1 KB artifact row under
-    its 64-hex id. Plain tables keyed as the journal's (no secondary index,
-    no foreign key); ids computed before the clock starts (hashing is the
-    store's work, not SQLite's)."""
+#: What the bare side writes per commit (``?`` placeholders): the run row's
+#: changed columns under the compare-and-set's WHERE, the 11-column event,
+#: the artifact.
+BARE_WRITES = (
+    "UPDATE runs SET state_version = ?, last_seq = ?, step = ?, attempt = ?, updated_at = ?"
+    " WHERE run_id = ? AND state_version = ?",
+    "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "INSERT INTO artifacts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+)
+#: The bare side's plain tables, keyed as the journal's (no secondary index,
+#: no foreign key), in SQLite's words; ``{int}`` is the integer type and
+#: ``{clustered}`` what makes events a table of its key.
+BARE_TABLES = (
+    "CREATE TABLE runs (run_id TEXT PRIMARY KEY, state TEXT, state_version {int}, last_seq {int}, step {int},"
+    " attempt {int}, updated_at {int})",
+    "CREATE TABLE events (run_id TEXT, seq {int}, ts {int}, kind TEXT, from_state TEXT, to_state TEXT,"
+    " step {int}, attempt {int}, state_version {int}, payload_json TEXT, schema_version {int},"
+    " PRIMARY KEY (run_id, seq)){clustered}",
+    "CREATE TABLE artifacts (artifact_id TEXT PRIMARY KEY, kind TEXT, created_at {int}, size_bytes {int},"
+    " body TEXT, first_run_id TEXT, first_seq {int}, schema_version {int})",
+    "INSERT INTO runs VALUES ('bench', 'MODEL_RUNNING', 1, 1, 1, 1, 0)",
+)
 
-    def __init__(self, path: Path) -> None:
-        conn = self.conn = sqlite3.connect(path, isolation_level=None)
+
+class BareSide:
+    """Bare commits of the rows the store writes for one transition
+    (:data:`BARE_WRITES`), the 1 KB artifact under its 64-hex id; ids are
+    computed before the clock starts (hashing is the store's work, not the
+    database's). ``conn``: a DB-API connection in autocommit mode whose
+    tables :data:`BARE_TABLES` made; ``begin`` and ``placeholder`` in its
+    dialect."""
+
+    def __init__(self, conn: Any, begin: str = "BEGIN IMMEDIATE", placeholder: str = "?") -> None:
+        self.conn, self.begin = conn, begin
+        self.writes = tuple(sql.replace("?", placeholder) for sql in BARE_WRITES)
+        self.done = 0
+
+    @classmethod
+    def sqlite(cls, path: Path) -> BareSide:
+        conn = sqlite3.connect(path, isolation_level=None)
         for pragma in ("journal_mode=WAL", "synchronous=FULL", "busy_timeout=30000"):
             conn.execute(f"PRAGMA {pragma}")
-        conn.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, state TEXT, state_version INTEGER,"
-                     " last_seq INTEGER, step INTEGER, attempt INTEGER, updated_at INTEGER)")
-        conn.execute("CREATE TABLE events (run_id TEXT, seq INTEGER, ts INTEGER, kind TEXT, from_state TEXT,"
-                     " to_state TEXT, step INTEGER, attempt INTEGER, state_version INTEGER, payload_json TEXT,"
-                     " schema_version INTEGER, PRIMARY KEY (run_id, seq)) WITHOUT ROWID")
-        conn.execute("CREATE TABLE artifacts (artifact_id TEXT PRIMARY KEY, kind TEXT, created_at INTEGER,"
-                     " size_bytes INTEGER, body TEXT, first_run_id TEXT, first_seq INTEGER,"
-                     " schema_version INTEGER)")
-        conn.execute("INSERT INTO runs VALUES ('bench', 'MODEL_RUNNING', 1, 1, 1, 1, 0)")
-        self.done = 0
+        for sql in BARE_TABLES:
+            conn.execute(sql.format(int="INTEGER", clustered=" WITHOUT ROWID"))
+        return cls(conn)
 
     def chunk(self, n: int) -> float:
         conn, first = self.conn, self.done
+        update, insert_event, insert_artifact = self.writes
         bodies = ['{"body":"' + BODY + f'","i":{i}}}' for i in range(first, first + n)]
         ids = [hashlib.sha256(body.encode()).hexdigest() for body in bodies]
         start = time.perf_counter()
@@ -97,15 +121,11 @@ class BareSide:
             seq = first + k + 2
             now = time.time_ns() // 1000
             body = bodies[k]
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("UPDATE runs SET state_version = ?, last_seq = ?, step = ?, attempt = ?,"
-                         " updated_at = ? WHERE run_id = ? AND state_version = ?",
-                         (seq, seq, 1, seq, now, "bench", seq - 1))
-            conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         ("bench", seq, now, "transition", "MODEL_RUNNING", "MODEL_RUNNING", 1, seq, seq,
-                          f'{{"attempt":{seq}}}', 1))
-            conn.execute("INSERT INTO artifacts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                         (ids[k], "candidate", now, len(body), body, "bench", seq, 1))
+            conn.execute(self.begin)
+            conn.execute(update, (seq, seq, 1, seq, now, "bench", seq - 1))
+            conn.execute(insert_event, ("bench", seq, now, "transition", "MODEL_RUNNING", "MODEL_RUNNING", 1, seq,
+                                        seq, f'{{"attempt":{seq}}}', 1))
+            conn.execute(insert_artifact, (ids[k], "candidate", now, len(body), body, "bench", seq, 1))
             conn.execute("COMMIT")
         elapsed = time.perf_counter() - start
         self.done = first + n
@@ -118,7 +138,7 @@ class BareSide:
 def bench_bare(path: Path, n: int) -> float:
     """µs per bare commit (:class:`BareSide`), ``n`` of them on a new file:
     the baseline the engine benchmarks measure against."""
-    side = BareSide(path)
+    side = BareSide.sqlite(path)
     try:
         return side.chunk(n)
     finally:
@@ -155,7 +175,7 @@ def main() -> None:
         # Paired chunks, alternating which side goes first: the disk's speed
         # drifts by 20-30% over seconds, and each pair meets the same disk.
         store = StoreSide(SQLiteRunStore(Path(tmp) / "journal.sqlite"))
-        bare = BareSide(Path(tmp) / "bare.sqlite")
+        bare = BareSide.sqlite(Path(tmp) / "bare.sqlite")
         store_us, bare_us = [], []
         try:
             for r in range(rounds):

@@ -16,14 +16,12 @@ with durable settings (tests/postgres_kit.py), on loopback.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
-import time
 from pathlib import Path
 
 from _common import quick_flag, report
-from bench_journal_commit import BODY, commit_loop
+from bench_journal_commit import BARE_TABLES, BareSide, commit_loop
 
 from loopledger.engine import PostgresRunStore
 
@@ -36,40 +34,19 @@ def bench_store(url: str, n: int) -> float:
 
 
 def bench_bare(url: str, n: int) -> float:
-    """The rows the store writes for one transition (as journal_commit's
-    bare side: the run row's changed columns under the compare-and-set's
-    WHERE, the 11-column event, the 1 KB artifact under its sha256 id), in
-    plain tables keyed as the journal's."""
+    """The rows the store writes for one transition, as journal_commit's
+    bare side writes them (``bench_journal_commit.BareSide``), in plain
+    tables keyed as the journal's."""
     import psycopg
 
-    bodies = ['{"body":"' + BODY + f'","i":{i}}}' for i in range(n)]
-    ids = [hashlib.sha256(body.encode()).hexdigest() for body in bodies]
     conn = psycopg.connect(url, autocommit=True)
-    conn.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, state TEXT, state_version BIGINT, last_seq BIGINT,"
-                 " step BIGINT, attempt BIGINT, updated_at BIGINT)")
-    conn.execute("CREATE TABLE events (run_id TEXT, seq BIGINT, ts BIGINT, kind TEXT, from_state TEXT,"
-                 " to_state TEXT, step BIGINT, attempt BIGINT, state_version BIGINT, payload_json TEXT,"
-                 " schema_version BIGINT, PRIMARY KEY (run_id, seq))")
-    conn.execute("CREATE TABLE artifacts (artifact_id TEXT PRIMARY KEY, kind TEXT, created_at BIGINT,"
-                 " size_bytes BIGINT, body TEXT, first_run_id TEXT, first_seq BIGINT, schema_version BIGINT)")
-    conn.execute("INSERT INTO runs VALUES ('bench', 'MODEL_RUNNING', 1, 1, 1, 1, 0)")
-    start = time.perf_counter()
-    for i in range(n):
-        seq = i + 2
-        now = time.time_ns() // 1000
-        body = bodies[i]
-        conn.execute("BEGIN")
-        conn.execute("UPDATE runs SET state_version = %s, last_seq = %s, step = %s, attempt = %s, updated_at = %s"
-                     " WHERE run_id = %s AND state_version = %s", (seq, seq, 1, seq, now, "bench", seq - 1))
-        conn.execute("INSERT INTO events VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                     ("bench", seq, now, "transition", "MODEL_RUNNING", "MODEL_RUNNING", 1, seq, seq,
-                      f'{{"attempt":{seq}}}', 1))
-        conn.execute("INSERT INTO artifacts VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                     (ids[i], "candidate", now, len(body), body, "bench", seq, 1))
-        conn.execute("COMMIT")
-    elapsed = time.perf_counter() - start
-    conn.close()
-    return elapsed / n * 1e6
+    for sql in BARE_TABLES:
+        conn.execute(sql.format(int="BIGINT", clustered=""))
+    side = BareSide(conn, begin="BEGIN", placeholder="%s")
+    try:
+        return side.chunk(n)
+    finally:
+        side.close()
 
 
 def main() -> None:
