@@ -255,14 +255,15 @@ class Conversation:
         # already there instead of duplicating them; the record's content
         # is part of it, so two different runs that share a file name and a
         # source id (two experiments' gpt-4o-airline.json) are both kept.
-        key = f"{self.source}|{self.file}|{self.source_id}|{self.content}"
-        return f"{self.source}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        return self._id_of(f"{self.source}|{self.file}|{self.source_id}|{self.content}")
 
     @property
     def legacy_run_id(self) -> str:
         """The id an import gave this run before ids held the content: a
         trace folder that has it imported the run already."""
-        key = f"{self.source}|{self.file}|{self.source_id}"
+        return self._id_of(f"{self.source}|{self.file}|{self.source_id}")
+
+    def _id_of(self, key: str) -> str:
         return f"{self.source}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     @property

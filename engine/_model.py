@@ -23,9 +23,11 @@ from typing import Any, Protocol, Union
 
 from loopledger.canonical import is_unicode
 
-from ._scenario import ModelEntry
+from ._scenario import ModelEntry, Usage as UsageSpec
 
 TRUSTED_FINISHES = frozenset({"stop", "tool_calls"})
+#: A scripted entry that gives no usage.
+_NO_USAGE = UsageSpec()
 
 
 @dataclass(frozen=True)
@@ -264,9 +266,10 @@ def _play(entry: ModelEntry, request: ModelRequest) -> Iterator[StreamEvent]:
         yield ItemEvent({"type": "claim", "text": claim.text, "evidence": list(claim.evidence)})
     if entry.plan is not None:
         yield ItemEvent({"type": "plan", "steps": list(entry.plan)})
-    usage = entry.usage
-    tokens_in = usage.tokens_in if usage is not None and usage.tokens_in is not None else 100 + 10 * request.step
-    tokens_out = usage.tokens_out if usage is not None and usage.tokens_out is not None else max(words, 1)
-    cost = usage.cost_usd if usage is not None and usage.cost_usd is not None else 0.0
-    yield Usage(tokens_in, tokens_out, float(cost))
+    given = entry.usage or _NO_USAGE  # what the entry does not say is made up, plausibly
+    yield Usage(
+        100 + 10 * request.step if given.tokens_in is None else given.tokens_in,
+        max(words, 1) if given.tokens_out is None else given.tokens_out,
+        0.0 if given.cost_usd is None else float(given.cost_usd),
+    )
     yield Finish(entry.finish_reason or ("tool_calls" if entry.tool_calls else "stop"))

@@ -34,7 +34,8 @@ from typing import Any
 
 from ._errors import BaselineNotFound, SuiteNotFound
 from ._result import ReplayResult, RunReplay, Summary
-from ._traces import BASELINE_COLUMNS, TraceSet, check_verdicts, open_traces, table_files, write_partitions
+from ._traces import (BASELINE_COLUMNS, TraceSet, _files_sql, check_verdicts, open_traces, table_files,
+                      write_partitions)
 from ._worker import Job, SuiteRef, run_job, warm
 
 #: Candidates per partition: a partition's rows (bodies included) are held
@@ -89,8 +90,6 @@ def _check_overlap(traces: TraceSet, baseline: str, folder: Path, files: Sequenc
     decision would count as a flip against nothing. Refused, naming the
     traces it replayed. (Some runs in common is normal: traces grow.)"""
     import duckdb
-
-    from ._traces import _files_sql
 
     runs, decided = traces.tables["runs"].files, files
     if not runs or not decided:
