@@ -47,8 +47,13 @@ postgres:
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
 	fi
 
+# One worker per core, at most four; a test file stays on one worker, so its
+# module fixtures are built once. Each worker starts its own PostgreSQL.
+TEST_WORKERS ?= auto
+
 test: $(VENV)/.installed-test browser postgres
-	LOOPLEDGER_CHROMIUM=$(CHROMIUM) LOOPLEDGER_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest
+	LOOPLEDGER_CHROMIUM=$(CHROMIUM) LOOPLEDGER_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest \
+		-n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
