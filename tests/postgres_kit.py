@@ -33,6 +33,48 @@ def find_bin_dir() -> Path | None:
     return Path(candidates[0]).parent if candidates else None
 
 
+#: A server's folder: ``loopledger-pg-<pid of the process that made it>-...``.
+FOLDER_PREFIX = "loopledger-pg-"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie that nobody reaped is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def sweep_orphans(bin_dir: Path) -> list[Path]:
+    """Stop and remove the servers that processes which are gone left
+    behind (a test run killed before its teardown); returns their folders."""
+    swept = []
+    for folder in Path(tempfile.gettempdir()).glob(FOLDER_PREFIX + "*"):
+        owner = folder.name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if not owner.isdigit() or _alive(int(owner)):
+            continue
+        data = folder / "data"
+        if (data / "postmaster.pid").exists():
+            subprocess.run([*_as_postgres(), str(bin_dir / "pg_ctl"), "stop", "-D", str(data), "-m", "immediate",
+                            "-w"], capture_output=True, timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+        swept.append(folder)
+    return swept
+
+
+def _as_postgres() -> list[str]:
+    """The prefix that runs a server binary as ``postgres`` when we are root
+    (the server refuses to run as root)."""
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -64,18 +106,19 @@ class Server:
 class LocalServer(Server):
     """A cluster of our own: ``initdb`` into a temporary folder, then
     ``pg_ctl start`` on a free loopback port. As root, both run as the
-    ``postgres`` user (the server refuses to run as root)."""
+    ``postgres`` user (the server refuses to run as root). Servers left
+    behind by killed test runs are swept first (:func:`sweep_orphans`)."""
 
     def __init__(self, bin_dir: Path, settings: dict[str, str] | None = None) -> None:
         self.bin_dir = bin_dir
         self.settings = TEST_SETTINGS if settings is None else settings
-        self.root = Path(tempfile.mkdtemp(prefix="loopledger-pg-"))
+        sweep_orphans(bin_dir)
+        self.root = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         self.data = self.root / "data"
         self.port = _free_port()
-        self._as_user: list[str] = []
-        if os.geteuid() == 0:
+        self._as_user = _as_postgres()
+        if self._as_user:
             shutil.chown(self.root, "postgres")
-            self._as_user = ["runuser", "-u", "postgres", "--"]
         base = f"postgresql://postgres@127.0.0.1:{self.port}"
         super().__init__(f"{base}/postgres", base)
 
