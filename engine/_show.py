@@ -64,6 +64,46 @@ class TracedRuns:
         return sorted(self._rows("operations", run_id), key=lambda o: (o["created_seq"], o["operation_id"]))
 
 
+#: The run's fields in ``show --json``, in this order.
+RUN_FIELDS = ("run_id", "thread_id", "task_id", "tenant", "prompt_version", "prompt_hash", "model_route", "reason",
+              "step", "attempt", "model_attempts", "tool_calls", "tokens_in", "tokens_out", "cost_usd", "reward",
+              "state_version", "started_at", "ended_at")
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+    """A journal row for JSON output: each ``*_json`` column as the value it
+    holds, under its name without the suffix."""
+    out = {}
+    for key, value in row.items():
+        if key.endswith("_json") and key != "spec_json":
+            out[key[: -len("_json")]] = json.loads(value) if isinstance(value, str) else value
+        elif key != "spec_json":
+            out[key] = value
+    return out
+
+
+def run_document(store: SQLRunStore | TracedRuns, run_id: str) -> dict[str, Any]:
+    """Everything ``show`` prints, whole (nothing clipped), as one JSON-ready
+    object: the run's fields and status, its events, candidates, decisions,
+    operations, loop diagnoses and wait. Times are microseconds since the
+    epoch, as in the journal."""
+    run = store.get_run(run_id)
+    document: dict[str, Any] = {"run_id": run.run_id, "status": run.state.value}
+    document.update({name: getattr(run, name, None) for name in RUN_FIELDS[1:]})
+    waiting = getattr(run, "waiting_json", None)
+    document["waiting"] = json.loads(waiting) if isinstance(waiting, str) else waiting
+    document["events"] = [
+        {"seq": e.seq, "ts": e.ts, "kind": e.kind, "from_state": e.from_state, "to_state": e.to_state,
+         "step": e.step, "attempt": e.attempt, "state_version": e.state_version, "payload": json.loads(e.payload_json)}
+        for e in store.events(run_id)
+    ]
+    document["candidates"] = [_decoded(c) for c in store.facts("candidates", run_id)]
+    document["decisions"] = [_decoded(d) for d in store.facts("validations", run_id)]
+    document["operations"] = [_decoded(op) for op in store.operations(run_id)]
+    document["loop_diagnoses"] = [_decoded(d) for d in store.facts("loop_diagnoses", run_id)]
+    return document
+
+
 def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     from rich.console import Console
     from rich.markup import escape

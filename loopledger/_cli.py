@@ -285,11 +285,19 @@ def run(
 @app.command()
 @guarded
 def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: HomeOption = None,
-         store: StoreOption = None) -> None:
+         store: StoreOption = None,
+         as_json: Annotated[bool, typer.Option("--json", help="One JSON object, nothing clipped.")] = False) -> None:
     """Print a run's timeline: states, steps and attempts, candidates,
     decisions, operations and loop diagnosis."""
     from loopledger.engine._errors import UnknownRun
-    from loopledger.engine._show import TracedRuns, render_run
+    from loopledger.engine._show import TracedRuns, render_run, run_document
+
+    def render_run_json(source: Any, wanted: str) -> None:
+        import json
+
+        sys.stdout.write(json.dumps(run_document(source, wanted), ensure_ascii=False, default=str) + "\n")
+
+    render = render_run_json if as_json else render_run
 
     where = _home(home, store)
     run_store = where.open_store() if where.has_journal else None
@@ -297,9 +305,9 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
         try:
             if run_store is None:
                 raise UnknownRun(run_id)
-            render_run(run_store, run_id)
+            render(run_store, run_id)
         except UnknownRun:
-            render_run(TracedRuns(where.traces), run_id)  # an imported run lives in the trace tables only
+            render(TracedRuns(where.traces), run_id)  # an imported run lives in the trace tables only
     except UnknownRun as exc:
         _err(str(exc))
         raise typer.Exit(EXIT_FAILED) from None

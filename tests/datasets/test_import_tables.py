@@ -253,5 +253,10 @@ def test_show_prints_an_imported_run(tmp_path: Path) -> None:
     shown = cli("show", run_id, "--home", str(home))
     assert shown.returncode == 0, shown.stderr
     assert run_id in shown.stdout and "SUCCEEDED" in shown.stdout and "get_order" in shown.stdout
+    as_json = cli("show", run_id, "--json", "--home", str(home))
+    assert as_json.returncode == 0, as_json.stderr
+    document = json.loads(as_json.stdout)
+    assert document["status"] == "SUCCEEDED" and document["events"][0]["seq"] == 1
+    assert any(op["tool"] == "get_order" for op in document["operations"])
     missing = cli("show", "no-such-run", "--home", str(home))
     assert missing.returncode == 1 and "no-such-run" in missing.stderr

@@ -94,6 +94,25 @@ def test_show_prints_the_diagnosis_and_the_wait_whole(recorded) -> None:
     assert waiting["waiting"]["expires_at"] in wait and '"pattern":"^ORD-[0-9]{4}$"' in wait
 
 
+def test_show_json_is_the_whole_run_as_the_journal_holds_it(recorded) -> None:
+    home, lines = recorded
+    line = next(line for line in lines if line["task_id"] == "loop-repeated-call")
+    proc = loopledger("show", line["run_id"], "--json", home=home)
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)
+    assert (shown["run_id"], shown["status"], shown["reason"]) == (line["run_id"], line["status"], line["reason"])
+    assert [e["seq"] for e in shown["events"]] == list(range(1, len(shown["events"]) + 1))
+    assert shown["events"][-1]["to_state"] == line["status"]
+    # Decoded, not clipped: the diagnosis's evidence and every decision whole.
+    (diagnosis,) = shown["loop_diagnoses"]
+    assert diagnosis["pattern"] == "repeated_call" and diagnosis["evidence"]["pattern"] == "repeated_call"
+    assert {d["candidate_id"] for d in shown["decisions"]} <= {c["candidate_id"] for c in shown["candidates"]}
+    assert all(isinstance(c["items"], list) for c in shown["candidates"])
+    assert {op["tool"] for op in shown["operations"]} and all("canonical_args" in op for op in shown["operations"])
+    missing = loopledger("show", "no-such-run", "--json", home=home)
+    assert missing.returncode == 1 and missing.stdout == ""
+
+
 def test_a_timeout_after_commit_is_reconciled_not_resent(recorded) -> None:
     home, lines = recorded
     import sqlite3
