@@ -47,6 +47,8 @@ def replay_command(*, home: Any, suite: str, baseline: str, traces: Path | None,
         raise ReplayInputError("--fail-on", f"expected one of {', '.join(FAIL_ON)}, got {fail_on!r}")
     _writable(junit, "--junit")
     _writable(markdown, "--markdown")
+    if junit is not None and markdown is not None and junit.resolve() == markdown.resolve():
+        raise ReplayInputError("--markdown", f"{markdown} is also the --junit report; expected two different files")
     result = replay(traces or home.traces, suite, baseline=baseline, write_to=home.replays, workers=workers)
     print_summary(result, fail_on)
     write_reports(result, fail_on, markdown, junit)

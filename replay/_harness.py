@@ -156,7 +156,7 @@ def replay_many(traces: str | os.PathLike[str], suites: Sequence[SuiteLike], *, 
     pool = _start_pool(procs - 1, refs, tuple(ids)) if procs > 1 else None
     try:
         write_partitions(trace_set, baseline_files, work, parts, threads=cores)
-        jobs = [Job(work, k, refs, tuple(ids), tuple(outputs), True) for k in range(parts)]
+        jobs = [Job(work, k, refs, tuple(ids), tuple(outputs), True, baseline == "recorded") for k in range(parts)]
         per_suite: list[list[RunReplay]] = [[] for _ in loaded]
         for partial in _run(jobs, pool, procs - 1):
             for i, runs in enumerate(partial):

@@ -10,6 +10,7 @@ validator (a version change, not a trend in the data).
 from __future__ import annotations
 
 import re
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -85,11 +86,27 @@ def _title(result: ReplayResult) -> str:
     return f"Replay {s.replay_id}: suite {s.suite_name} ({s.suite_version}) against baseline {s.baseline}"
 
 
+def gate(result: ReplayResult, fail_on: str, rich: bool = False) -> str:
+    """The gate's verdict in words: pass, fail with the failures' count, or
+    incomplete when some runs could not be replayed (the command then exits
+    2 whatever the comparison of the others says)."""
+    if result.errors:
+        text = f"incomplete, {len(result.errors)} run(s) not replayed"
+        return f"[red]{text}[/]" if rich else text
+    failures = result.failures(fail_on)
+    if not failures:
+        return "[green]pass[/]" if rich else "pass"
+    text = f"fail, {len(failures)} failure(s) under --fail-on {fail_on}"
+    return f"[red]{text}[/]" if rich else text
+
+
 def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    # Run ids must stay whole: in a CI log (not a terminal) rich would cut
+    # every table to 80 columns.
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
     table = Table(title=_title(result), show_header=False)
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -124,9 +141,7 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
                       "validator: they say what the new version decides, and are kept out of trend figures.[/]")
     for r in result.errors[:SHOWN]:
         console.print(f"[red]not replayed:[/] {r.run_id}: {r.error}")
-    failures = result.failures(fail_on)
-    verdict = "[green]pass[/]" if not failures else f"[red]fail[/] ({len(failures)} under --fail-on {fail_on})"
-    console.print(f"Gate: {verdict}")
+    console.print(f"Gate: {gate(result, fail_on, rich=True)}")
     if result.path is not None:
         console.print(f"Tables: {result.path}")
 
@@ -149,8 +164,7 @@ def _code(text: object) -> str:
 
 def markdown(result: ReplayResult, fail_on: str) -> str:
     lines = [f"# {_title(result)}", ""]
-    failures = result.failures(fail_on)
-    lines += [f"**Gate (`--fail-on {fail_on}`): {'pass' if not failures else f'fail, {len(failures)} failure(s)'}**",
+    lines += [f"**Gate (`--fail-on {fail_on}`): {gate(result, fail_on)}**",
               "", "| | |", "|---|---:|"]
     lines += [f"| {name} | {value} |" for name, value in _counts(result)]
     groups = flip_groups(result.diffs)

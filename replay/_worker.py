@@ -80,6 +80,9 @@ class Job:
     #: ``replays/<id>.partial`` per suite, or None: write no tables.
     outputs: tuple[Path | None, ...]
     has_baseline: bool
+    #: The baseline is the traces' own ``validations`` (not an earlier
+    #: replay, which may cover runs these traces no longer hold).
+    recorded_baseline: bool = True
 
 
 DECISION_COLUMNS = ("replay_id", "run_id", "step", "attempt", "candidate_id", "validator", "validator_version",
@@ -144,7 +147,7 @@ _UNREAD_PAYLOADS = frozenset({"decisions", "run_created", "late_event"})
 class _Partition:
     """A partition's rows, column by column, sorted and indexed by run."""
 
-    def __init__(self, work: Path, part: int, has_baseline: bool) -> None:
+    def __init__(self, work: Path, part: int, has_baseline: bool, recorded_baseline: bool = True) -> None:
         runs = _frame(work, "runs", part)
         self.runs: list[dict[str, Any]] = runs.sort("run_id").to_dicts() if runs is not None else []
         events = _frame(work, "events", part)
@@ -181,10 +184,28 @@ class _Partition:
         if labels is not None:
             for row in labels.to_dicts():
                 self.labels[row["run_id"]].append(row)
+        self._name_orphans(recorded_baseline)
         bodies = _frame(work, "bodies", part)
         self.bodies: dict[str, str] = (
             dict(zip(bodies["artifact_id"].to_list(), bodies["body"].to_list())) if bodies is not None else {}
         )
+
+    def _name_orphans(self, recorded_baseline: bool) -> None:
+        """A run with events, candidates or recorded decisions but no row in
+        ``runs`` is replayed as a run that could not be: passed over, its
+        decisions would drop out of the comparison unseen."""
+        known = {run["run_id"] for run in self.runs}
+        decided = self.baseline if recorded_baseline and self.baseline is not None else {}
+        orphans = (set(self.event_spans) | set(self.recorded_candidates) | set(decided)) - known
+        for run_id in sorted(orphans):
+            span = self.event_spans.get(run_id)
+            held = [f"{span[1] - span[0]} event(s)" if span else "",
+                    f"{self.recorded_candidates[run_id]} candidate(s)" if run_id in self.recorded_candidates else "",
+                    f"decisions on {len(decided[run_id])} candidate(s)" if run_id in decided else ""]
+            self.runs.append({"run_id": run_id, "task_id": "", "status": "", "reason": None, "spec_json": None})
+            self.broken[run_id] = f"runs: no row for this run, which has {', '.join(h for h in held if h)}"
+        if orphans:
+            self.runs.sort(key=lambda run: run["run_id"])
 
     def events(self, run_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The run's events in seq order up to its last validated candidate,
@@ -254,7 +275,7 @@ def run_job(job: Job) -> list[list[RunReplay]]:
 
     _VALUE.update((v, v.value) for v in Verdict)
     suites = [_loaded(ref, job.replay_ids) for ref in job.suites]
-    data = _Partition(job.work, job.part, job.has_baseline)
+    data = _Partition(job.work, job.part, job.has_baseline, job.recorded_baseline)
     decisions: list[list[tuple[Any, ...]]] = [[] for _ in suites]
     diffs: list[list[tuple[Any, ...]]] = [[] for _ in suites]
     results: list[list[RunReplay]] = [[] for _ in suites]
@@ -467,11 +488,12 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
         for validator, label in by_candidate.get(cid, ()):
             if replayed is None:
                 replayed = {d.validator: d for d in decisions}
+            # A label on a validator the suite does not run is counted, and
+            # not agreed with: the replay makes no such decision.
             got = (_worst((_VALUE[d.verdict], d.code) for d in decisions)[0] if validator == ""
                    else _VALUE[replayed[validator].verdict] if validator in replayed else None)
-            if got is not None:
-                labelled += 1
-                agreeing += got == label.expected_verdict
+            labelled += 1
+            agreeing += got == label.expected_verdict
         if baseline is None:
             continue
         recorded = baseline.get(cid, _NONE)

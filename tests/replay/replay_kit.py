@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 LOOPLEDGER = str(Path(sys.executable).with_name("loopledger"))
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``loopledger ARGS`` with none of the caller's LOOPLEDGER_ settings; ``env``: more settings."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}, **(env or {})}
     return subprocess.run([LOOPLEDGER, *args], capture_output=True, text=True, env=env, timeout=300)

@@ -3,6 +3,7 @@ exit codes, reports, and one clear line for bad input."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -317,8 +318,24 @@ def _a_verdict_no_validator_gives(traces: Path) -> list[str]:
     return [victim.name, "'bogus'", "expected one of accept"]
 
 
+def _the_runs_row_of_a_run_gone(traces: Path) -> list[str]:
+    """Its events, candidates and decisions are all there: passed over, its
+    decisions would drop out of the comparison unseen."""
+    victim = _a_validated_run(traces)
+    _rewrite(traces / "runs", lambda t: t.filter(pc.field("run_id") != victim))
+    return [victim, "runs: no row for this run", "candidate(s)"]
+
+
+def _only_the_decisions_of_a_run_left(traces: Path) -> list[str]:
+    victim = _a_validated_run(traces)
+    for table in ("runs", "events", "candidates"):
+        _rewrite(traces / table, lambda t: t.filter(pc.field("run_id") != victim))
+    return [victim, "runs: no row for this run, which has decisions on"]
+
+
 @pytest.mark.parametrize("spoil", [_events_of_a_run_gone, _one_event_gone, _events_written_twice, _events_cut_short,
-                                   _a_payload_not_json, _seq_as_text, _a_verdict_no_validator_gives])
+                                   _a_payload_not_json, _seq_as_text, _a_verdict_no_validator_gives,
+                                   _the_runs_row_of_a_run_gone, _only_the_decisions_of_a_run_left])
 def test_incomplete_or_inconsistent_traces_are_named_never_passed_over(home_copy: Path, spoil) -> None:
     names = spoil(home_copy / "traces")
     out = replay_on(home_copy, "--fail-on", "flips")
@@ -409,3 +426,50 @@ def test_categorical_text_columns_are_text(home_copy: Path) -> None:
     out = replay_on(home_copy, "--fail-on", "flips")
     assert out.returncode == 0, out.stdout + out.stderr
 
+
+
+def test_the_gate_of_an_incomplete_replay_is_not_a_pass(home_copy: Path, tmp_path: Path) -> None:
+    victim = _a_validated_run(home_copy / "traces")
+    _rewrite(home_copy / "traces" / "runs", lambda t: t.filter(pc.field("run_id") != victim))
+    out = replay_on(home_copy, "--markdown", str(tmp_path / "r.md"), "--junit", str(tmp_path / "r.xml"))
+    assert out.returncode == 2
+    assert "Gate: incomplete, 1 run(s) not replayed" in out.stdout and "Gate: pass" not in out.stdout
+    assert "**Gate (`--fail-on regressions`): incomplete, 1 run(s) not replayed**" in (tmp_path / "r.md").read_text()
+    errors = [case for case in ET.parse(tmp_path / "r.xml").iter("testcase") if case.find("error") is not None]
+    assert [case.get("name") for case in errors] == [victim]
+
+
+def test_one_file_for_both_reports_is_refused_before_the_work(recorded_home: Path, tmp_path: Path) -> None:
+    report = tmp_path / "report.out"
+    out = cli("replay", "--suite", "default", "--traces", str(recorded_home / "traces"), "--home", str(tmp_path),
+              "--junit", str(report), "--markdown", str(tmp_path / "." / "report.out"))
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, "--markdown", "also the --junit report")
+    assert not report.exists() and not (tmp_path / "replays").exists()
+
+
+def test_run_ids_stay_whole_in_a_ci_log(recorded_home: Path, tmp_path: Path) -> None:
+    """Output that is not a terminal (a CI log) is not cut to 80 columns."""
+    out = cli("replay", "--suite", "strict", "--traces", str(recorded_home / "traces"), "--home", str(tmp_path),
+              "--fail-on", "never", env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    diverged = [line for line in out.stdout.splitlines() if "loop-repeated" in line]
+    assert diverged and all("…" not in line for line in diverged)
+    assert all(re.search(r"loop-repeated-[a-z]+\.v\d\.[0-9a-f]{8} ", line) for line in diverged), diverged
+
+
+def test_labels_on_a_validator_the_suite_drops_count_and_are_not_agreed_with(recorded_home: Path,
+                                                                            tmp_path: Path) -> None:
+    import yaml
+
+    from loopledger.replay import replay
+
+    members = yaml.safe_load((REPO / "datasets" / "suites" / "default.yaml").read_text())["validators"]
+    suite = tmp_path / "no-references.yaml"
+    suite.write_text(yaml.safe_dump({"name": "no-references", "validators": [m for m in members
+                                                                            if m != "references"]}))
+    full = replay(recorded_home / "traces", "default", write_to=None).summary
+    dropped = replay(recorded_home / "traces", str(suite), write_to=None).summary
+    assert dropped.labels == full.labels > 0
+    assert dropped.regressions > 0
+    assert dropped.labels_agreeing == full.labels_agreeing - dropped.regressions
