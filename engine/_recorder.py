@@ -199,15 +199,25 @@ class Recorder:
         self._finish_imports()
         self._finish_compactions()
         with self.store._lock:
-            pending = self.store.execute(
-                self.store._conn,
-                "SELECT export_id, ranges_json, bounds_json FROM exports"
-                " WHERE status = 'pending' AND traces_id = ? ORDER BY export_id", (traces_id,)
-            ).fetchall()
-        result = ExportResult(None)
-        for export_id, ranges_json, bounds_json in pending:
-            result = self._publish(export_id, json.loads(ranges_json), json.loads(bounds_json))
+            pending = [(export_id, json.loads(ranges_json), json.loads(bounds_json))
+                       for export_id, ranges_json, bounds_json in self.store.execute(
+                           self.store._conn,
+                           "SELECT export_id, ranges_json, bounds_json FROM exports"
+                           " WHERE status = 'pending' AND traces_id = ? ORDER BY export_id", (traces_id,)
+                       ).fetchall()]
+        # The refill writes what the finished exports gave the folder; an
+        # export that died before its files were written redoes its own rows
+        # below (a refill its tables whole). So the refill comes first, from
+        # the marks the finished exports left, and leaves a dead refill's
+        # tables to its redo: either way, each row is written once. (A folder
+        # empty because the first export died is not lost: nothing finished
+        # gave it rows.)
+        redone = {name for _, _, bounds in pending for name in bounds.get("tables", ())}
+        lost = [name for name in lost if name not in redone]
         refilled = self._refill(lost) if lost else None
+        result = ExportResult(None)
+        for export_id, ranges, bounds in pending:
+            result = self._publish(export_id, ranges, bounds)
         fresh = self._export_new()
         self._ensure_schema_files()
         if refilled is None:

@@ -463,6 +463,28 @@ def test_an_export_killed_by_sigkill_is_completed_by_the_next(tmp_path: Path, cr
     assert_traces_equal_journal(home / "traces", Journal("sqlite", home / "journal.sqlite"))
 
 
+@pytest.mark.parametrize(("first_export", "deleted"), [(False, None), (True, "events"), (True, "validations")])
+def test_an_export_killed_after_its_intent_writes_each_row_once(tmp_path: Path, first_export: bool,
+                                                                deleted: str | None) -> None:
+    """Killed right after its intent, before any file: the first export of a
+    home (its folders are empty, but nothing was lost), or the refill of a
+    deleted table folder. The next export writes each row once."""
+    home = make_home(tmp_path, "a")
+    if first_export:
+        assert loopledger("export", "--home", str(home)).returncode == 0
+        add_to_home(home, populate, "b")
+    if deleted:
+        shutil.rmtree(home / "traces" / deleted)
+
+    killed = loopledger("export", "--home", str(home), env={"LOOPLEDGER_CRASH_AFTER_COMMITS": "1"})
+    assert killed.returncode == -signal.SIGKILL
+
+    again = loopledger("export", "--home", str(home))
+    assert again.returncode == 0, again.stderr
+    assert loopledger("export", "--home", str(home)).returncode == 0
+    assert_traces_equal_journal(home / "traces", Journal("sqlite", home / "journal.sqlite"))
+
+
 def test_compact_keeps_the_rows_and_leaves_one_file_per_table(store: Any, traces: Path, journal: Journal) -> None:
     recorder = Recorder(store, traces)
     recorder.export()  # empty: every table gets its schema file
