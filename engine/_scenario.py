@@ -166,8 +166,19 @@ class FaultSpec(_Strict):
 
 
 class UserReply(_Strict):
+    """One scripted reply: ``approve`` (an approval's decision) or ``answer``
+    (a question's), exactly one of them."""
+
     approve: bool | None = None
     answer: Any = None
+
+    @model_validator(mode="after")
+    def _one_of_approve_or_answer(self, info: ValidationInfo) -> UserReply:
+        given = [name for name in ("approve", "answer") if name in self.model_fields_set]
+        if len(given) != 1 and not _stored(info):
+            raise ValueError("expected exactly one of approve (true or false) or answer, got "
+                             + (" and ".join(given) if given else "neither"))
+        return self
 
 
 class ExpectedDecision(_Strict):
@@ -312,7 +323,10 @@ def parse_scenario(data: Any, source: str, *, stored: bool = False) -> Scenario:
         raise BadInput(source, f"expected a mapping at the top level, got {type(data).__name__}")
     _check_text(data, source)
     try:
-        scenario = Scenario.model_validate(data, context={"stored": stored})
+        # A file's values have the types the format names ("1" is not a
+        # number, "no" not a boolean); a recorded spec is read as it was
+        # written, by the looser rules of its time (3.0 as a whole number).
+        scenario = Scenario.model_validate(data, strict=not stored, context={"stored": stored})
     except ValidationError as exc:
         # A union (model: a list, or a map of lists) fails once per branch:
         # the error that went deepest names the field the user got wrong.

@@ -66,6 +66,21 @@ model:
          "contains an unpaired surrogate"),
         ('id: a\ncontract: {goal: g}\nmodel: [{tool_calls: [{name: "t\\0", arguments: {}}]}]\n',
          "s.yaml: model[0].tool_calls[0].name", "contains a NUL character"),
+        # A value of another type is refused, not converted.
+        ('id: a\ncontract: {goal: g}\nbudgets: {max_steps: "1"}\n', "s.yaml: budgets.max_steps",
+         "expected an integer, got '1'"),
+        ('id: a\ncontract: {goal: g}\nbudgets: {max_cost: "0.5"}\n', "s.yaml: budgets.max_cost", "expected a number"),
+        ('id: a\ncontract: {goal: g}\nexpect: {side_effects: {payments.refund: "0"}}\n',
+         "s.yaml: expect.side_effects.payments.refund", "expected an integer"),
+        ('id: a\ncontract: {goal: g}\nexpect: {decisions: [{step: "1", verdict: accept}]}\n',
+         "s.yaml: expect.decisions[0].step", "expected an integer"),
+        ('id: a\ncontract: {goal: g}\nuser: [{approve: "no"}]\n', "s.yaml: user[0].approve",
+         "expected true or false, got 'no'"),
+        # A scripted reply is an approval's decision or an answer: one of them.
+        ("id: a\ncontract: {goal: g}\nuser: [{}]\n", "s.yaml: user[0]",
+         "expected exactly one of approve (true or false) or answer, got neither"),
+        ("id: a\ncontract: {goal: g}\nuser: [{approve: true, answer: {executed: false}}]\n", "s.yaml: user[0]",
+         "got approve and answer"),
     ],
 )
 def test_bad_fields_name_file_field_and_expectation(tmp_path: Path, text: str, where: str, why: str) -> None:
