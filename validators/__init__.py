@@ -47,6 +47,7 @@ from ._registry import (
     ValidatorSpec,
     build_validator,
     get_factory,
+    load_plugins,
     registered,
     validator,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "build_validator",
     "get_factory",
     "registered",
+    "load_plugins",
     # suites
     "Suite",
     "SuiteResult",

@@ -27,6 +27,7 @@ __all__ = [
     "BoundValidator",
     "validator",
     "registered",
+    "load_plugins",
     "get_factory",
     "build_validator",
 ]
@@ -157,14 +158,45 @@ def validator(*, name: str, version: str) -> Callable[[Callable[..., Check]], Va
     return register
 
 
+#: A distribution of validators names, in this entry-point group, the
+#: modules whose ``@validator`` definitions register them; they are imported
+#: the first time a name is not known (see :func:`load_plugins`).
+ENTRY_POINT_GROUP = "loopledger.validators"
+_plugins: dict[str, bool] = {"loaded": False}
+
+
+def load_plugins() -> None:
+    """Import, once, every module named in the ``loopledger.validators``
+    entry-point group of the installed distributions, e.g. in a plugin's
+    ``pyproject.toml``: ``[project.entry-points."loopledger.validators"]
+    acme = "acme_validators"``. A module that fails to import is a
+    :class:`RegistryError` naming the entry point."""
+    if _plugins["loaded"]:
+        return
+    _plugins["loaded"] = True
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            point.load()
+        except Exception as exc:  # noqa: BLE001 - a plugin that fails to import: one clear line
+            raise RegistryError(point.name, f"entry point {point.value!r} of group {ENTRY_POINT_GROUP} "
+                                            f"failed to import: {type(exc).__name__}: {exc}") from exc
+
+
 def registered() -> dict[str, tuple[str, ...]]:
-    """Every registered name and its versions, oldest first."""
+    """Every registered name and its versions, oldest first (installed
+    plugins' included)."""
+    load_plugins()
     return {name: tuple(versions) for name, versions in sorted(_REGISTRY.items())}
 
 
 def get_factory(name: str, version: str | None = None) -> ValidatorFactory:
     """The factory for ``name`` at ``version`` (default: the latest registered)."""
     versions = _REGISTRY.get(name)
+    if not versions and not _plugins["loaded"]:
+        load_plugins()
+        versions = _REGISTRY.get(name)
     if not versions:
         raise RegistryError(name, f"unknown validator; known: {', '.join(sorted(_REGISTRY))}")
     if version is None:

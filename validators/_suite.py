@@ -204,9 +204,10 @@ def parse_suite(data: Any, where: str = "suite") -> Suite:
     """Build a suite from its mapping form (CONTRACT 'Suite files')."""
     if not isinstance(data, Mapping):
         raise SuiteError(where, f"expected a mapping with 'name' and 'validators', got {type(data).__name__}")
-    unknown = sorted(set(data) - {"name", "validators", "description"})
+    unknown = sorted(set(data) - {"name", "validators", "description", "imports"})
     if unknown:
-        raise SuiteError(f"{where}: {unknown[0]}", "unknown field; expected name, validators, description")
+        raise SuiteError(f"{where}: {unknown[0]}", "unknown field; expected name, validators, description, imports")
+    _import_modules(data.get("imports", []), where)
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise SuiteError(f"{where}: name", "expected a non-empty string")
@@ -223,6 +224,23 @@ def parse_suite(data: Any, where: str = "suite") -> Suite:
         seen[member.name] = i
         members.append(member)
     return Suite(name, members)
+
+
+def _import_modules(modules: Any, where: str) -> None:
+    """``imports``: modules whose ``@validator`` definitions register the
+    suite's own validators, imported before its members are looked up."""
+    if not isinstance(modules, Sequence) or isinstance(modules, str):
+        raise SuiteError(f"{where}: imports", "expected a list of module names")
+    for i, name in enumerate(modules):
+        field = f"{where}: imports[{i}]"
+        if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
+            raise SuiteError(field, f"expected a module name like acme.validators, got {name!r}")
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise SuiteError(field, f"cannot import module {name!r} ({exc})") from None
+        except Exception as exc:  # noqa: BLE001 - the user's module failed while it ran: say so, in one line
+            raise SuiteError(field, f"module {name!r} failed while importing: {type(exc).__name__}: {exc}") from None
 
 
 def _member(entry: Any, field: str) -> BoundValidator:
@@ -248,7 +266,10 @@ def _member(entry: Any, field: str) -> BoundValidator:
         version = str(version)
     if not isinstance(params, Mapping):
         raise SuiteError(f"{field}.{vname}", f"expected a mapping of params, got {type(params).__name__}")
-    known = registered()
+    try:
+        known = registered()
+    except RegistryError as exc:  # an installed plugin that fails to import
+        raise SuiteError(field, exc.reason) from None
     if vname not in known:
         close = difflib.get_close_matches(vname, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
