@@ -39,7 +39,7 @@ from collections import OrderedDict
 from itertools import islice
 from functools import lru_cache
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from loopledger.canonical import loads
@@ -78,6 +78,8 @@ CONFIRM_SCHEMA = {
 }
 #: Validators whose rejections may be settled by work still running.
 EVIDENCE_CHECKS = frozenset({"completion_gate", "references"})
+#: The states a run waits in; their ``reason`` says what for.
+_WAITS = frozenset({State.WAITING_USER, State.WAITING_TOOL})
 STOP_CODES = {"protocol_error": "protocol_error", "loop_detected": "loop_detected", "no_progress": "no_progress"}
 
 #: Context artifacts kept in memory by id (they are immutable).
@@ -161,6 +163,10 @@ class Controller(PeopleMixin):
         """Write ``commit`` (after the view's held ones, in one transaction)
         and fold it into the view; with ``hold``, fold it now and write it
         with the next commit."""
+        if (view.state in _WAITS and commit.to_state is not None and commit.to_state not in _WAITS
+                and "reason" not in commit.set_fields):
+            # A run that stops waiting no longer has the wait's reason.
+            commit = replace(commit, set_fields={**commit.set_fields, "reason": None})
         held, view.unwritten = view.unwritten, ()
         if hold:
             view.unwritten = (*held, commit)

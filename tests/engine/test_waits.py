@@ -160,6 +160,19 @@ def test_a_valid_approval_is_accepted_once_and_the_run_finishes(tmp_path: Path, 
     assert all_violations(home) == []
 
 
+def test_a_run_that_stops_waiting_loses_the_waits_reason(tmp_path: Path, home: Path) -> None:
+    """Stopped right after the approval's commit: the run is TOOL_RUNNING,
+    no longer waiting, and a second reply's line says so."""
+    line = start(tmp_path, home, DEPLOY)
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+    killed = reply(home, run_id, token, "--approve", env={"LOOPLEDGER_CRASH_AFTER_COMMITS": "1"})
+    assert killed.returncode == -9
+    assert state(home, run_id) == ("TOOL_RUNNING", None)
+    again = reply(home, run_id, token, "--approve")
+    rejected(again, "already used")
+    assert json.loads(again.stdout)["reason"] is None
+
+
 def test_forged_tokens_are_rejected_and_the_run_still_waits(tmp_path: Path, home: Path) -> None:
     line = start(tmp_path, home, DEPLOY)
     run_id, token = line["run_id"], line["waiting"]["resume_token"]
