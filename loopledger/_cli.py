@@ -407,6 +407,12 @@ def reply(
                                parse_float=lambda text: _finite(float(text), text))
         except ValueError as exc:
             raise BadInput("--answer", f"expected JSON, got {answer!r} ({exc})") from None
+        from loopledger.canonical import CanonicalJSONError, canonical_json
+
+        try:
+            canonical_json(value)  # what the journal will keep: text every journal can hold
+        except CanonicalJSONError as exc:
+            raise BadInput("--answer", f"expected JSON that a journal can keep, got {answer!r} ({exc})") from None
     where = _home(home, store)
     runner = _runner_for(run_id, where, no_journal=f"rejected: wrong run: no run {run_id!r} in the journal "
                                                    f"(there is no journal in {where.root})")

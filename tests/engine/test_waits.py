@@ -293,6 +293,8 @@ def test_an_answer_must_fit_the_question_schema(tmp_path: Path, home: Path) -> N
     ("--answer", "NaN"),
     ("--answer", '{"order_id": Infinity}'),
     ("--answer", "1e999"),
+    # Text no journal can keep: an unpaired surrogate.
+    ("--answer", '{"order_id": "ORD \\ud800"}'),
 ])
 def test_bad_reply_flags_exit_2_and_change_nothing(tmp_path: Path, home: Path, flags: tuple[str, ...]) -> None:
     line = start(tmp_path, home, QUESTION)
