@@ -81,7 +81,10 @@ def open_journal(url: str):  # -> RunStore
     if url.startswith("sqlite:"):
         from ._sqlite import SQLiteRunStore
 
-        return SQLiteRunStore(url.removeprefix("sqlite:"))
+        path = url.removeprefix("sqlite:")
+        if not path.strip() or path.endswith("/"):
+            raise BadInput("--store", f"{url!r} names no file; expected sqlite:PATH of the journal file")
+        return SQLiteRunStore(path)
     from ._postgres import redact
 
     # Whatever the URL is, a password in it is not printed.

@@ -98,7 +98,10 @@ def connect(url: str) -> Any:
     try:
         return psycopg.connect(url, autocommit=True, **defaults)
     except psycopg.Error as exc:
-        reason = redact(" ".join(str(exc).split()), url)
+        # libpq's lines are sentences of their own ("... refused" / "Is the
+        # server running ..."): joined on one line, each keeps its end.
+        lines = [" ".join(line.split()) for line in str(exc).splitlines() if line.strip()]
+        reason = redact("; ".join(lines), url)
         raise JournalError(f"{redact(url)}: cannot open the journal: {reason}") from exc
 
 
@@ -110,8 +113,8 @@ def _check_settings(url: str, given: dict[str, Any]) -> None:
     """Settings libpq would only refuse when connecting (and then as if the
     server had failed): bad input, named."""
     ports = str(given.get("port", "")).split(",") if given.get("port") else []
-    if any(not _WHOLE.match(port) for port in ports):
-        raise BadInput("--store", f"{redact(url)}: port {given['port']!r}; expected a whole number")
+    if any(not _WHOLE.match(port) or not 1 <= int(port) <= 65535 for port in ports):
+        raise BadInput("--store", f"{redact(url)}: port {given['port']!r}; expected a whole number from 1 to 65535")
     if "connect_timeout" in given and not _WHOLE.match(str(given["connect_timeout"])):
         raise BadInput("--store", f"{redact(url)}: connect_timeout {given['connect_timeout']!r}; "
                                   "expected whole seconds")

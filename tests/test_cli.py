@@ -230,8 +230,11 @@ def test_the_demo_runs_and_says_when_its_replays_cover_earlier_runs(tmp_path: Pa
     ("postgresql://u@127.0.0.1/db?bogusopt=1", ["bogusopt"]),
     ("postgresql://u@127.0.0.1/db?sslmode=bogus", ["sslmode 'bogus'"]),
     ("postgresql://u:s3cr3t@127.0.0.1/db?connect_timeout=abc", ["connect_timeout 'abc'"]),
+    ("postgresql://u:s3cr3t@127.0.0.1:99999/db", ["port '99999'", "from 1 to 65535"]),
+    ("postgresql://u:s3cr3t@127.0.0.1:0/db", ["port '0'", "from 1 to 65535"]),
+    ("sqlite:", ["'sqlite:' names no file"]),
 ])
-def test_a_malformed_postgresql_url_is_bad_input_not_a_server_failure(tmp_path: Path, url: str,
+def test_a_malformed_store_url_is_bad_input_not_a_server_failure(tmp_path: Path, url: str,
                                                                        names: list[str]) -> None:
     pytest.importorskip("psycopg")
     result = cli("export", "--home", str(tmp_path / "home"), "--store", url)
