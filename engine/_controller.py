@@ -50,7 +50,7 @@ from ._backends import DemoBackend, Fault, ToolOutcome, ToolRequest, failure
 from ._clock import now_us
 from ._conversation import conversation
 from ._decision import decision_input, resolve_context
-from ._errors import ModelError, StaleStateVersion
+from ._errors import ModelError, StaleStateVersion, TerminalAlreadySet
 from ._model import Collected, ModelAdapter, ModelRequest, ScriptExhausted, StreamError, collect
 from ._people import PeopleMixin
 from ._prompts import load_prompt
@@ -215,9 +215,10 @@ class Controller(PeopleMixin):
                     continue
                 if self._handlers[view.state](view, config) is False:  # background work still runs
                     break
-            except StaleStateVersion:
+            except (StaleStateVersion, TerminalAlreadySet):
                 # Someone else moved the run (a reply, a cancel, another
-                # worker): start again from what the journal says now.
+                # worker), or ended it (this process's move is kept as a
+                # late event): start again from what the journal says now.
                 view = self.load(run_id)
         self._flush(view)
         return view

@@ -187,3 +187,44 @@ def test_cancel_after_the_background_work_ended_records_how_it_ended(tmp_path: P
     assert sqlite3.connect(home / "journal.sqlite").execute(
         "SELECT status FROM operations WHERE operation_id = ?", (done["operation_id"],)).fetchone() == ("succeeded",)
     assert all_violations(home) == []
+
+
+def test_a_run_another_process_ended_meanwhile_is_left_as_it_ended(tmp_path: Path) -> None:
+    """Two processes drive one run: while this one's tool call is out, the
+    other records a cancel and ends the run. This one's next move is kept
+    as a late event, and its drive returns the run as it ended instead of
+    raising (``cancel`` racing ``run``, or two ``resume`` at once)."""
+    home = tmp_path / "home"
+    path = tmp_path / "read.yaml"
+    path.write_text("""\
+id: read-notes
+contract:
+  goal: Read the notes
+  required_evidence: [file_read]
+  allowed_tools: [workspace.read_file]
+model:
+  - tool_calls: [{name: workspace.read_file, arguments: {path: README.md}}]
+  - final: Read it.
+    claims: [{text: read, evidence: ["file_read:README.md"]}]
+""")
+    driver, other = Runner(Home.resolve(home)), Runner(Home.resolve(home))
+    try:
+        run_id = driver.create(load_scenario(path), "v1")
+        execute = driver.backend.execute
+        ended_by_other: list[State] = []
+
+        def execute_while_the_other_cancels(req: Any) -> Any:
+            assert other.controller.request_cancel(run_id)
+            ended_by_other.append(other.controller.drive(run_id).state)
+            return execute(req)
+
+        driver.backend.execute = execute_while_the_other_cancels  # type: ignore[method-assign]
+        view = driver.controller.drive(run_id)
+        assert ended_by_other == [view.state] and view.state in (State.CANCELLED, State.CANCEL_UNKNOWN)
+        assert driver.store.get_run(run_id).state is view.state
+        assert events(home, run_id, "late_event")
+    finally:
+        driver.close()
+        other.close()
+    assert cli("export", home=home).returncode == 0
+    assert all_violations(home) == []
