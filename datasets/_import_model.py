@@ -44,10 +44,6 @@ class ImportInputError(BadInput):
         self.file = file
         self.record = record
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Raised in an import's worker processes and handed back to the caller.
-        return type(self), (self.file, self.record, self.reason)
-
 
 # --- checking the source's fields ----------------------------------------------------
 #

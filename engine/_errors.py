@@ -29,8 +29,10 @@ that may be persisted.
 
 from __future__ import annotations
 
+from loopledger._errors import PicklableError
 
-class LoopLedgerError(Exception):
+
+class LoopLedgerError(PicklableError):
     """Root of every error loopledger raises on purpose."""
 
     code = "error"

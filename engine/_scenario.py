@@ -174,7 +174,8 @@ class UserReply(_Strict):
 
     @model_validator(mode="after")
     def _one_of_approve_or_answer(self, info: ValidationInfo) -> UserReply:
-        given = [name for name in ("approve", "answer") if name in self.model_fields_set]
+        # A run's frozen spec writes both keys, the one not given as null.
+        given = [name for name in ("approve", "answer") if getattr(self, name) is not None]
         if len(given) != 1 and not _stored(info):
             raise ValueError("expected exactly one of approve (true or false) or answer, got "
                              + (" and ".join(given) if given else "neither"))

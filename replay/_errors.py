@@ -18,8 +18,10 @@ diverged. Constructors take structured arguments and keep them.
 
 from __future__ import annotations
 
+from loopledger._errors import PicklableError
 
-class ReplayError(Exception):
+
+class ReplayError(PicklableError):
     """Root of every error ``loopledger.replay`` raises on purpose."""
 
     code = "replay_error"

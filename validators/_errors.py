@@ -18,8 +18,10 @@ is a stable string that may be persisted.
 
 from __future__ import annotations
 
+from loopledger._errors import PicklableError
 
-class ValidatorsError(Exception):
+
+class ValidatorsError(PicklableError):
     """Root of every error ``loopledger.validators`` raises on purpose."""
 
     code = "validators_error"

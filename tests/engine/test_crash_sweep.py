@@ -138,7 +138,9 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[s
     in_memory = shm.is_dir() and os.access(shm, os.W_OK)
     base = Path(tempfile.mkdtemp(prefix="loopledger-sweep-", dir=shm)) if in_memory else tmp_path_factory.mktemp("sweep")
     try:
-        context = multiprocessing.get_context("fork")
+        # Not "fork": the test process may hold threads (pytest-xdist's), and a
+        # child forked while one of them holds a lock can hang on it.
+        context = multiprocessing.get_context("forkserver")
         with context.Pool(WORKERS) as pool:
             results = pool.starmap(sweep, [(name, str(base)) for name in SWEPT])
         yield {r["name"]: r for r in results}
