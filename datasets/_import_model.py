@@ -309,7 +309,7 @@ def tool_specs(entries: Sequence[Any], read_only: Mapping[str, bool] | None = No
     for i, entry in enumerate(entries):
         at = f"{where}[{i}]"
         fn = entry.get("function", entry) if isinstance(entry, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"].strip():
             raise ImportInputError(file, at, "a tool needs a name (OpenAI tools or functions format)")
         name = text(fn["name"], file, f"{at}.name")
         schema = fn.get("parameters")

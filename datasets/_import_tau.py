@@ -92,7 +92,8 @@ def _catalogue_near(path: Path, domain: str, explicit: Path | None) -> Canonical
     folder holding the trajectories (the layout of the external data)."""
     if explicit is not None:
         return load_catalogue(explicit)[0]
-    for folder in (path.parent, path.parent.parent):
+    folder_of_file = path.absolute().parent  # "file.json" and "." name folders too
+    for folder in (folder_of_file, folder_of_file.parent):
         candidate = folder / "tools" / f"{domain}_tools.json"
         if candidate.is_file():
             return load_catalogue(candidate)[0]
@@ -203,8 +204,8 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Mess
         fn_at = at if tau2 else f"{at}.function"
         if not isinstance(fn, dict):
             raise bad(file, fn_at, "an object with name and arguments", fn)
-        if not isinstance(fn.get("name"), str):
-            raise ImportInputError(file, f"{fn_at}.name", "a tool call needs a function name (a string)")
+        if not isinstance(fn.get("name"), str) or not fn["name"].strip():
+            raise ImportInputError(file, f"{fn_at}.name", "a tool call needs a function name (a non-empty string)")
         arguments, raw = _arguments(fn.get("arguments", {}), f"{fn_at}.arguments", file)
         call_id = _call_id(call.get("id"), f"{at}.id", file)
         calls.append(ToolCall(call_id or f"call-{i + 1}", text(fn["name"], file, f"{fn_at}.name"), arguments, raw))
@@ -213,8 +214,8 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Mess
         at = f"{where}.function_call"
         if not isinstance(legacy, dict):
             raise bad(file, at, "an object with name and arguments", legacy)
-        if not isinstance(legacy.get("name"), str):
-            raise ImportInputError(file, f"{at}.name", "a function call needs a name (a string)")
+        if not isinstance(legacy.get("name"), str) or not legacy["name"].strip():
+            raise ImportInputError(file, f"{at}.name", "a function call needs a name (a non-empty string)")
         arguments, raw = _arguments(legacy.get("arguments", {}), f"{at}.arguments", file)
         # The legacy format has no call ids: the result is the next
         # ``function`` message, so a positional id is exact.

@@ -297,6 +297,8 @@ TAU2_CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
      "simulations[0].messages[2].tool_calls[0].arguments", "expected a JSON string or an object, got an integer"),
     (lambda d: d["simulations"][0]["messages"][2]["tool_calls"][0].update(name=None),
      "simulations[0].messages[2].tool_calls[0].name", "a tool call needs a function name"),
+    (lambda d: d["simulations"][0]["messages"][2]["tool_calls"][0].update(name=" "),
+     "simulations[0].messages[2].tool_calls[0].name", "a tool call needs a function name (a non-empty string)"),
     (lambda d: d["simulations"][0]["messages"][2].update(cost=NAN), "simulations[0].messages[2].cost",
      "expected a finite number, got nan"),
 ]

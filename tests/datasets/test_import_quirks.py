@@ -60,6 +60,15 @@ def test_reused_call_id_is_matched_by_position(tmp_path: Path) -> None:
     assert (label["expected_verdict"], label["source"], label["step"]) == ("reject", "import", 3)
 
 
+@pytest.mark.parametrize("given", ["gpt-4o-shop.json", "."])
+def test_a_path_relative_to_the_working_folder_finds_its_catalogue(tmp_path: Path, monkeypatch,
+                                                                   given: str) -> None:
+    path = _tau_bench_file(tmp_path)
+    monkeypatch.chdir(path.parent)
+    result = import_traces("tau-bench", [Path(given)], home=tmp_path / "home")
+    assert result.runs == 1
+
+
 def test_importing_twice_adds_nothing(tmp_path: Path) -> None:
     path = _tau_bench_file(tmp_path)
     import_traces("tau-bench", [path], home=tmp_path / "home")
