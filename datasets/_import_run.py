@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -212,7 +213,8 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
         # processes are done.
         gc.freeze()
         try:
-            with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("fork")) as pool:
+            with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("fork"),
+                                     initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
                 outcomes = list(pool.map(_write_share, range(len(shares))))
         finally:
             gc.unfreeze()
@@ -229,6 +231,22 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
             counts[index].update(counted)
         totals.update(share_totals)
     return _file_imports(files, counts, totals), concat_tables(parts)
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a share's process: end when the importing process ends (stopped
+    by a signal, it cannot stop its pool). An orphan would keep the traces'
+    lock it inherited, and every later import or export of the home would
+    wait for it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: Linux
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent ended before the line above
+        os._exit(1)
 
 
 def _json_bytes(path: Path, size: int) -> int:

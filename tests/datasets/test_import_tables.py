@@ -260,3 +260,53 @@ def test_show_prints_an_imported_run(tmp_path: Path) -> None:
     assert any(op["tool"] == "get_order" for op in document["operations"])
     missing = cli("show", "no-such-run", "--home", str(home))
     assert missing.returncode == 1 and "no-such-run" in missing.stderr
+
+
+
+def _stat(pid: int) -> list[str] | None:
+    """A process's /proc fields after its name (state first), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def _running(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p.name) for p in Path("/proc").glob("[0-9]*")
+            if (fields := _stat(int(p.name))) is not None and int(fields[1]) == pid and fields[0] != "Z"]
+
+
+@pytest.mark.skipif(os.cpu_count() == 1 or not Path("/proc/self/stat").exists(),
+                    reason="the import splits into processes on several cores (Linux /proc to see them)")
+def test_a_killed_imports_share_processes_end_with_it_and_leave_the_home_usable(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import time
+
+    from import_kit import LOOPLEDGER
+
+    big = _chats(tmp_path, 6000, "big.jsonl")
+    assert big.stat().st_size > _import_run.PARALLEL_FROM_BYTES
+    home = tmp_path / "home"
+    importer = subprocess.Popen([LOOPLEDGER, "import", "openai-jsonl", str(big), "--home", str(home)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (shares := _children(importer.pid)) and importer.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not shares:
+        importer.wait(timeout=120)
+        pytest.skip("the import finished before its share processes could be seen")
+    importer.send_signal(signal.SIGKILL)
+    importer.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(map(_running, shares)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_running, shares))
+    # The traces' lock is free: another import of the home finishes.
+    again = cli("import", "openai-jsonl", str(_chats(tmp_path, 3)), "--home", str(home))
+    assert again.returncode == 0, again.stderr
