@@ -168,7 +168,13 @@ def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[st
         vb AS (SELECT {_KEY}, verdict FROM b UNION ALL SELECT * FROM wb)
         SELECT l.run_id, l.step, l.attempt, l.candidate_id, l.validator, l.expected_verdict, l.source,
                va.verdict AS baseline_verdict, vb.verdict AS replay_verdict,
-               CASE WHEN l.expected_verdict = va.verdict AND l.expected_verdict IS DISTINCT FROM vb.verdict
+               CASE WHEN (va.verdict IS NULL AND (l.validator = '' OR vb.verdict = 'accept'))
+                      OR (vb.verdict IS NULL AND l.validator <> '' AND va.verdict = 'accept')
+                    -- As the replay compares: a validator on one side only
+                    -- that accepts changes nothing, and a candidate the
+                    -- baseline did not decide has no verdict to flip.
+                    THEN CASE WHEN l.expected_verdict = vb.verdict THEN 'agrees' ELSE 'disagrees' END
+                    WHEN l.expected_verdict = va.verdict AND l.expected_verdict IS DISTINCT FROM vb.verdict
                     THEN 'regression'
                     WHEN l.expected_verdict IS DISTINCT FROM va.verdict AND l.expected_verdict = vb.verdict
                     THEN 'fix'

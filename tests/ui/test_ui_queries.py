@@ -207,3 +207,37 @@ def test_a_corrupt_file_is_a_clear_error(recorded_home: Path, tmp_path: Path) ->
     assert fingerprint(tmp_path) != before
     with pytest.raises(CorruptData, match="broken.parquet"):
         q.overview(Traces(tmp_path))
+
+
+def test_imported_runs_replayed_without_a_baseline_compare_like_the_replay(tmp_path: Path) -> None:
+    """Imported without ``--decide``, the runs have no recorded decisions:
+    a replay's accepting decisions flip nothing, and its summary counts no
+    fix; the page counts the same."""
+    import subprocess
+    import sys
+
+    loopledger = str(Path(sys.executable).with_name("loopledger"))
+    chats = tmp_path / "chats.jsonl"
+    lines = []
+    for i in range(6):
+        call = {"id": f"c{i}", "type": "function",
+                "function": {"name": "get_order", "arguments": json.dumps({"order_id": f"A{i}"})}}
+        lines.append(json.dumps({"messages": [
+            {"role": "user", "content": f"where is order A{i}?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": '{"ok": 1}'},
+            {"role": "assistant", "content": f"Order A{i} is on its way."},
+        ], "metadata": {"id": f"r{i}", "reward": i % 2}}))
+    chats.write_text("\n".join(lines) + "\n")
+    home = tmp_path / "home"
+    for args in (["import", "openai-jsonl", str(chats)], ["replay", "--suite", "default", "--fail-on", "never"]):
+        done = subprocess.run([loopledger, *args, "--home", str(home)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    (replay,) = [p.name for p in (home / "replays").iterdir() if p.is_dir()]
+    fixes, regressions, agreeing = __import__("duckdb").sql(
+        f"SELECT fixes, regressions, labels_agreeing FROM read_parquet('{home}/replays/{replay}/summary/*.parquet')"
+    ).fetchone()
+    compared = c.compare_validators(Traces(home), "recorded", replay)
+    assert (compared["totals"]["fixes"], compared["totals"]["regressions"]) == (fixes, regressions) == (0, 0)
+    labels = compared["labels"]
+    assert len(labels) > 0 and (labels["outcome"] == "agrees").sum() == agreeing
