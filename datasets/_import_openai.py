@@ -93,6 +93,8 @@ def read_toolbench(path: Path, tools: Path | None = None) -> list[Conversation]:
     file = str(path)
     data = read_json(path)
     answer = data.get("answer_generation") if isinstance(data, dict) else None
+    if isinstance(answer, dict) and "valid_data" in answer and not isinstance(answer["valid_data"], bool):
+        raise bad(file, "answer_generation.valid_data", "true or false", answer["valid_data"])
     if isinstance(answer, dict) and answer.get("valid_data") is False and "train_messages" not in answer:
         # ToolBench marks answers it could not turn into a message path
         # (2 of its 15 examples): nothing the agent decided is recorded.

@@ -341,6 +341,8 @@ TOOLBENCH_CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
     (lambda d: d["answer_generation"]["function"][0].update(parameters=[]), "answer_generation.function[0].parameters",
      "expected a JSON Schema object, got a list"),
     (lambda d: d["answer_generation"].update(query=5), "answer_generation.query", "expected a string, got an integer"),
+    (lambda d: d["answer_generation"].update(valid_data="false"), "answer_generation.valid_data",
+     "expected true or false, got a string"),
     (lambda d: d["answer_generation"].update(finish_type=["give_answer"]), "answer_generation.finish_type",
      "expected a string, got a list"),
     (lambda d: d["answer_generation"]["train_messages"][-1][2].update(function_call="get_order"),
