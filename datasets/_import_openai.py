@@ -45,6 +45,9 @@ def read_openai_jsonl(path: Path, tools: Path | None = None) -> Runs:
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark, as Windows tools write, is dropped
     except (OSError, UnicodeDecodeError) as exc:
+        if isinstance(exc, UnicodeDecodeError) and exc.object[:2] == b"\x1f\x8b":
+            raise ImportInputError(file, None, "a gzip file; expected JSON lines as plain UTF-8 text "
+                                               "(gunzip it first)") from None
         raise ImportInputError(file, None, f"cannot read as UTF-8 text: {exc}") from None
     lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
 

@@ -51,6 +51,7 @@ class FileImport:
     operations: int
     user_tool_calls: int
     failed_operations: int
+    unanswered_operations: int = 0  # calls the source shows no result for (unknown_outcome)
 
 
 @dataclass
@@ -340,5 +341,5 @@ def _file_imports(files: list[Path], counts: Any, totals: dict[int, int]) -> lis
     for index, path in enumerate(files):
         c = counts[index]
         out.append(FileImport(str(path), c["runs"], totals[index] - c["runs"], c["candidates"], c["operations"],
-                              c["user_tool_calls"], c["failed"]))
+                              c["user_tool_calls"], c["failed"], c["unanswered"]))
     return out

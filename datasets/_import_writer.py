@@ -116,7 +116,7 @@ class RunWriter:
         # run that shares it) and each context names it by id, as the engine's do.
         self.registry = Artifact("tool_registry", {"tools": conv.tools})
         self.last_candidate: tuple[int, str] | None = None
-        self.stats = {"candidates": 0, "operations": 0, "user_tool_calls": 0, "failed": 0}
+        self.stats = {"candidates": 0, "operations": 0, "user_tool_calls": 0, "failed": 0, "unanswered": 0}
 
     # -- journal primitives ---------------------------------------------------------
 
@@ -271,7 +271,9 @@ class RunWriter:
         self.stats["operations"] += len(ops)
         for i, (op, call, result) in enumerate(zip(ops, step.candidate.tool_calls, step.results)):
             outcome: Outcome = NO_RESULT if result is None else outcome_of(call, result)
-            self.stats["failed"] += outcome.outcome != "success"
+            # A call the source shows no result for did not fail: its outcome is unknown.
+            self.stats["unanswered"] += result is None
+            self.stats["failed"] += result is not None and outcome.outcome != "success"
             artifacts: tuple[Artifact, ...] = ()
             result_id = summary = None
             if result is not None:

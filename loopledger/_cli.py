@@ -697,7 +697,9 @@ def import_cmd(
     result = import_traces(fmt, paths, home=where.root, tools=tools, decide=decide)
     for f in result.files:
         typer.echo(f"{f.path}: {f.runs} runs ({f.skipped} already imported), {f.candidates} candidates, "
-                   f"{f.operations} tool calls ({f.failed_operations} failed), {f.user_tool_calls} user tool calls")
+                   f"{f.operations} tool calls ({f.failed_operations} failed"
+                   + (f", {f.unanswered_operations} without a result" if f.unanswered_operations else "")
+                   + f"), {f.user_tool_calls} user tool calls")
     typer.echo(f"imported {result.runs} runs into {where.root} ({result.skipped} skipped); "
                f"next: loopledger replay --suite default --home {where.root}")
 

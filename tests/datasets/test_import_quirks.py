@@ -315,3 +315,31 @@ def test_unknown_format_and_missing_tools(tmp_path: Path) -> None:
     (tmp_path / "tools" / "shop_tools.json").unlink()
     err = _bad(tmp_path, "tau-bench", path)
     assert "no tool catalogue" in err and "--tools" in err
+
+
+def test_a_call_without_a_result_is_counted_apart_from_failures(tmp_path: Path) -> None:
+    messages = [
+        {"role": "user", "content": "where are orders A and B?"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("c1", "get_order", {"order_id": "A"}),
+                                                                _call("c2", "get_order", {"order_id": "B"})]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Error: order A not found"},
+        {"role": "assistant", "content": "A does not exist; B I could not check."},
+    ]
+    path = _jsonl(tmp_path, {"messages": messages, "tools": TOOLS["tools"]})
+    (imported,) = import_traces("openai-jsonl", [path], home=tmp_path / "home").files
+    assert (imported.operations, imported.failed_operations, imported.unanswered_operations) == (2, 1, 1)
+    outcomes = sorted(o["outcome"] for o in table(tmp_path / "home", "operations"))
+    assert outcomes == ["unknown_outcome", "validation_failed"]
+
+
+def test_a_gzip_file_given_as_json_lines_is_named_as_such(tmp_path: Path) -> None:
+    import gzip
+
+    from loopledger.datasets import ImportInputError
+
+    path = tmp_path / "chats.jsonl.gz"
+    path.write_bytes(gzip.compress((json.dumps(_chat("hi", 1)) + "\n").encode()))
+    with pytest.raises(ImportInputError) as info:
+        import_traces("openai-jsonl", [path], home=tmp_path / "home")
+    assert str(info.value) == f"{path}: a gzip file; expected JSON lines as plain UTF-8 text (gunzip it first)"
+    assert not (tmp_path / "home" / "traces" / "runs").exists() or not table(tmp_path / "home", "runs")
