@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loopledger._parquet import first_unreadable, one_line
+
 from ._errors import TracesError
 
 #: Columns a replay reads, per table (CONTRACT.md names). ``labels`` and
@@ -97,7 +99,7 @@ def table_files(folder: Path, name: str, required: Sequence[str], *, optional: b
         try:
             meta = pq.ParquetFile(path).metadata
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a broken file
-            raise TracesError(str(path), f"not a readable Parquet file ({_one_line(exc)})") from None
+            raise TracesError(str(path), f"not a readable Parquet file ({one_line(exc)})") from None
         names = frozenset(meta.schema.names)
         missing = [c for c in required if c not in names]
         if missing:
@@ -256,29 +258,12 @@ def write_partitions(traces: TraceSet, baseline_files: Sequence[Path] | None, ou
         # data, bad compression) surfaces here, and DuckDB does not always
         # say which file it was reading: find it.
         files = [f for table in traces.tables.values() for f in table.files] + list(baseline_files or ())
-        culprit = _unreadable(files)
+        culprit = first_unreadable(files)
         if culprit is not None:
             raise TracesError(str(culprit[0]), f"not a readable Parquet file ({culprit[1]})") from None
-        raise TracesError(str(traces.root), f"cannot read the traces ({_one_line(exc)})") from None
+        raise TracesError(str(traces.root), f"cannot read the traces ({one_line(exc)})") from None
     finally:
         conn.close()
-
-
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-
-
-def _unreadable(files: Sequence[Path]) -> tuple[Path, str] | None:
-    """The first of ``files`` whose data pages cannot be read, and why."""
-    import pyarrow.parquet as pq
-
-    for path in files:
-        try:
-            for _ in pq.ParquetFile(path).iter_batches(batch_size=65_536):
-                pass
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a broken file
-            return path, _one_line(exc)
-    return None
 
 
 def read_partition(out: Path, relation: str, part: int) -> Any:

@@ -241,7 +241,23 @@ class Traces:
         try:
             return (cur or self.cursor()).execute(sql, params or [])
         except duckdb.Error as exc:
+            broken = self._broken_file()
+            if broken is not None:
+                (table, path), why = broken
+                raise CorruptData(f"Could not read the `{table}` table: {path} is not a readable Parquet file "
+                                  f"({why}).") from exc
             raise CorruptData(f"Could not read the traces under {self.home}: {_first_line(exc)}") from exc
+
+    def _broken_file(self) -> tuple[tuple[str, Path], str] | None:
+        """The table and file DuckDB could not read (it does not always say
+        which), and why; None when every file reads."""
+        from loopledger._parquet import first_unreadable
+
+        owners = {path: name for name, files in self._files.items() for path in files}
+        for rid, tables in self._replays.items():
+            owners.update({path: f"replays/{rid}/{name}" for name, files in tables.items() for path in files})
+        found = first_unreadable(owners)
+        return ((owners[found[0]], found[0]), found[1]) if found is not None else None
 
 
 def _first_line(exc: BaseException) -> str:

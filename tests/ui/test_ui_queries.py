@@ -241,3 +241,18 @@ def test_imported_runs_replayed_without_a_baseline_compare_like_the_replay(tmp_p
     assert (compared["totals"]["fixes"], compared["totals"]["regressions"]) == (fixes, regressions) == (0, 0)
     labels = compared["labels"]
     assert len(labels) > 0 and (labels["outcome"] == "agrees").sum() == agreeing
+
+
+def test_a_file_whose_data_pages_are_broken_is_named_with_its_table(recorded_home: Path, tmp_path: Path) -> None:
+    """The footer reads, the pages do not: DuckDB's error does not always
+    say which file it was reading; the message does."""
+    shutil.copytree(recorded_home / "traces", tmp_path / "traces")
+    (victim,) = sorted((tmp_path / "traces" / "events").glob("*.parquet"))[:1]
+    data = bytearray(victim.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little") + 8
+    for i in range(4, len(data) - footer):
+        data[i] = (data[i] * 7 + 13) % 256
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CorruptData) as info:
+        q.time_split(Traces(tmp_path))
+    assert "`events` table" in str(info.value) and victim.name in str(info.value)
