@@ -24,6 +24,13 @@ def _body() -> None:
                    help=f"in {tot['tokens_in']:,} · out {tot['tokens_out']:,}")
     cols[2].metric("Cost (USD)", f"{tot['cost_usd']:.4f}", help=f"mean per run {tot['mean_cost_usd']:.6f}")
     cols[3].metric("Tool calls", f"{tot['tool_calls']:,}", help=f"model attempts {tot['model_attempts']:,}")
+    if tot["rewarded"]:
+        cols = st.columns(4)
+        cols[0].metric("Task solved (reward)", pct(tot["reward_rate"]),
+                       help=f"runs whose source scored the task solved (reward ≥ 1): {tot['reward_solved']:,} of "
+                            f"{tot['rewarded']:,} runs with a reward. An imported run's status only says how its "
+                            "conversation ended; the reward says whether the task was done.")
+        cols[1].metric("Mean reward", f"{tot['mean_reward']:.3f}")
 
     st.subheader("Runs by status, reason, prompt version and model")
     breakdowns = data["breakdowns"]

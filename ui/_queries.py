@@ -58,7 +58,8 @@ def overview(t: Traces) -> dict[str, Any]:
                count(*) FILTER (finished AND looped),
                count(*) FILTER (status = 'BUDGET_EXHAUSTED'),
                avg(steps), sum(tokens_in), sum(tokens_out), sum(cost_usd), avg(cost_usd),
-               sum(model_attempts), sum(tool_calls)
+               sum(model_attempts), sum(tool_calls),
+               count(reward), count(*) FILTER (reward >= 1), avg(reward)
         FROM flagged
         """,
         _terminal(),
@@ -80,6 +81,12 @@ def overview(t: Traces) -> dict[str, Any]:
         "mean_cost_usd": _num(row[9]),
         "model_attempts": int(_num(row[10])),
         "tool_calls": int(_num(row[11])),
+        # Imported runs carry their source's score of the task: their status
+        # only says how the conversation ended (docs/importers.md).
+        "rewarded": int(row[12] or 0),
+        "reward_solved": int(row[13] or 0),
+        "reward_rate": (row[13] or 0) / row[12] if row[12] else 0.0,
+        "mean_reward": _num(row[14]),
     }
     groups = t.df(
         """

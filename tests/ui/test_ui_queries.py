@@ -241,6 +241,10 @@ def test_imported_runs_replayed_without_a_baseline_compare_like_the_replay(tmp_p
     assert (compared["totals"]["fixes"], compared["totals"]["regressions"]) == (fixes, regressions) == (0, 0)
     labels = compared["labels"]
     assert len(labels) > 0 and (labels["outcome"] == "agrees").sum() == agreeing
+    # The Overview says whether the tasks were done: the reward, not the status.
+    totals = q.overview(Traces(home))["totals"]
+    assert (totals["succeeded"], totals["rewarded"], totals["reward_solved"]) == (6, 6, 3)
+    assert totals["reward_rate"] == 0.5
 
 
 def test_a_file_whose_data_pages_are_broken_is_named_with_its_table(recorded_home: Path, tmp_path: Path) -> None:
