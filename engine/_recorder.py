@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loopledger._parquet import one_line
+
 from ._clock import now_us
 from ._errors import JournalError
 from ._store import SQLRunStore
@@ -486,7 +488,11 @@ class Recorder:
 
             def stream(paths: list[Path] = files) -> Iterable[Any]:
                 for path in paths:
-                    yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS)
+                    try:
+                        yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS)
+                    except (OSError, ValueError) as exc:  # pyarrow's errors for a broken file
+                        raise JournalError(f"{path}: not a readable Parquet file ({one_line(exc)}); the "
+                                           f"{name} table was not compacted, its files are as they were") from exc
 
             target = self.table_dir(name) / f"compact-{compaction_id:08d}.parquet"
             write_parquet(target, table, stream(), keep_empty=True)

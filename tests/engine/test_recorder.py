@@ -777,3 +777,23 @@ def test_every_traces_folder_of_a_shared_journal_gets_every_row(store: Any, jour
     shutil.rmtree(first)
     Recorder(store, first).export()
     assert_traces_equal_journal(first, journal)
+
+
+def test_compact_names_a_segment_it_cannot_read_and_keeps_the_files(tmp_path: Path) -> None:
+    home = make_home(tmp_path, "a")
+    assert loopledger("export", "--home", str(home)).returncode == 0
+    add_to_home(home, populate, "b")
+    assert loopledger("export", "--home", str(home)).returncode == 0
+    segments = sorted((home / "traces" / "events").glob("seg-*.parquet"))
+    assert len(segments) >= 2
+    data = bytearray(segments[0].read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little") + 8
+    for i in range(4, len(data) - footer):  # the pages broken, the footer whole
+        data[i] = (data[i] * 7 + 13) % 256
+    segments[0].write_bytes(bytes(data))
+
+    done = loopledger("export", "--compact", "--home", str(home))
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and segments[0].name in lines[0] and "not a readable Parquet file" in lines[0]
+    assert sorted((home / "traces" / "events").glob("*.parquet")) == segments
