@@ -275,7 +275,10 @@ def test_commits_that_deadlock_on_shared_artifacts_are_both_made(postgres_url: s
     a.group_commit = b.group_commit = group_commit
     try:
         outcomes = commit_both(a, b)
-        assert len(set(aborts)) == 1, "the server should have aborted one of the two"
+        # The server aborted one of the two at least; a retry can meet the
+        # other again before it commits and deadlock once more (seen under
+        # load), so both may have been aborted by the time both are made.
+        assert aborts, "the server should have aborted one of the two"
         for run_id, store in (("ra", a), ("rb", b)):
             assert not isinstance(outcomes[run_id], Exception), outcomes[run_id]
             run = store.get_run(run_id)
