@@ -194,8 +194,8 @@ def registered() -> dict[str, tuple[str, ...]]:
 def get_factory(name: str, version: str | None = None) -> ValidatorFactory:
     """The factory for ``name`` at ``version`` (default: the latest registered)."""
     versions = _REGISTRY.get(name)
-    if not versions and not _plugins["loaded"]:
-        load_plugins()
+    if not versions:
+        load_plugins()  # once: an installed plugin may register it
         versions = _REGISTRY.get(name)
     if not versions:
         raise RegistryError(name, f"unknown validator; known: {', '.join(sorted(_REGISTRY))}")

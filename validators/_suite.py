@@ -175,17 +175,23 @@ def _parse_text(text: str, where: str) -> Suite:
     return parse_suite(data, where)
 
 
+def _import(module_name: str, where: str) -> Any:
+    """A user's module, imported; one that cannot be, or raises while it
+    runs, is a :class:`SuiteError` naming ``where``."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SuiteError(where, f"cannot import module {module_name!r} ({exc})") from exc
+    except Exception as exc:  # noqa: BLE001 - the user's module failed while it ran: say so, in one line
+        raise SuiteError(where, f"module {module_name!r} failed while importing: "
+                                f"{type(exc).__name__}: {exc}") from exc
+
+
 def _load_object(ref: str) -> Suite:
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
         raise SuiteError(ref, "expected package.module:attr, with both parts named")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise SuiteError(ref, f"cannot import module {module_name!r} ({exc})") from exc
-    except Exception as exc:  # noqa: BLE001 - the user's module failed while it ran: say so, in one line
-        raise SuiteError(ref, f"module {module_name!r} failed while importing: "
-                              f"{type(exc).__name__}: {exc}") from exc
+    obj: Any = _import(module_name, ref)
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
@@ -235,12 +241,7 @@ def _import_modules(modules: Any, where: str) -> None:
         field = f"{where}: imports[{i}]"
         if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
             raise SuiteError(field, f"expected a module name like acme.validators, got {name!r}")
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise SuiteError(field, f"cannot import module {name!r} ({exc})") from None
-        except Exception as exc:  # noqa: BLE001 - the user's module failed while it ran: say so, in one line
-            raise SuiteError(field, f"module {name!r} failed while importing: {type(exc).__name__}: {exc}") from None
+        _import(name, field)
 
 
 def _member(entry: Any, field: str) -> BoundValidator:
