@@ -201,12 +201,12 @@ class Recorder:
         self._finish_imports()
         self._finish_compactions()
         with self.store._lock:
-            pending = [(export_id, json.loads(ranges_json), json.loads(bounds_json))
-                       for export_id, ranges_json, bounds_json in self.store.execute(
-                           self.store._conn,
-                           "SELECT export_id, ranges_json, bounds_json FROM exports"
-                           " WHERE status = 'pending' AND traces_id = ? ORDER BY export_id", (traces_id,)
-                       ).fetchall()]
+            rows = self.store.execute(
+                self.store._conn,
+                "SELECT export_id, ranges_json, bounds_json FROM exports"
+                " WHERE status = 'pending' AND traces_id = ? ORDER BY export_id", (traces_id,)
+            ).fetchall()
+        pending = [(export_id, json.loads(ranges), json.loads(bounds)) for export_id, ranges, bounds in rows]
         # The refill writes what the finished exports gave the folder; an
         # export that died before its files were written redoes its own rows
         # below (a refill its tables whole). So the refill comes first, from

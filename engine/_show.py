@@ -64,8 +64,8 @@ class TracedRuns:
         return sorted(self._rows("operations", run_id), key=lambda o: (o["created_seq"], o["operation_id"]))
 
 
-#: The run's fields in ``show --json``, in this order.
-RUN_FIELDS = ("run_id", "thread_id", "task_id", "tenant", "prompt_version", "prompt_hash", "model_route", "reason",
+#: The run's fields in ``show --json`` after its id and status, in this order.
+RUN_FIELDS = ("thread_id", "task_id", "tenant", "prompt_version", "prompt_hash", "model_route", "reason",
               "step", "attempt", "model_attempts", "tool_calls", "tokens_in", "tokens_out", "cost_usd", "reward",
               "state_version", "started_at", "ended_at")
 
@@ -75,9 +75,11 @@ def _decoded(row: dict[str, Any]) -> dict[str, Any]:
     holds, under its name without the suffix."""
     out = {}
     for key, value in row.items():
-        if key.endswith("_json") and key != "spec_json":
-            out[key[: -len("_json")]] = json.loads(value) if isinstance(value, str) else value
-        elif key != "spec_json":
+        if key == "spec_json":
+            continue
+        if key.endswith("_json"):
+            out[key.removesuffix("_json")] = json.loads(value) if isinstance(value, str) else value
+        else:
             out[key] = value
     return out
 
@@ -89,7 +91,7 @@ def run_document(store: SQLRunStore | TracedRuns, run_id: str) -> dict[str, Any]
     epoch, as in the journal."""
     run = store.get_run(run_id)
     document: dict[str, Any] = {"run_id": run.run_id, "status": run.state.value}
-    document.update({name: getattr(run, name, None) for name in RUN_FIELDS[1:]})
+    document.update({name: getattr(run, name, None) for name in RUN_FIELDS})
     waiting = getattr(run, "waiting_json", None)
     document["waiting"] = json.loads(waiting) if isinstance(waiting, str) else waiting
     document["events"] = [
