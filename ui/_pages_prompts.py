@@ -12,6 +12,8 @@ from loopledger.ui import _queries as q
 from loopledger.ui._st import guarded, load, pct
 
 RATE_NAMES = {"success": "Success rate", "loop": "Loop rate", "budget_stop": "Budget-stop rate"}
+#: Shown when either version has runs whose source scored them (imported runs).
+REWARD_RATE = {"solved": "Task solved (reward)"}
 MEANS = (("runs", "Runs", "{:,.0f}"), ("finished", "Finished runs", "{:,.0f}"),
          ("mean_steps", "Mean steps", "{:.2f}"), ("p50_steps", "Median steps", "{:.1f}"),
          ("p90_steps", "p90 steps", "{:.1f}"), ("mean_tokens", "Mean tokens", "{:,.1f}"),
@@ -37,24 +39,27 @@ def _body() -> None:
         return
     data = load(q.prompt_compare, a, b)
     metrics, rates = data["metrics"], data["rates"]
+    rewarded = any(rates[v]["solved"]["n"] for v in (a, b))
+    names = {**RATE_NAMES, **REWARD_RATE} if rewarded else RATE_NAMES
     rows = []
-    for name, label in RATE_NAMES.items():
+    for name, label in names.items():
         rows.append({"metric": label, a: rate_text(rates[a][name]), b: rate_text(rates[b][name]),
                      "B − A": f"{100 * (rates[b][name]['rate'] - rates[a][name]['rate']):+.1f} pts"})
-    for column, label, fmt in MEANS:
+    for column, label, fmt in MEANS + ((("mean_reward", "Mean reward", "{:.3f}"),) if rewarded else ()):
         va = metrics.at[a, column] if a in metrics.index else 0
         vb = metrics.at[b, column] if b in metrics.index else 0
         rows.append({"metric": label, a: fmt.format(va), b: fmt.format(vb), "B − A": fmt.format(vb - va)})
-    st.caption("Rates over finished runs, with a 95% Wilson interval and k/n.")
+    st.caption("Rates over finished runs (the reward's over runs with a reward: an imported run's status only "
+               "says how its conversation ended), with a 95% Wilson interval and k/n.")
     st.table(pd.DataFrame(rows).set_index("metric"))
 
     bars = go.Figure()
     for version in (a, b):
         r = rates[version]
-        bars.add_bar(name=version, x=[RATE_NAMES[n] for n in RATE_NAMES], y=[r[n]["rate"] for n in RATE_NAMES],
+        bars.add_bar(name=version, x=list(names.values()), y=[r[n]["rate"] for n in names],
                      error_y={"type": "data", "symmetric": False,
-                              "array": [r[n]["hi"] - r[n]["rate"] for n in RATE_NAMES],
-                              "arrayminus": [r[n]["rate"] - r[n]["lo"] for n in RATE_NAMES]})
+                              "array": [r[n]["hi"] - r[n]["rate"] for n in names],
+                              "arrayminus": [r[n]["rate"] - r[n]["lo"] for n in names]})
     bars.update_layout(barmode="group", title="Rates with 95% intervals", yaxis_tickformat=".0%", height=340,
                        margin={"t": 40, "b": 10})
     st.plotly_chart(bars, key="pv_rates")
@@ -70,12 +75,13 @@ def _body() -> None:
     fig.update_layout(height=300, margin={"t": 40, "b": 10})
     right.plotly_chart(fig, key="pv_cost")
 
-    st.subheader("Tasks whose success rate differs")
+    st.subheader("Tasks solved at different rates")
+    st.caption("A run counts as solved when its source scored it so (reward ≥ 1), else when it SUCCEEDED.")
     tasks = data["tasks"]
     if tasks.empty:
-        st.caption("Every task succeeds equally often under both versions.")
+        st.caption("Every task is solved equally often under both versions.")
     else:
-        st.dataframe(tasks.rename(columns={"success_a": f"success {a}", "success_b": f"success {b}",
+        st.dataframe(tasks.rename(columns={"solved_a": f"solved {a}", "solved_b": f"solved {b}",
                                            "runs_a": f"runs {a}", "runs_b": f"runs {b}"}),
                      hide_index=True, key="pv_tasks")
 

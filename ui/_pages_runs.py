@@ -47,8 +47,10 @@ def _body() -> None:
         return
     page = page.copy()
     page.insert(0, "open", [run_url(r) for r in page["run_id"]])
-    # Outcome first: the columns an analyst scans before opening a run.
-    order = ["open", "status", "reason", "task_id", "prompt_version", "detectors", "steps", "tool_calls",
+    # Outcome first: the columns an analyst scans before opening a run (an
+    # imported run's reward says whether its task was done; its status does not).
+    reward = ["reward"] if page["reward"].notna().any() else []
+    order = ["open", "status", "reason", *reward, "task_id", "prompt_version", "detectors", "steps", "tool_calls",
              "tokens", "cost_usd", "duration_s", "tenant", "model_route", "started_at", "ended_at"]
     st.dataframe(page, hide_index=True, column_order=order, column_config={"open": run_link_column("run")},
                  key="runs_table")

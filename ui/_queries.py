@@ -175,7 +175,7 @@ class RunFilter:
 
 
 SORTABLE = ("started_at", "ended_at", "run_id", "task_id", "tenant", "prompt_version", "status", "reason",
-            "steps", "tool_calls", "tokens", "cost_usd", "duration_s")
+            "reward", "steps", "tool_calls", "tokens", "cost_usd", "duration_s")
 
 
 def run_filter_options(t: Traces) -> dict[str, Any]:
@@ -233,7 +233,7 @@ def runs_page(t: Traces, f: RunFilter, sort: str = "started_at", descending: boo
         f"""
         WITH page AS (
             SELECT r.run_id, r.task_id, r.tenant, r.prompt_version, r.model_route, r.status, r.reason,
-                   r.steps, r.tool_calls, r.tokens_in + r.tokens_out AS tokens, r.cost_usd,
+                   r.reward, r.steps, r.tool_calls, r.tokens_in + r.tokens_out AS tokens, r.cost_usd,
                    r.started_at, r.ended_at,
                    date_diff('microsecond', r.started_at, r.ended_at) / 1e6 AS duration_s
             FROM runs r {where}
@@ -425,12 +425,17 @@ def prompt_versions(t: Traces) -> list[str]:
 
 
 RATES = ("success", "loop", "budget_stop")
+#: A run's outcome where its source scored it (an imported run's reward,
+#: solved at 1), else its status: an imported run's status only says how its
+#: conversation ended (docs/importers.md).
+SOLVED = "coalesce(reward >= 1, status = 'SUCCEEDED')"
 
 
 def prompt_compare(t: Traces, a: str, b: str) -> dict[str, Any]:
     """The same metrics for two prompt versions, side by side: counts, rates
-    with Wilson 95% intervals (over finished runs), means and percentiles,
-    the distributions of steps and cost, and the tasks whose success rate
+    with Wilson 95% intervals (over finished runs; the reward's solved rate
+    over the runs with a reward), means and percentiles, the distributions
+    of steps and cost, and the tasks whose solved rate (:data:`SOLVED`)
     differs between the two."""
     t.require("runs")
     versions = [a, b]
@@ -440,6 +445,7 @@ def prompt_compare(t: Traces, a: str, b: str) -> dict[str, Any]:
                count(*) FILTER (status = 'SUCCEEDED') AS success,
                count(*) FILTER (finished AND looped) AS loop,
                count(*) FILTER (status = 'BUDGET_EXHAUSTED') AS budget_stop,
+               count(reward) AS rewarded, count(*) FILTER (reward >= 1) AS solved, avg(reward) AS mean_reward,
                avg(steps) AS mean_steps, quantile_cont(steps, 0.5) AS p50_steps,
                quantile_cont(steps, 0.9) AS p90_steps,
                avg(tokens_in + tokens_out) AS mean_tokens, avg(cost_usd) AS mean_cost_usd,
@@ -452,11 +458,11 @@ def prompt_compare(t: Traces, a: str, b: str) -> dict[str, Any]:
     for version in versions:
         rates[version] = {}
         finished = int(metrics.at[version, "finished"]) if version in metrics.index else 0
-        for rate in RATES:
+        rewarded = int(metrics.at[version, "rewarded"]) if version in metrics.index else 0
+        for rate, n in (*((r, finished) for r in RATES), ("solved", rewarded)):
             k = int(metrics.at[version, rate]) if version in metrics.index else 0
-            lo, hi = wilson(k, finished)
-            rates[version][rate] = {"k": k, "n": finished, "rate": k / finished if finished else 0.0,
-                                    "lo": lo, "hi": hi}
+            lo, hi = wilson(k, n)
+            rates[version][rate] = {"k": k, "n": n, "rate": k / n if n else 0.0, "lo": lo, "hi": hi}
     steps = t.df("SELECT prompt_version, steps, count(*) AS runs FROM runs WHERE prompt_version IN $versions "
                  "GROUP BY ALL ORDER BY steps", {"versions": versions})
     cost = t.df(
@@ -469,15 +475,15 @@ def prompt_compare(t: Traces, a: str, b: str) -> dict[str, Any]:
         {"versions": versions},
     )
     tasks = t.df(
-        """
+        f"""
         SELECT task_id,
-               avg(CASE WHEN status = 'SUCCEEDED' THEN 1.0 ELSE 0.0 END) FILTER (prompt_version = $a) AS success_a,
-               avg(CASE WHEN status = 'SUCCEEDED' THEN 1.0 ELSE 0.0 END) FILTER (prompt_version = $b) AS success_b,
+               avg(CASE WHEN {SOLVED} THEN 1.0 ELSE 0.0 END) FILTER (prompt_version = $a) AS solved_a,
+               avg(CASE WHEN {SOLVED} THEN 1.0 ELSE 0.0 END) FILTER (prompt_version = $b) AS solved_b,
                count(*) FILTER (prompt_version = $a) AS runs_a, count(*) FILTER (prompt_version = $b) AS runs_b
         FROM runs WHERE prompt_version IN ($a, $b) AND status IN $terminal
         GROUP BY task_id
-        HAVING success_a IS DISTINCT FROM success_b
-        ORDER BY abs(coalesce(success_b, 0) - coalesce(success_a, 0)) DESC, task_id
+        HAVING solved_a IS DISTINCT FROM solved_b
+        ORDER BY abs(coalesce(solved_b, 0) - coalesce(solved_a, 0)) DESC, task_id
         LIMIT 200
         """,
         {**_terminal(), "a": a, "b": b},

@@ -190,3 +190,31 @@ def test_a_corrupt_file_is_a_message(recorded_home: Path, tmp_path: Path, ui_env
     assert any("zz-broken.parquet" in e.value for e in at.error)
     at.switch_page("_pages_runs.py").run()
     assert not at.exception and at.error
+
+
+def test_imported_runs_are_compared_and_listed_with_their_reward(tmp_path: Path, ui_env: pytest.MonkeyPatch) -> None:
+    import json
+    import subprocess
+    import sys
+
+    lines = [json.dumps({"messages": [{"role": "system", "content": policy}, {"role": "user", "content": f"task {i}"},
+                                      {"role": "assistant", "content": "done"}],
+                         "metadata": {"id": f"{policy}-{i}", "task_id": f"t{i}", "reward": reward}})
+             for policy, rewards in (("policy A", (1, 1, 0)), ("policy B", (0, 0, 0))) for i, reward in enumerate(rewards)]
+    (tmp_path / "chats.jsonl").write_text("\n".join(lines) + "\n")
+    home = tmp_path / "home"
+    done = subprocess.run([str(Path(sys.executable).with_name("loopledger")), "import", "openai-jsonl",
+                           str(tmp_path / "chats.jsonl"), "--home", str(home)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    at = open_app(home, ui_env, "_pages_prompts.py")
+    shown = at.table[0].value
+    a, b = shown.columns[:2]
+    # Every imported run SUCCEEDED; two of policy A's three tasks were solved, none of B's.
+    assert {shown.loc["Success rate", a], shown.loc["Success rate", b]} == {"100.0% [43.9%–100.0%] (3/3)"}
+    assert sorted([shown.loc["Task solved (reward)", a][-5:], shown.loc["Task solved (reward)", b][-5:]]) == \
+        ["(0/3)", "(2/3)"]
+    assert sorted(frame_with(at, "task_id")["task_id"]) == ["t0", "t1"]
+    at.switch_page("_pages_runs.py").run()
+    assert not at.exception
+    assert sorted(frame_with(at, "reward", "status")["reward"]) == [0.0] * 4 + [1.0] * 2

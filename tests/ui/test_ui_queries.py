@@ -260,3 +260,37 @@ def test_a_file_whose_data_pages_are_broken_is_named_with_its_table(recorded_hom
     with pytest.raises(CorruptData) as info:
         q.time_split(Traces(tmp_path))
     assert "`events` table" in str(info.value) and victim.name in str(info.value)
+
+
+def test_prompt_versions_of_imported_runs_are_compared_by_their_reward(tmp_path: Path) -> None:
+    """Imported conversations all end as SUCCEEDED; their reward says which
+    tasks were solved. The comparison and the Runs page show it."""
+    import subprocess
+    import sys
+
+    lines = []
+    for policy, rewards in (("policy A", (1, 1, 0, 1)), ("policy B", (0, 1, 0, 0))):
+        for task, reward in enumerate(rewards):
+            lines.append(json.dumps({"messages": [
+                {"role": "system", "content": policy},
+                {"role": "user", "content": f"task {task}"},
+                {"role": "assistant", "content": "done"},
+            ], "metadata": {"id": f"{policy}-{task}", "task_id": f"t{task}", "reward": reward}}))
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("\n".join(lines) + "\n")
+    home = tmp_path / "home"
+    loopledger = str(Path(sys.executable).with_name("loopledger"))
+    done = subprocess.run([loopledger, "import", "openai-jsonl", str(chats), "--home", str(home)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    traces = Traces(home)
+    a, b = q.prompt_versions(traces)
+    got = q.prompt_compare(traces, a, b)
+    solved = {v: (got["rates"][v]["solved"]["k"], got["rates"][v]["solved"]["n"]) for v in (a, b)}
+    success = {v: got["rates"][v]["success"]["k"] for v in (a, b)}
+    assert sorted(solved.values()) == [(1, 4), (3, 4)] and success == {a: 4, b: 4}
+    assert sorted(got["metrics"]["mean_reward"]) == [0.25, 0.75]
+    # Tasks 0 and 3 are solved under one policy only; 1 and 2 alike under both.
+    assert sorted(got["tasks"]["task_id"]) == ["t0", "t3"]
+    _, page = q.runs_page(traces, q.RunFilter(), "reward", True, 0, 10)
+    assert list(page["reward"]) == [1.0] * 4 + [0.0] * 4
