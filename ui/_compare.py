@@ -33,12 +33,19 @@ def replay_summaries(t: Traces) -> Any:
     return t.df("SELECT * EXCLUDE (replay_dir), replay_dir FROM replay_summary ORDER BY replay_dir")
 
 
+def unreadable_replays(t: Traces) -> dict[str, str]:
+    """Replays whose files cannot be read (left out of every view), and why."""
+    t.con  # noqa: B018 - opening the connection finds them
+    return dict(t.unreadable_replays)
+
+
 def _source(t: Traces, side: str, name: str) -> tuple[str, dict[str, Any]]:
     if side == RECORDED:
         t.require("validations")
         return f"SELECT {_KEY}, verdict, code FROM validations", {}
     if side not in t.replay_ids():
         raise NoData(f"No replay `{side}` with decisions under {t.replays_dir}.")
+    t.require_replay(side)
     return f"SELECT {_KEY}, verdict, code FROM replay_decisions WHERE replay_dir = ${name}", {name: side}
 
 

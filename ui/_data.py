@@ -64,7 +64,7 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]+$")
 # person's over an importer's over a scenario's, within a source the latest.
 # The ``contains`` test skips the JSON parse for the many runs that expect no
 # decisions.
-_LABEL_VIEWS = """
+_LABEL_VIEWS = ("""
 CREATE VIEW scenario_labels AS
 WITH expected AS (
     SELECT run_id, unnest(json_extract(spec_json, '$.expect.decisions[*]')) AS d
@@ -80,20 +80,20 @@ SELECT CAST(NULL AS BIGINT) AS label_id, k.run_id, k.step, k.attempt, c.candidat
 FROM keyed k JOIN candidates c ON c.run_id = k.run_id AND c.step = k.step AND c.attempt = k.attempt
 WHERE k.expected_verdict IN ('accept', 'repair', 'ask', 'reject')
   AND NOT EXISTS (SELECT 1 FROM labels l WHERE l.source = 'scenario' AND l.run_id = k.run_id AND l.step = k.step
-                  AND l.attempt = k.attempt AND coalesce(l.validator, '') = k.validator);
-
+                  AND l.attempt = k.attempt AND coalesce(l.validator, '') = k.validator)
+""", """
 CREATE VIEW all_labels AS
 SELECT label_id, run_id, step, attempt, candidate_id, coalesce(validator, '') AS validator, expected_verdict,
        source, note, created_at FROM labels
-UNION ALL BY NAME SELECT * FROM scenario_labels;
-
+UNION ALL BY NAME SELECT * FROM scenario_labels
+""", """
 CREATE VIEW effective_labels AS
 SELECT * FROM all_labels
 QUALIFY row_number() OVER (
     PARTITION BY run_id, step, attempt, candidate_id, validator
     ORDER BY CASE source WHEN 'human' THEN 2 WHEN 'import' THEN 1 ELSE 0 END DESC, label_id DESC NULLS LAST
-) = 1;
-"""
+) = 1
+""")
 
 
 class DataError(Exception):
@@ -138,6 +138,9 @@ class Traces:
     _con: Any = field(default=None, repr=False)
     _files: dict[str, list[Path]] = field(default_factory=dict, repr=False)
     _replays: dict[str, dict[str, list[Path]]] = field(default_factory=dict, repr=False)
+    #: Replays left out of the replay views because DuckDB cannot read one of
+    #: their files, and why (known once the connection is open).
+    unreadable_replays: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)
@@ -190,25 +193,59 @@ class Traces:
         con = duckdb.connect(":memory:")
         for name, columns in TRACE_TABLES.items():
             files = self._files[name]
-            body = (
-                f"SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)"
-                if files else _empty_select(columns)
-            )
-            con.execute(f"CREATE VIEW {name} AS {body}")
-        for table, columns in REPLAY_TABLES.items():
-            # ``replay_dir`` (the folder name) identifies a replay in every
-            # view, whatever the files themselves say.
-            parts = [
-                f"SELECT '{rid}' AS replay_dir, * FROM read_parquet({_sql_list(tables[table])}, "
-                f"union_by_name = true)"
-                for rid, tables in self._replays.items()
-                if tables[table] and _SAFE_ID.match(rid)
-            ]
-            empty = f"SELECT CAST(NULL AS VARCHAR) AS replay_dir, * FROM ({_empty_select(columns)})"
-            body = " UNION ALL BY NAME ".join(parts) if parts else empty
-            con.execute(f"CREATE VIEW replay_{table} AS {body}")
-        con.execute(_LABEL_VIEWS)
+            body = f"SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)" if files else None
+            try:
+                con.execute(f"CREATE VIEW {name} AS {body or _empty_select(columns)}")
+            except duckdb.Error:
+                # A file whose footer cannot be read: the table has no view.
+                # The pages that do not need it still answer; a query that
+                # reads it fails, and ``_run`` names the file.
+                pass
+        # ``replay_dir`` (the folder name) identifies a replay in every view,
+        # whatever the files themselves say.
+        parts = {
+            (rid, table): f"SELECT '{rid}' AS replay_dir, * FROM read_parquet({_sql_list(tables[table])}, "
+                          f"union_by_name = true)"
+            for rid, tables in self._replays.items() if _SAFE_ID.match(rid)
+            for table in REPLAY_TABLES if tables[table]
+        }
+        try:
+            for table in REPLAY_TABLES:
+                con.execute(self._replay_view(table, parts))
+        except duckdb.Error:
+            # One broken replay leaves the others readable, and every page
+            # that does not compare it: it is left out of every replay view,
+            # and comparing it says why (``require_replay``).
+            for (rid, _table), part in parts.items():
+                if rid not in self.unreadable_replays:
+                    try:
+                        con.execute(f"DESCRIBE {part}")
+                    except duckdb.Error as exc:
+                        self.unreadable_replays[rid] = _first_line(exc)
+            for table in REPLAY_TABLES:
+                con.execute(self._replay_view(table, parts))
+        for statement in _LABEL_VIEWS:
+            try:
+                con.execute(statement)
+            except duckdb.Error:
+                pass  # over a table without a view (above): it has none either
         return con
+
+    def _replay_view(self, table: str, parts: dict[tuple[str, str], str]) -> str:
+        chosen = [part for (rid, t), part in parts.items() if t == table and rid not in self.unreadable_replays]
+        empty = f"SELECT CAST(NULL AS VARCHAR) AS replay_dir, * FROM ({_empty_select(REPLAY_TABLES[table])})"
+        return f"CREATE OR REPLACE VIEW replay_{table} AS {' UNION ALL BY NAME '.join(chosen) or empty}"
+
+    def require_replay(self, replay_id: str) -> None:
+        """Raise :class:`CorruptData` naming the file when a replay cannot be read."""
+        from loopledger._parquet import first_unreadable
+
+        self.con  # noqa: B018 - opening the connection finds the unreadable replays
+        if replay_id in self.unreadable_replays:
+            found = first_unreadable(path for files in self._replays[replay_id].values() for path in files)
+            why = f"{found[0]} is not a readable Parquet file ({found[1]})" if found \
+                else self.unreadable_replays[replay_id]
+            raise CorruptData(f"Could not read the replay `{replay_id}`: {why}.")
 
     def close(self) -> None:
         if self._con is not None:
@@ -255,6 +292,8 @@ class Traces:
 
         owners = {path: name for name, files in self._files.items() for path in files}
         for rid, tables in self._replays.items():
+            if rid in self.unreadable_replays:
+                continue  # left out of the views: not what this query read
             owners.update({path: f"replays/{rid}/{name}" for name, files in tables.items() for path in files})
         found = first_unreadable(owners)
         return ((owners[found[0]], found[0]), found[1]) if found is not None else None

@@ -34,6 +34,8 @@ def _body() -> None:
                 f"`loopledger replay --suite default --home {home()}`, then reload.")
         if not sides:
             return
+    for replay_id, why in load(c.unreadable_replays).items():
+        st.warning(f"Replay `{replay_id}` cannot be read and is left out: {why}")
     summaries = load(c.replay_summaries)
     if not summaries.empty:
         st.markdown("**Replays**")

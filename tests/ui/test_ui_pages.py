@@ -218,3 +218,18 @@ def test_imported_runs_are_compared_and_listed_with_their_reward(tmp_path: Path,
     at.switch_page("_pages_runs.py").run()
     assert not at.exception
     assert sorted(frame_with(at, "reward", "status")["reward"]) == [0.0] * 4 + [1.0] * 2
+
+
+def test_an_unreadable_replay_is_a_warning_and_the_pages_still_answer(recorded_home: Path, tmp_path: Path,
+                                                                        ui_env: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    home = tmp_path / "home"
+    shutil.copytree(recorded_home, home, ignore=shutil.ignore_patterns("*.sqlite*"))
+    for victim in (home / "replays" / SYNTHETIC_REPLAY / "summary").glob("*.parquet"):
+        victim.write_bytes(b"PAR1 garbage")
+    at = open_app(home, ui_env)
+    assert not at.error and metrics(at)["Runs"]
+    at.switch_page("_pages_validators.py").run()
+    assert not at.exception and not at.error
+    assert any(SYNTHETIC_REPLAY in w.value and "cannot be read" in w.value for w in at.warning)

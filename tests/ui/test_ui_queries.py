@@ -294,3 +294,35 @@ def test_prompt_versions_of_imported_runs_are_compared_by_their_reward(tmp_path:
     assert sorted(got["tasks"]["task_id"]) == ["t0", "t3"]
     _, page = q.runs_page(traces, q.RunFilter(), "reward", True, 0, 10)
     assert list(page["reward"]) == [1.0] * 4 + [0.0] * 4
+
+
+def test_an_unreadable_replay_leaves_the_other_pages_and_replays_readable(recorded_home: Path,
+                                                                          tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(recorded_home, home, ignore=shutil.ignore_patterns("*.sqlite*"))
+    real = next(p.name for p in (home / "replays").iterdir() if p.name != SYNTHETIC_REPLAY)
+    (victim,) = sorted((home / "replays" / SYNTHETIC_REPLAY / "decisions").glob("*.parquet"))[:1]
+    victim.write_bytes(b"PAR1 not a footer")
+    traces = Traces(home)
+    assert q.overview(traces)["totals"]["runs"] == q.overview(Traces(recorded_home))["totals"]["runs"]
+    assert q.runs_count(traces, q.RunFilter()) > 0
+    assert list(c.unreadable_replays(traces)) == [SYNTHETIC_REPLAY]
+    assert set(c.replay_summaries(traces)["replay_dir"]) == {real}
+    assert c.compare_validators(traces, "recorded", real)["totals"] == \
+        c.compare_validators(Traces(recorded_home), "recorded", real)["totals"]
+    with pytest.raises(CorruptData, match=f"replay `{SYNTHETIC_REPLAY}`.*{victim.name}"):
+        c.compare_validators(traces, "recorded", SYNTHETIC_REPLAY)
+
+
+def test_a_trace_table_with_an_unreadable_footer_fails_only_the_queries_that_read_it(recorded_home: Path,
+                                                                                      tmp_path: Path) -> None:
+    shutil.copytree(recorded_home / "traces", tmp_path / "traces")
+    (victim,) = sorted((tmp_path / "traces" / "validations").glob("*.parquet"))[:1]
+    victim.write_bytes(b"not parquet")
+    traces = Traces(tmp_path)
+    assert q.overview(traces)["totals"]["runs"] == q.overview(Traces(recorded_home))["totals"]["runs"]
+    _, page = q.runs_page(traces, q.RunFilter())
+    with pytest.raises(CorruptData, match=f"`validations` table: .*{victim.name}"):
+        q.run_detail(traces, page["run_id"][0])
+    with pytest.raises(CorruptData, match=victim.name):
+        c.compare_validators(traces, "recorded", "recorded")
