@@ -260,12 +260,15 @@ class Controller(PeopleMixin):
         deadline_s = config.scenario.budgets.deadline_s
         return deadline_s is not None and now_us() - view.started_at >= deadline_s * 1_000_000
 
-    def _exhausted_budget(self, view: RunView, config: RunConfig) -> str | None:
+    def _exhausted_budget(self, view: RunView, config: RunConfig, *, new_step: bool = True) -> str | None:
+        """The budget a next model call would go past, if any: before a new
+        step (READY), or before a new attempt in this step (``new_step``
+        False: the step's own budget is not spent by a retry)."""
         b = config.scenario.budgets
         c = view.counters
         if self._past_deadline(view, config):
             return "deadline"
-        if b.max_steps is not None and view.step >= b.max_steps:
+        if new_step and b.max_steps is not None and view.step >= b.max_steps:
             return "max_steps"
         # max_tool_calls is not checked here: a run that used every call it
         # had may still answer without one. A proposal that would go past it
@@ -410,17 +413,26 @@ class Controller(PeopleMixin):
                 "detail": f"{collected.error.code}: {collected.error.message}"}, **common)
         elif view.attempts_in_step < MAX_ATTEMPTS_PER_STEP:
             # A broken, cut or failed stream: a new attempt on the same context.
-            # Its output is never merged with this one's.
+            # Its output is never merged with this one's. The candidate is
+            # recorded under its own attempt, in the retry's transaction.
+            self._commit(view, Commit(view.run_id, view.state_version, None, **common), hold=True)
+            exhausted = self._exhausted_budget(view, config, new_step=False)
+            if exhausted:
+                # A retry is a model call like any other: no last try past a budget.
+                self._move(view, State.FINALIZING, payload={
+                    "status": "BUDGET_EXHAUSTED", "reason": exhausted,
+                    "detail": f"attempt {view.attempt} ended '{collected.finish_reason}'; no retry past {exhausted}"})
+                return
             wait = self._backoff(view, collected.error)
             if wait is not None and wait > self._deadline_left(view, config):
                 self._move(view, State.FINALIZING, payload={
                     "status": "BUDGET_EXHAUSTED", "reason": "deadline",
-                    "detail": f"the provider asked to wait {wait:.1f}s, past the run's deadline"}, **common)
+                    "detail": f"the provider asked to wait {wait:.1f}s, past the run's deadline"})
                 return
             payload: dict[str, Any] = {"retry_of": candidate.artifact_id, "finish_reason": collected.finish_reason}
             if wait:
                 payload["backoff_s"] = round(wait, 3)
-            self._move(view, State.MODEL_RUNNING, attempt=view.attempt + 1, payload=payload, **common)
+            self._move(view, State.MODEL_RUNNING, attempt=view.attempt + 1, payload=payload)
             if wait:
                 # After the commit: a crash while waiting resumes into the new attempt.
                 self.sleep(wait)

@@ -64,6 +64,16 @@ def journal_violations(home: Path, store_url: str | None = None) -> list[str]:
         for step, ids in contexts.items():
             if len(ids) != 1:
                 found.append(f"{run_id}: step {step} attempts used {len(ids)} context artifacts")
+        # A candidate's event carries the step and attempt of its candidate row.
+        rows = {cid: (step, attempt) for cid, step, attempt in conn.execute(
+            "SELECT candidate_id, step, attempt FROM candidates WHERE run_id = ?", (run_id,))}
+        for cid, step, attempt in conn.execute(
+            "SELECT json_extract(payload_json, '$.candidate_id'), step, attempt FROM events "
+            "WHERE run_id = ? AND kind = 'candidate_recorded'", (run_id,)
+        ) if store_url is None else ():
+            if rows.get(cid) != (step, attempt):
+                found.append(f"{run_id}: candidate {cid[:12]} recorded at step/attempt {(step, attempt)}, "
+                             f"its row says {rows.get(cid)}")
         # A step is closed once (the loop detectors' step table reads these).
         closed = Counter(json.loads(e[4])["step"] for e in events[run_id] if e[1] == "step_closed")
         for step, times in closed.items():

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from invariants import all_violations
 
 CLI = [sys.executable, "-c", "from loopledger._cli import main; main()"]
@@ -87,4 +89,43 @@ expect: {status: SUCCEEDED, reason: completed}
     finally:
         runner.close()
     assert (outcome.status, outcome.reason) == ("SUCCEEDED", "completed"), outcome
+    assert all_violations(tmp_path / "home") == []
+
+
+RETRIES_PAST_A_BUDGET = """\
+id: retries-past-{budget}
+contract:
+  goal: Refund ORD-1040
+  required_evidence: [refund_confirmed]
+  allowed_tools: [payments.refund]
+budgets: {{{budget}: {limit}}}
+model:
+  - {first}
+  - {first}
+  - tool_calls: [{{name: payments.refund, arguments: {{order_id: ORD-1040, amount: 25.0}}}}]
+  - final: refunded
+    claims: [{{text: refunded, evidence: [refund_confirmed]}}]
+expect: {{status: BUDGET_EXHAUSTED, reason: {budget}, side_effects: {{payments.refund: 0}}}}
+"""
+
+
+@pytest.mark.parametrize(("budget", "limit", "first", "attempts"), [
+    ("max_attempts", 1, "{error: overloaded}", 1),
+    ("max_attempts", 2, "{stream: truncated, tool_calls: [{name: payments.refund, "
+                        "arguments: {order_id: ORD-1040, amount: 25.0}}]}", 2),
+    ("max_tokens", 1000, "{finish_reason: length, text: cut, usage: {tokens_in: 5000, tokens_out: 5000}}", 1),
+    ("max_cost", 0.01, "{finish_reason: length, text: cut, usage: {tokens_in: 5, tokens_out: 5, cost_usd: 1.0}}", 1),
+])
+def test_a_retry_in_a_step_is_a_model_call_no_budget_allows_past_its_end(
+        tmp_path: Path, budget: str, limit: float, first: str, attempts: int) -> None:
+    """Budgets were checked in READY only, so broken streams retried inside
+    a step went past max_attempts, max_tokens and max_cost, and the refund
+    proposed afterwards ran."""
+    path = tmp_path / "s.yaml"
+    path.write_text(RETRIES_PAST_A_BUDGET.format(budget=budget, limit=limit, first=first))
+    line, _ = run(path, tmp_path / "home")  # --check: BUDGET_EXHAUSTED with this reason, no refund
+    assert (line["status"], line["reason"]) == ("BUDGET_EXHAUSTED", budget)
+    (made,) = sqlite3.connect(tmp_path / "home" / "journal.sqlite").execute(
+        "SELECT model_attempts FROM runs").fetchone()
+    assert made == attempts
     assert all_violations(tmp_path / "home") == []
