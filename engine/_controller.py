@@ -520,9 +520,9 @@ class Controller(PeopleMixin):
         })
         recorded: dict[str, Any] = {"facts": {"validations": rows}, "events": (summary,)}
 
-        stop = next((d for d in blocking if d.code in STOP_CODES), None)
-        if stop is not None:
-            self._stop_on_decision(view, stop, recorded)
+        stops = [d for d in blocking if d.code in STOP_CODES]
+        if stops:
+            self._stop_on_decisions(view, stops, recorded)
             return
         gate = next((d for d in blocking if d.validator == "completion_gate"), None)
         if (gate is not None and gate.code == "pending_work" and view.pending_background()
@@ -627,26 +627,24 @@ class Controller(PeopleMixin):
         self._close_step(view, State.READY, payload={"feedback": feedback, "repair": True}, extra=recorded,
                          hold=True)
 
-    def _stop_on_decision(self, view: RunView, decision: Any, recorded: dict[str, Any]) -> None:
-        reason = STOP_CODES[decision.code]
+    def _stop_on_decisions(self, view: RunView, stops: list[Any], recorded: dict[str, Any]) -> None:
+        """End the run on the first stopping decision (most severe first);
+        every loop detector's finding is a diagnosis of its own."""
+        first = stops[0]
         extra = dict(recorded)
-        if decision.validator.startswith("loop."):
-            evidence = dict(decision.evidence)
-            diagnosis = Artifact("diagnosis", {"detector": decision.validator, "code": decision.code,
-                                              "message": decision.message, "evidence": evidence,
-                                              "step": view.step})
-            extra["artifacts"] = (diagnosis,)
-            extra["facts"] = {
-                **recorded["facts"],
-                "loop_diagnoses": ({
-                    "step": view.step,
-                    "detector": decision.validator,
-                    "detector_version": decision.validator_version,
-                    "pattern": str(evidence.get("pattern", decision.code)),
-                    "evidence_json": evidence,
-                },),
-            }
-        self._finalize(view, "FAILED", reason, extra=extra, detail=decision.message)
+        findings = [d for d in stops if d.validator.startswith("loop.")]
+        if findings:
+            artifacts, rows = [], []
+            for d in findings:
+                evidence = dict(d.evidence)
+                artifacts.append(Artifact("diagnosis", {"detector": d.validator, "code": d.code,
+                                                        "message": d.message, "evidence": evidence,
+                                                        "step": view.step}))
+                rows.append({"step": view.step, "detector": d.validator, "detector_version": d.validator_version,
+                             "pattern": str(evidence.get("pattern", d.code)), "evidence_json": evidence})
+            extra["artifacts"] = tuple(artifacts)
+            extra["facts"] = {**recorded["facts"], "loop_diagnoses": tuple(rows)}
+        self._finalize(view, "FAILED", STOP_CODES[first.code], extra=extra, detail=first.message)
 
     # -- TOOL_RUNNING and RECONCILING ------------------------------------------
 
