@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from loopledger.canonical import loads
-from loopledger.validators import Context, DecisionInput, Suite, Verdict
+from loopledger.validators import Context, DecisionInput, Suite, Verdict, tool_allowed
 
 from . import _faults
 from ._backends import DemoBackend, Fault, ToolOutcome, ToolRequest, failure
@@ -555,7 +555,9 @@ class Controller(PeopleMixin):
         if budget is not None and view.counters["tool_calls"] + len(calls) > budget:
             self._finalize(view, "BUDGET_EXHAUSTED", "max_tool_calls", extra=recorded)
             return
-        ops = [self._operation(view, index, call) for index, call in enumerate(calls, start=1)]
+        allowed = config.scenario.contract.allowed_tools
+        ops = [self._operation(view, index, call, denied=allowed is not None and not tool_allowed(call.tool, allowed))
+               for index, call in enumerate(calls, start=1)]
         new_operations = tuple(
             {
                 "operation_id": op.operation_id,
@@ -565,7 +567,8 @@ class Controller(PeopleMixin):
                 "tool_version": op.version,
                 "idempotency_key": op.idempotency_key,
                 "canonical_args_json": op.arguments,
-                "policy_decision": "approval_required" if op.tool in config.approval_required else "allow",
+                "policy_decision": "deny" if op.denied else
+                                   "approval_required" if op.tool in config.approval_required else "allow",
                 "status": "accepted",
                 "outcome": None,
                 "dispatch_count": 0,
@@ -585,7 +588,7 @@ class Controller(PeopleMixin):
         payload_ops = [
             {"operation_id": op.operation_id, "idempotency_key": op.idempotency_key, "call_id": op.call_id,
              "tool": op.tool, "version": op.version, "arguments": op.arguments, "args_hash": op.args_hash,
-             "step": op.step}
+             "step": op.step, **({"denied": True} if op.denied else {})}
             for op in ops
         ]
         self._move(
@@ -599,7 +602,7 @@ class Controller(PeopleMixin):
         if first is not None:
             self._send(view, config, view.ops[first.operation_id])
 
-    def _operation(self, view: RunView, index: int, call: Any) -> OpView:
+    def _operation(self, view: RunView, index: int, call: Any, *, denied: bool = False) -> OpView:
         operation_id = f"{view.run_id}.s{view.step}.op{index}"
         # The key names the side effect, not the attempt to send it: a re-send
         # after reconciliation reuses it, so the backend can tell them apart.
@@ -613,6 +616,7 @@ class Controller(PeopleMixin):
             arguments=dict(call.arguments),
             args_hash=call.args_hash,
             step=view.step,
+            denied=denied,
         )
 
     def _repair(self, view: RunView, config: RunConfig, blocking: Any, recorded: dict[str, Any]) -> None:
@@ -660,6 +664,13 @@ class Controller(PeopleMixin):
             self._cancel_rest(view)
             return
         op = pending[0]
+        if op.denied:
+            # The runtime's own check, whatever the suite judged: a tool
+            # outside the contract is never sent.
+            self._record_result(view, op, failure(
+                "permission_denied", "TOOL_NOT_ALLOWED", f"{op.tool} is not in the contract's allowed tools"))
+            self._cancel_rest(view)
+            return
         if op.tool == "ask_user" and not op.in_flight:
             args = op.arguments
             self._wait_user(view, config, "user", {"question": args.get("question", ""),
@@ -700,7 +711,7 @@ class Controller(PeopleMixin):
 
     def _sendable(self, op: OpView, config: RunConfig) -> bool:
         """Can go to its backend without a person first."""
-        return op.tool != "ask_user" and (op.tool not in config.approval_required or op.approved)
+        return not op.denied and op.tool != "ask_user" and (op.tool not in config.approval_required or op.approved)
 
     def _send(self, view: RunView, config: RunConfig, op: OpView) -> None:
         """Send an operation already marked as dispatched, and record its result."""

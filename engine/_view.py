@@ -63,6 +63,9 @@ class OpView:
     resends: int = 0
     #: A person approved this operation (only for tools that need approval).
     approved: bool = False
+    #: The runtime's policy refused it (a tool outside the contract's
+    #: allowed tools): never sent, its result is ``permission_denied``.
+    denied: bool = False
     #: Sent and no answer recorded: whoever finds it so (a resumed process, or
     #: this one after a timeout) must reconcile before anything is sent again.
     in_flight: bool = False

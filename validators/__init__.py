@@ -38,7 +38,8 @@ from ._model import (
     Verdict,
     split_tool_name,
 )
-from ._paths import canonical_workspace_path, glob_matches
+from ._paths import canonical_glob, canonical_workspace_path, glob_matches
+from ._permission import tool_allowed
 from ._proposal import WORKSPACE_PATH, canonical_proposal
 from ._registry import (
     BoundValidator,
@@ -81,9 +82,11 @@ __all__ = [
     "split_tool_name",
     # canonical proposal
     "canonical_workspace_path",
+    "canonical_glob",
     "glob_matches",
     "canonical_proposal",
     "WORKSPACE_PATH",
+    "tool_allowed",
     # registry
     "Validator",
     "validator",

@@ -16,7 +16,8 @@ from ._proposal import WORKSPACE_PATH, resolve_spec
 from ._registry import Issue, validator
 
 
-def _allowed(tool: str, allowed: tuple[str, ...]) -> bool:
+def tool_allowed(tool: str, allowed: tuple[str, ...] | list[str]) -> bool:
+    """Whether ``tool`` is one of ``allowed`` (names or glob patterns)."""
     return any(tool == pattern or fnmatchcase(tool, pattern) for pattern in allowed)
 
 
@@ -32,7 +33,7 @@ def permission():
         tenant = inp.context.tenant
         for call in inp.proposed_calls:
             base = {"call_id": call.call_id, "tool": call.tool}
-            if contract.allowed_tools is not None and not _allowed(call.tool, contract.allowed_tools):
+            if contract.allowed_tools is not None and not tool_allowed(call.tool, contract.allowed_tools):
                 issues.append(
                     Issue(
                         Verdict.REJECT,
@@ -43,7 +44,7 @@ def permission():
                 )
             issues.extend(_resource_issues(call, base, contract.forbidden_paths, tenant))
             spec = resolve_spec(inp.context, call.tool, call.version)
-            if _allowed(call.tool, policy.approval_required) or (spec is not None and spec.requires_approval):
+            if tool_allowed(call.tool, policy.approval_required) or (spec is not None and spec.requires_approval):
                 issues.append(
                     Issue(
                         Verdict.ASK,
