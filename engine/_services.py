@@ -194,6 +194,15 @@ def update_address(conn: sqlite3.Connection, req: ToolRequest, now: int) -> dict
     return {"order_id": order["order_id"], "version": version, "address": req.arguments["address"]}
 
 
+def _number_in_world(conn: sqlite3.Connection, req: ToolRequest) -> int:
+    """This execution's number among the run's executions of the tool (its
+    world's), counting this one: a refund or deploy id that does not depend
+    on what other runs did. Executions are recorded after the tool returns."""
+    (done,) = conn.execute("SELECT count(*) FROM executions WHERE run_id = ? AND tool = ?",
+                           (req.run_id, req.tool)).fetchone()
+    return done + 1
+
+
 def refund(conn: sqlite3.Connection, req: ToolRequest, now: int) -> dict[str, Any]:
     """Refund part or all of what is left on the order. The provider checks
     the balance but not the idempotency key (see ToolTraits)."""
@@ -209,10 +218,11 @@ def refund(conn: sqlite3.Connection, req: ToolRequest, now: int) -> dict[str, An
                           order_id=order["order_id"], remaining=money(remaining))
     refunded = order["refunded_cents"] + cents
     status = "refunded" if refunded == order["amount_cents"] else "partially_refunded"
-    refund_id = conn.execute(
+    conn.execute(
         "INSERT INTO refunds (order_id, tenant, amount_cents, idempotency_key, run_id, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?)",
-        (order["order_id"], req.tenant, cents, req.idempotency_key, req.run_id, now)).lastrowid
+        (order["order_id"], req.tenant, cents, req.idempotency_key, req.run_id, now))
+    refund_id = _number_in_world(conn, req)
     # A refund changes the order, so it bumps the version: an address update
     # planned before it is now stale.
     conn.execute("UPDATE orders SET refunded_cents = ?, status = ?, version = version + 1, updated_at = ?"
@@ -229,9 +239,10 @@ def deploy(conn: sqlite3.Connection, req: ToolRequest, now: int) -> dict[str, An
     service, version = req.arguments["service"], req.arguments["version"]
     previous = conn.execute("SELECT version FROM deployments WHERE world = ? AND tenant = ? AND service = ?"
                             " ORDER BY deploy_id DESC LIMIT 1", (req.run_id, req.tenant, service)).fetchone()
-    deploy_id = conn.execute(
+    conn.execute(
         "INSERT INTO deployments (world, tenant, service, version, idempotency_key, deployed_at)"
-        " VALUES (?, ?, ?, ?, ?, ?)", (req.run_id, req.tenant, service, version, req.idempotency_key, now)).lastrowid
+        " VALUES (?, ?, ?, ?, ?, ?)", (req.run_id, req.tenant, service, version, req.idempotency_key, now))
+    deploy_id = _number_in_world(conn, req)
     return {"deploy_id": f"DEP-{deploy_id:06d}", "service": service, "version": version, "status": "deployed",
             "previous_version": previous["version"] if previous else None}
 

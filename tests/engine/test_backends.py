@@ -153,6 +153,17 @@ def test_every_run_acts_in_its_own_world(backend: DemoBackend, home: Path) -> No
     assert pragmas.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+def test_refund_and_deploy_ids_are_numbered_within_the_run(backend: DemoBackend) -> None:
+    """A result must not depend on what other runs did in the same home."""
+    part = {"order_id": "ORD-1040", "amount": 10.0}
+    assert call(backend, "payments.refund", part, run="other").result["refund_id"] == "RF-000001"
+    assert [call(backend, "payments.refund", part, run="mine").result["refund_id"] for _ in range(2)] == \
+        ["RF-000001", "RF-000002"]
+    deploy = {"service": "billing", "version": "1.2.0"}
+    assert call(backend, "deploy.service", deploy, run="other").result["deploy_id"] == "DEP-000001"
+    assert call(backend, "deploy.service", deploy, run="mine").result["deploy_id"] == "DEP-000001"
+
+
 def test_workspace_is_seeded_per_tenant(backend: DemoBackend, home: Path) -> None:
     listing = call(backend, "workspace.list", {"path": "."})
     assert {e["name"] for e in listing.result["entries"]} >= {"src", "tests", "payments"}
