@@ -24,6 +24,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any, overload
 
 import orjson
@@ -89,6 +90,28 @@ def text(value: Any, file: str, where: str) -> str:
 
 def optional_text(value: Any, file: str, where: str) -> str | None:
     return None if value is None else text(value, file, where)
+
+
+#: What times are counted from, for those without a zone (read as UTC) and
+#: those with one, and in what unit: the trace tables'.
+_EPOCH = datetime(1970, 1, 1)
+_EPOCH_UTC = _EPOCH.replace(tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def optional_time(value: Any, file: str, where: str) -> int | None:
+    """An ISO-8601 time as microseconds since the epoch. A time without a
+    zone is read as UTC; one with an offset is converted."""
+    if value is None:
+        return None
+    written = text(value, file, where)
+    try:
+        moment = datetime.fromisoformat(written)
+    except ValueError:
+        raise ImportInputError(file, where, f"expected an ISO-8601 time, got {written[:64]!r}") from None
+    # (The engine's to_us would take an aware time: making one costs more
+    # than parsing it, and tau2's times, one per message, have no zone.)
+    return (moment - (_EPOCH if moment.tzinfo is None else _EPOCH_UTC)) // _MICROSECOND
 
 
 def fingerprint(record: Any) -> str:
@@ -203,6 +226,8 @@ class Message:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0
+    #: When the source says the message was made (:func:`optional_time`), None if it does not.
+    time: int | None = None
 
     def context_form(self) -> dict[str, Any]:
         """The message as a context artifact holds it (plain JSON, small:
@@ -244,6 +269,9 @@ class Conversation:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     #: The record's content id (:func:`fingerprint`).
     content: str = ""
+    #: When the source says the run started and ended (:func:`optional_time`), None if it does not.
+    started_at: int | None = None
+    ended_at: int | None = None
 
     @property
     def run_id(self) -> str:

@@ -13,6 +13,10 @@ artifacts stored once per content id, operations recorded then updated,
 run counters) and keeps, for each table, exactly the rows that committing
 the same commits to the journal and exporting them would give. A test holds
 the two paths equal on real traces (tests/datasets/test_import_tables.py).
+
+Times: each call may say when it happened (``at``, the source's time,
+microseconds since the epoch); without it, the import's clock (the engine's,
+so ``LOOPLEDGER_NOW`` pins it) stamps the rows, as the journal's does.
 """
 
 from __future__ import annotations
@@ -69,10 +73,10 @@ class TraceRows:
 
     # -- the store's calls ------------------------------------------------------
 
-    def create_run(self, new: NewRun) -> None:
+    def create_run(self, new: NewRun, at: int | None = None) -> None:
         if new.run_id in self.runs:
             raise ValueError(f"run {new.run_id} is already recorded")
-        now = self._now()
+        now = self._now() if at is None else at
         self.runs[new.run_id] = {
             "run_id": new.run_id, "thread_id": new.thread_id or new.run_id, "task_id": new.task_id,
             "tenant": new.tenant, "prompt_version": new.prompt_version, "prompt_hash": new.prompt_hash,
@@ -98,12 +102,12 @@ class TraceRows:
                artifacts: Iterable[Artifact] = (), facts: Mapping[str, Iterable[Mapping[str, Any]]] = _NONE,
                new_operations: Iterable[Mapping[str, Any]] = (),
                operation_updates: Iterable[Mapping[str, Any]] = (), counters: Mapping[str, float] = _NONE,
-               set_fields: Mapping[str, Any] = _NONE) -> int:
+               set_fields: Mapping[str, Any] = _NONE, at: int | None = None) -> int:
         """:meth:`commit` of a commit with these fields, without making the
         :class:`Commit` or checking its shape: the importer's writer commits
         through here (its commits have fixed shapes, which the journal path
-        of the tests checks with the journal's own rules). Returns the run's
-        new ``state_version``."""
+        of the tests checks with the journal's own rules), at the time
+        ``at``. Returns the run's new ``state_version``."""
         run = self.runs.get(run_id)
         if run is None:
             raise UnknownRun(run_id)
@@ -117,7 +121,7 @@ class TraceRows:
         if target is not None and target not in ALLOWED[state]:
             raise TransitionNotAllowed(run_id, state.value, target.value)
         final = target or state
-        now = self._now()
+        now = self._now() if at is None else at
         new_version = version + 1
         if step is None:
             step = run["steps"]
@@ -155,11 +159,11 @@ class TraceRows:
         self._state[run_id] = final
         return new_version
 
-    def add_label(self, label: Mapping[str, Any]) -> None:
+    def add_label(self, label: Mapping[str, Any], at: int | None = None) -> None:
         # label_id numbers the journal's labels; an imported label has none.
         self.labels.append((None, label["run_id"], int(label["step"]), int(label["attempt"]), label["candidate_id"],
                             label.get("validator") or "", label["expected_verdict"], label["source"],
-                            label.get("note") or "", self._now(), SCHEMA_VERSION))
+                            label.get("note") or "", self._now() if at is None else at, SCHEMA_VERSION))
 
     # -- helpers ------------------------------------------------------------------
 

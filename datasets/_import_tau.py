@@ -45,6 +45,7 @@ from ._import_model import (
     number,
     optional_number,
     optional_text,
+    optional_time,
     plain,
     read_only_map,
     text,
@@ -159,7 +160,8 @@ def _call_id(value: Any, where: str, file: str) -> str | None:
 def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Message:
     """One OpenAI chat message (tau-bench, tau2 and openai-jsonl share it;
     tau2 puts ``name``/``arguments`` on the call itself and ``id`` on the
-    result; the legacy ``function_call``/``function`` role is read too).
+    result, and has a ``timestamp``; the legacy ``function_call``/``function``
+    role is read too).
     Every field read is checked (docs/importers.md, "What is checked")."""
     if not isinstance(m, dict):
         raise bad(file, where, "a message (an object)", m)
@@ -175,6 +177,7 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Mess
         got = repr(requestor) if isinstance(requestor, str) else kind(requestor)
         raise ImportInputError(file, f"{where}.requestor", f"expected 'assistant' or 'user', got {got}")
     requestor = requestor or ("user" if role == "user" else "assistant")
+    time = optional_time(m.get("timestamp"), file, f"{where}.timestamp") if tau2 else None
     if role == "tool":
         call_id = _call_id(m.get("tool_call_id"), f"{where}.tool_call_id", file) \
             or _call_id(m.get("id"), f"{where}.id", file)
@@ -183,7 +186,7 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Mess
             raise bad(file, f"{where}.error", "true or false", error)
         result = ToolResult(content=content or "", error=error, call_id=call_id,
                             name=optional_text(m.get("name"), file, f"{where}.name"))
-        return Message("tool", content, result=result, requestor=requestor)
+        return Message("tool", content, result=result, requestor=requestor, time=time)
     tokens: dict[str, Any] = {}
     if role == "assistant":
         usage = mapping(m.get("usage"), file, f"{where}.usage")
@@ -220,7 +223,8 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Mess
         # The legacy format has no call ids: the result is the next
         # ``function`` message, so a positional id is exact.
         calls.append(ToolCall(f"{where}.function_call", text(legacy["name"], file, f"{at}.name"), arguments, raw))
-    return Message(role, content, tuple(calls), requestor=requestor if role == "user" else "assistant", **tokens)
+    return Message(role, content, tuple(calls), requestor=requestor if role == "user" else "assistant", time=time,
+                   **tokens)
 
 
 # --- tau-bench -----------------------------------------------------------------------
@@ -326,7 +330,9 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
         sim_id = identifier(sim["id"], file, f"{where}.id")
         task_id, trial = _task_and_trial(sim, file, where)
         termination = optional_text(sim.get("termination_reason"), file, f"{where}.termination_reason")
-        start_time = optional_text(sim.get("start_time"), file, f"{where}.start_time")
+        start_time = sim.get("start_time")  # also kept as written, in the run's metadata
+        started_at = optional_time(start_time, file, f"{where}.start_time")
+        ended_at = optional_time(sim.get("end_time"), file, f"{where}.end_time")
         reward_info = mapping(sim.get("reward_info"), file, f"{where}.reward_info")
         reward = optional_number(reward_info.get("reward"), file, f"{where}.reward_info.reward")
         messages = [openai_message(m, f"{where}.messages[{i}]", file, tau2=True)
@@ -341,6 +347,7 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
             reward=reward,
             termination=termination or "completed",
             metadata={"trial": trial, "domain": domain, "start_time": start_time, "task_known": task_id in tasks},
+            started_at=started_at, ended_at=ended_at,
         )
 
     return Runs(len(simulations), convert)

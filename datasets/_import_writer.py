@@ -31,6 +31,14 @@ A run view is folded along, exactly as the controller folds its commits,
 so step records are computed by the engine's code, and ``decide`` (a suite)
 judges each candidate on the same ``decision_input`` a replay rebuilds.
 
+Times (trace rows only; the journal keeps its own clock): a run whose source
+has times is written on the source's clock. The run starts at its start time
+(else its first message's time, else its end time); each commit is at the
+latest source time the writer has reached by then (the candidate's, its
+last result's, the user's reply's, the tail's), the terminal commit at the
+end time, never going back. A source without times is written on the
+import's clock.
+
 """
 
 from __future__ import annotations
@@ -70,6 +78,7 @@ class Step:
     candidate: Message
     results: tuple[ToolResult | None, ...]  # one per tool call, paired
     after: tuple[Message, ...]  # user turn (and the user's tool calls) before the next candidate
+    answered_at: int | None  # the source's time of the candidate's last result (or of the candidate)
 
 
 def steps_of(conv: Conversation) -> tuple[list[Step], tuple[Message, ...]]:
@@ -90,7 +99,7 @@ def steps_of(conv: Conversation) -> tuple[list[Step], tuple[Message, ...]]:
             j += 1
         paired = tuple(pair_results(calls, results)) if calls else ()
         before = msgs[: at] if k == 0 else ()
-        steps.append(Step(before, msgs[at], paired, msgs[j:end]))
+        steps.append(Step(before, msgs[at], paired, msgs[j:end], msgs[j - 1].time))
     return steps, msgs[: positions[0]] if positions else msgs
 
 
@@ -116,6 +125,10 @@ class RunWriter:
         # run that shares it) and each context names it by id, as the engine's do.
         self.registry = Artifact("tool_registry", {"tools": conv.tools})
         self.last_candidate: tuple[int, str] | None = None
+        # The run's clock: the source's time of what is being written (see the
+        # module doc); None when the source has no times (the import's clock).
+        self.time = next((t for t in (conv.started_at, *(m.time for m in conv.messages), conv.ended_at)
+                          if t is not None), None)
         self.stats = {"candidates": 0, "operations": 0, "user_tool_calls": 0, "failed": 0, "unanswered": 0}
 
     # -- journal primitives ---------------------------------------------------------
@@ -126,16 +139,27 @@ class RunWriter:
                              "source_id": conv.source_id, "termination": conv.termination,
                              "reward": conv.reward, "metadata": dict(conv.metadata)},
                 "contract": self.contract}
-        self.store.create_run(NewRun(run_id=self.run_id, task_id=conv.task_id, tenant=conv.source,
-                                     prompt_version=self.prompt_version, model_route=conv.model,
-                                     thread_id=self.run_id, spec=spec))
+        new = NewRun(run_id=self.run_id, task_id=conv.task_id, tenant=conv.source,
+                     prompt_version=self.prompt_version, model_route=conv.model, thread_id=self.run_id, spec=spec)
+        if self.rows is not None:
+            self.rows.create_run(new, at=self.time)
+        else:
+            self.store.create_run(new)
+
+    def _advance(self, *times: int | None) -> None:
+        """Move the run's clock on to the latest of ``times`` (None: the source
+        does not say), never back."""
+        for t in times:
+            if t is not None and (self.time is None or t > self.time):
+                self.time = t
 
     def _commit(self, to: State | None, *, step: int | None = None, attempt: int | None = None,
                 payload: dict[str, Any] | None = None, events: Sequence[NewEvent] = (), **fields: Any) -> None:
         if payload is None:
             payload = {}
         if self.rows is not None:
-            self.version = self.rows.append(self.run_id, self.version, to, step, attempt, payload, events, **fields)
+            self.version = self.rows.append(self.run_id, self.version, to, step, attempt, payload, events,
+                                            at=self.time, **fields)
         else:
             commit = Commit(self.run_id, self.version, to, step, attempt, payload, tuple(events), **fields)
             self.version = self.store.commit(commit).state_version
@@ -151,8 +175,12 @@ class RunWriter:
         view.step, view.attempt = step, attempt
 
     def _label(self, step: int, candidate_id: str, expected: str, note: str) -> None:
-        self.store.add_label({"run_id": self.run_id, "step": step, "attempt": 1, "candidate_id": candidate_id,
-                              "validator": "", "expected_verdict": expected, "source": "import", "note": note})
+        label = {"run_id": self.run_id, "step": step, "attempt": 1, "candidate_id": candidate_id,
+                 "validator": "", "expected_verdict": expected, "source": "import", "note": note}
+        if self.rows is not None:
+            self.rows.add_label(label, at=self.time)
+        else:
+            self.store.add_label(label)
 
     # -- the run ------------------------------------------------------------------------
 
@@ -185,6 +213,7 @@ class RunWriter:
     def _step(self, number: int, step: Step, messages: list[dict[str, Any]], last: bool) -> list[dict[str, Any]]:
         """Write one step; return the messages the next context starts with."""
         conv, msg = self.conv, step.candidate
+        self._advance(*(m.time for m in step.before))
         context = self._context(messages)
         artifacts = (self.registry, context) if number == 1 else (context,)
         self._commit(State.MODEL_RUNNING, step=number, attempt=1, payload={"context_id": context.artifact_id},
@@ -205,6 +234,7 @@ class RunWriter:
                 "attempt": 1, "prompt_version": self.prompt_version, "model_route": conv.model}
         candidate = Artifact("candidate", body)
         cid = candidate.artifact_id
+        self._advance(msg.time)
         row = {"step": number, "attempt": 1, "candidate_id": cid, "context_artifact_id": context.artifact_id,
                "finish_reason": finish, "items_json": canonical_json(items), "prompt_version": self.prompt_version,
                "model_route": conv.model, "tokens_in": msg.tokens_in, "tokens_out": msg.tokens_out,
@@ -294,6 +324,7 @@ class RunWriter:
                 continue
             # The last result closes the step, as the controller's does.
             # (A dispatch changes nothing a step record counts.)
+            self._advance(step.answered_at)
             record = view.step_record(with_result=event).to_dict()
             events.append(NewEvent("step_closed", record))
             if last:
@@ -317,6 +348,7 @@ class RunWriter:
                                               "operation_id": None, "actor": "user", "message": said,
                                               "imported": True})]
         events += self._user_tool_events(after)
+        self._advance(*(m.time for m in after))
         self._commit(State.READY, payload={"replied": wait_id}, events=events, set_fields={"waiting_json": None})
 
     def _user_tool_events(self, messages: Sequence[Message]) -> list[NewEvent]:
@@ -357,11 +389,13 @@ class RunWriter:
             return
         events = [NewEvent("transcript_tail", {"messages": [m.context_form() for m in tail]})]
         events += self._user_tool_events(tail)
+        self._advance(*(m.time for m in tail))
         self._commit(None, events=events)
 
     def _finish(self) -> None:
         status, reason = self._terminal()
         reward = self.conv.reward
+        self._advance(self.conv.ended_at)
         self._commit(State(status), payload={"reason": reason},
                      set_fields={"reason": reason, "reward": reward, "waiting_json": None})
         if reward is not None and self.last_candidate is not None and reward in (0.0, 1.0):
