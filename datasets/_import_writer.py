@@ -81,9 +81,9 @@ class Step:
     answered_at: int | None  # the source's time of the candidate's last result (or of the candidate)
 
 
-def steps_of(conv: Conversation) -> tuple[list[Step], tuple[Message, ...]]:
-    """The transcript cut into steps; also the messages before the first
-    assistant message (the first context)."""
+def steps_of(conv: Conversation) -> list[Step]:
+    """The transcript cut into steps, one per assistant message; the first
+    step's ``before`` holds the messages before it (the first context)."""
     msgs = conv.messages
     positions = [i for i, m in enumerate(msgs) if m.role == "assistant"]
     steps: list[Step] = []
@@ -100,7 +100,7 @@ def steps_of(conv: Conversation) -> tuple[list[Step], tuple[Message, ...]]:
         paired = tuple(pair_results(calls, results)) if calls else ()
         before = msgs[: at] if k == 0 else ()
         steps.append(Step(before, msgs[at], paired, msgs[j:end], msgs[j - 1].time))
-    return steps, msgs[: positions[0]] if positions else msgs
+    return steps
 
 
 def _goal(conv: Conversation) -> str:
@@ -185,9 +185,9 @@ class RunWriter:
     # -- the run ------------------------------------------------------------------------
 
     def write(self) -> dict[str, int]:
-        steps, first = steps_of(self.conv)
+        steps = steps_of(self.conv)
         self._create()
-        pending = [m.context_form() for m in first]
+        pending: list[dict[str, Any]] = []
         for index, step in enumerate(steps, start=1):
             last = index == len(steps)
             pending = self._step(index, step, pending + [m.context_form() for m in step.before], last)

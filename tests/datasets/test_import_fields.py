@@ -427,3 +427,16 @@ def test_lenient_where_the_sources_are(tmp_path: Path) -> None:
     assert (conv.messages[2].tokens_in, conv.messages[2].cost_usd) == (0, 0.0)
     home = tmp_path / "home"
     assert import_traces("openai-jsonl", [_write(tmp_path, "openai-jsonl", [record])], home=home).runs == 1
+
+
+def test_each_message_enters_the_contexts_once(tmp_path: Path) -> None:
+    """The messages before the first answer were in the first context twice
+    (system, user, system, user)."""
+    home = tmp_path / "home"
+    import_traces("openai-jsonl", [_write(tmp_path, "openai-jsonl", [openai_record()])], home=home)
+    contexts = {a["artifact_id"]: json.loads(a["body"]) for a in table(home, "artifacts") if a["kind"] == "context"}
+    first, second = (contexts[c["context_artifact_id"]] for c in sorted(table(home, "candidates"),
+                                                                        key=lambda c: c["step"]))
+    assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    assert second["previous_context"] in contexts
+    assert [m["role"] for m in second["messages"]] == ["assistant", "tool"]
