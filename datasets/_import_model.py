@@ -272,6 +272,8 @@ class Conversation:
     #: When the source says the run started and ended (:func:`optional_time`), None if it does not.
     started_at: int | None = None
     ended_at: int | None = None
+    #: The importer's format when ``source`` names something else (openai-jsonl's ``metadata.source``).
+    format: str = ""
 
     @property
     def run_id(self) -> str:

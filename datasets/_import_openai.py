@@ -81,7 +81,8 @@ def read_openai_jsonl(path: Path, tools: Path | None = None) -> Runs:
         if catalogue is None:
             catalogue = Canonical([])
         return Conversation(
-            source=named["source"] or "openai-jsonl", file=path.name, record=where, content=fingerprint(record),
+            source=named["source"] or "openai-jsonl", format="openai-jsonl", file=path.name, record=where,
+            content=fingerprint(record),
             source_id=run_id or where, task_id=task_id or f"{path.stem}/{number}",
             model=named["model"] or "unknown",
             system_prompt=next((m.content or "" for m in messages if m.role == "system"), ""),

@@ -135,7 +135,7 @@ class RunWriter:
 
     def _create(self) -> None:
         conv = self.conv
-        spec = {"imported": {"format": conv.source, "file": conv.file, "record": conv.record,
+        spec = {"imported": {"format": conv.format or conv.source, "file": conv.file, "record": conv.record,
                              "source_id": conv.source_id, "termination": conv.termination,
                              "reward": conv.reward, "metadata": dict(conv.metadata)},
                 "contract": self.contract}

@@ -440,3 +440,11 @@ def test_each_message_enters_the_contexts_once(tmp_path: Path) -> None:
     assert [m["role"] for m in first["messages"]] == ["system", "user"]
     assert second["previous_context"] in contexts
     assert [m["role"] for m in second["messages"]] == ["assistant", "tool"]
+
+
+def test_a_named_source_is_the_tenant_and_the_format_stays_the_importers(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    import_traces("openai-jsonl", [_write(tmp_path, "openai-jsonl", [openai_record()])], home=home)  # source "bot"
+    (run,) = table(home, "runs")
+    assert run["tenant"] == "bot" and run["run_id"].startswith("bot-")
+    assert json.loads(run["spec_json"])["imported"]["format"] == "openai-jsonl"
