@@ -41,7 +41,7 @@ from ._prompts import load_prompt
 from ._records import NewRun, RunRecord
 from ._scenario import Scenario, parse_scenario
 from ._states import State
-from ._tools import DEMO_TOOLS
+from ._tools import DEMO_TOOLS, TOOL_TRAITS
 from ._waits import Reply, ReplyRejected, load_secret
 
 #: How long a run waiting for background work sleeps before it is polled again.
@@ -98,9 +98,15 @@ def check_tools(scenario: Scenario) -> None:
         if fault.tool not in known:
             raise BadInput(f"{scenario.source}: faults[{index}].tool",
                            f"unknown tool {fault.tool!r}; known: {', '.join(sorted(known))}")
+    # The backend counts executions of side effects only: a count of any
+    # other tool could never be seen, and --check would report it as not run.
+    counted = sorted(name for name, traits in TOOL_TRAITS.items() if traits.side_effect)
     for key in scenario.expect.side_effects:
-        if key not in known:
-            raise BadInput(f"{scenario.source}: expect.side_effects.{key}", "unknown tool")
+        if key not in counted:
+            why = (f"{key} has no side effects, so its calls are not executions the backend counts"
+                   if key in known else f"unknown tool {key!r}")
+            raise BadInput(f"{scenario.source}: expect.side_effects.{key}",
+                           f"{why}; expected a tool whose executions are counted: {', '.join(counted)}")
     try:
         suite = _suite(scenario.suite)
     except SuiteError as exc:
@@ -366,10 +372,25 @@ class Runner:
             for (step, attempt, _), verdict in recorded.items():
                 prior = overall.get((step, attempt), Verdict.ACCEPT.value)
                 overall[(step, attempt)] = max(prior, verdict, key=lambda v: Verdict(v).severity)
+            candidates = {(row["step"], row["attempt"]) for row in self.store.facts("candidates", record.run_id)}
             for d in expect.decisions:
                 got = (recorded.get((d.step, d.attempt, d.validator)) if d.validator
                        else overall.get((d.step, d.attempt)))
-                if got != d.verdict:
-                    who = d.validator or "the suite"
-                    found.append(f"step {d.step} attempt {d.attempt}: {who} decided {got}, expected {d.verdict}")
+                if got == d.verdict:
+                    continue
+                who = d.validator or "the suite"
+                where = f"step {d.step} attempt {d.attempt}"
+                if got is not None:
+                    found.append(f"{where}: {who} decided {got}, expected {d.verdict}")
+                elif d.step > record.step:
+                    found.append(f"step {d.step}: not reached (the run's last step was {record.step}), "
+                                 f"expected {who} to decide {d.verdict}")
+                elif (d.step, d.attempt) not in candidates:
+                    found.append(f"{where}: no candidate was made, expected {who} to decide {d.verdict}")
+                elif (d.step, d.attempt) not in overall:
+                    # A stream that was not trusted is never validated (docs/scenarios.md).
+                    found.append(f"{where}: {who} made no decision (no validator judged this candidate), "
+                                 f"expected {d.verdict}")
+                else:
+                    found.append(f"{where}: {who} made no decision, expected {d.verdict}")
         return found

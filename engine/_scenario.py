@@ -9,6 +9,7 @@ expected. Nothing is recorded until every file of a ``run`` has loaded.
 from __future__ import annotations
 
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -17,8 +18,9 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
-from loopledger._yaml import load as load_yaml, not_utf8
+from loopledger._yaml import LimitExceeded, load as load_yaml, not_utf8
 from loopledger.canonical import is_unicode
+from loopledger.validators import PathRejected, canonical_glob
 
 from ._backends import FAULT_KINDS
 from ._errors import BadInput
@@ -60,6 +62,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+#: What a null given for a call's arguments is refused with.
+_NULL_ARGUMENTS = {
+    "arguments": "expected a mapping of argument names to values, got null (leave arguments out for a call "
+                 "without arguments)",
+    "raw_arguments": "expected a string (the arguments as the model sent them), got null",
+}
+
+
 class ScriptedCall(_Strict):
     """One tool call a scripted model entry makes."""
 
@@ -67,6 +77,16 @@ class ScriptedCall(_Strict):
     arguments: dict[str, Any] | None = None
     raw_arguments: str | None = None  # sent as-is: may not parse
     id: str | None = None
+
+    @field_validator("arguments", "raw_arguments", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any, info: ValidationInfo) -> Any:
+        # Left out, a call has no arguments ({}); a null is not a way of
+        # saying so, it is a value of the wrong type. A run's frozen spec
+        # writes the form not given as null.
+        if value is None and not _stored(info):
+            raise ValueError(_NULL_ARGUMENTS[info.field_name])
+        return value
 
     @model_validator(mode="after")
     def _one_form(self) -> ScriptedCall:
@@ -103,6 +123,13 @@ class ModelEntry(_Strict):
     error: str | None = None  # the provider answers with an error event
     repeat: Int = Field(default=1, ge=1, le=10_000)
     usage: Usage | None = None
+
+    @field_validator("raw_arguments", mode="before")
+    @classmethod
+    def _raw_not_null(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None and not _stored(info):
+            raise ValueError(_NULL_ARGUMENTS["raw_arguments"])
+        return value
 
     @field_validator("usage", mode="before")
     @classmethod
@@ -148,6 +175,24 @@ class Contract(_Strict):
                 raise ValueError(f"item {index}, {entry!r}, is no evidence a tool gives; expected KIND or "
                                  f"KIND:SUBJECT, KIND one of {', '.join(kinds)}")
         return entries
+
+    @field_validator("forbidden_paths")
+    @classmethod
+    def _canonical_globs(cls, patterns: list[str], info: ValidationInfo) -> list[str]:
+        # Written the way a person means them (``/payments/``, ``payments``)
+        # and recorded in canonical form, so the permission validator and a
+        # replay of the run match them as recorded. A run's frozen spec
+        # keeps the patterns it ran with.
+        if _stored(info):
+            return patterns
+        canonical: list[str] = []
+        for index, pattern in enumerate(patterns):
+            try:
+                canonical.append(canonical_glob(pattern))
+            except PathRejected as exc:
+                raise ValueError(f"item {index}, {pattern!r}: {exc.reason}; expected a glob of workspace paths "
+                                 "(e.g. payments/** or payments/)") from None
+        return canonical
 
 
 class Budgets(_Strict):
@@ -322,6 +367,12 @@ def parse_scenario(data: Any, source: str, *, stored: bool = False) -> Scenario:
         raise BadInput(source, "the file holds no scenario; expected a mapping with id, contract, model, ...")
     if not isinstance(data, dict):
         raise BadInput(source, f"expected a mapping at the top level, got {type(data).__name__}")
+    # Unknown top-level keys first: a cheap check that names a stray key
+    # before anything walks the values under it.
+    for key in data:
+        if key not in Scenario.model_fields:
+            known = ", ".join(name for name in Scenario.model_fields if name != "source")
+            raise BadInput(_where(source, [key]), f"unknown field; expected one of {known}")
     _check_text(data, source)
     try:
         # A file's values have the types the format names ("1" is not a
@@ -354,6 +405,8 @@ def load_scenario(path: str | Path) -> Scenario:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}" if mark is not None else "YAML"
+        if isinstance(exc, LimitExceeded):  # valid YAML, but more than a scenario may hold
+            raise BadInput(f"{path}: {line}", str(exc.problem)) from None
         raise BadInput(f"{path}: {line}", f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
     scenario = parse_scenario(data, str(path))
     suite = scenario.suite
@@ -377,8 +430,21 @@ def scenario_files(paths: Iterable[str | Path]) -> list[Path]:
         elif path.is_file():
             found.append(path)
         else:
-            raise BadInput(str(path), "no such file or folder")
+            raise BadInput(str(path), _not_a_scenario_path(path))
     return found
+
+
+def _not_a_scenario_path(path: Path) -> str:
+    """Why a path given to ``run`` is neither a file nor a folder to read."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "a symbolic link to no file or folder" if path.is_symlink() else "no such file or folder"
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+    kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "of another kind")
+    return f"exists but is {kind}, not a regular file; expected a scenario file (.yaml) or a folder of them"
 
 
 def load_scenarios(paths: Iterable[str | Path]) -> list[Scenario]:

@@ -87,4 +87,4 @@ def resume_everything(runner: Runner) -> None:
 
 
 def load_spec_scenario(runner: Runner, run_id: str) -> Scenario:
-    return parse_scenario(runner.store.get_run(run_id).spec, source=f"run {run_id}")
+    return parse_scenario(runner.store.get_run(run_id).spec, source=f"run {run_id}", stored=True)
