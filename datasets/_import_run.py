@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import gc
 import os
+import reprlib
 import signal
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,15 +79,40 @@ class _Source:
     tools: Path | None
 
 
-def _sources(fmt: str, paths: Iterable[str | os.PathLike[str]], tools: str | os.PathLike[str] | None) -> _Source:
-    """The format's reader, the files to read and the ``--tools`` file, checked."""
-    if fmt not in FORMATS:
-        raise ImportInputError("FORMAT", None, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    reader, patterns = FORMATS[fmt]
-    tools_path = Path(tools) if tools is not None else None
+def _refused(argument: str, reason: str, record: str | None = None) -> ImportInputError:
+    """Bad input in an argument rather than in a file: named as a Python
+    caller knows it (``fmt``, ``paths[1]``, ``decide``...), and kept as
+    ``argument`` so that the command line can name its own option instead."""
+    error = ImportInputError(argument, record, reason)
+    error.argument = argument
+    return error
+
+
+def _path(value: Any, argument: str, what: str) -> Path:
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text:
+        raise _refused(argument, f"expected {what} (a str or os.PathLike), got {reprlib.repr(value)}")
+    return Path(text)
+
+
+def _sources(fmt: Any, paths: Any, tools: Any) -> _Source:
+    """The format's reader, the files to read and the tools file, the
+    arguments checked before any file is read. ``paths``: one path, or a
+    list of them."""
+    if not isinstance(fmt, str) or fmt not in FORMATS:
+        raise _refused("fmt", f"unknown format {reprlib.repr(fmt)}; expected one of {', '.join(FORMATS)}")
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]  # one path, not its characters
+    elif not isinstance(paths, Iterable) or isinstance(paths, (bytes, Mapping)):
+        raise _refused("paths", f"expected a file or folder path, or a list of them, got {reprlib.repr(paths)}")
+    given = [_path(p, f"paths[{i}]", "a file or folder path") for i, p in enumerate(paths)]
+    if not given:
+        raise _refused("paths", "expected at least one file or folder, got none")
+    tools_path = None if tools is None else _path(tools, "tools", "the path of a tools file")
     if tools_path is not None and not tools_path.is_file():
-        raise ImportInputError(str(tools_path), None, "--tools: no such file")
-    return _Source(fmt, reader, list(expand([Path(p) for p in paths], patterns)), tools_path)
+        raise _refused("tools", f"no such file {tools_path}")
+    reader, patterns = FORMATS[fmt]
+    return _Source(fmt, reader, list(expand(given, patterns)), tools_path)
 
 
 def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) -> tuple[int, list[Conversation]]:
@@ -117,34 +143,38 @@ def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) ->
     return n, conversations
 
 
-def read_conversations(fmt: str, paths: Iterable[str | os.PathLike[str]],
+def read_conversations(fmt: str, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
                        tools: str | os.PathLike[str] | None = None) -> list[tuple[Path, list[Conversation]]]:
     """Read and check every file; raise :class:`ImportInputError` on the first bad one."""
     source = _sources(fmt, paths, tools)
     return [(path, _read_file(source, path)[1]) for path in source.files]
 
 
-def import_traces(fmt: str, paths: Sequence[str | os.PathLike[str]], *, home: str | os.PathLike[str] | None = None,
-                  tools: str | os.PathLike[str] | None = None, decide: Any = None) -> ImportResult:
+def import_traces(fmt: str, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
+                  home: str | os.PathLike[str] | None = None, tools: str | os.PathLike[str] | None = None,
+                  decide: Any = None) -> ImportResult:
     """Import external traces into the trace tables of ``home`` (default:
     ``$LOOPLEDGER_HOME``, else ``./loopledger-data``).
 
     ``decide``: a suite (name, file or :class:`~loopledger.validators.Suite`)
     whose decisions are recorded at import time as the runs' baseline; None
-    records none (docs/importers.md, "Baseline")."""
+    records none (docs/importers.md, "Baseline"). ``paths``: a file or
+    folder, or a list of them. A wrong argument is :class:`ImportInputError`
+    naming it, before any file is read."""
     from loopledger.engine import Home, Recorder
-    from loopledger.validators import Suite, SuiteError, load_suite
+    from loopledger.validators import SuiteError, load_suite
 
+    home_path = None if home is None else _path(home, "home", "the path of a data folder")
     source = _sources(fmt, paths, tools)
     suite = None
     if decide is not None:
         try:
-            suite = decide if isinstance(decide, Suite) else load_suite(decide)
+            suite = load_suite(decide)
         except SuiteError as exc:
-            # The suite's loader names its own option (``--suite``); here the
-            # user typed ``--decide``, and a suite file's own place follows it.
-            raise ImportInputError("--decide", None if exc.where == "--suite" else exc.where, exc.reason) from None
-    where = Home.resolve(home)
+            # The reference itself (``suite``) is the argument's fault; a
+            # suite file's own place follows the argument's name.
+            raise _refused("decide", exc.reason, None if exc.where == "suite" else exc.where) from None
+    where = Home.resolve(home_path)
     store = where.open_store()
     result = ImportResult()
 

@@ -73,8 +73,12 @@ class Home:
 
 def open_journal(url: str):  # -> RunStore
     """The journal a store URL names: ``sqlite:PATH`` or ``postgresql://...``
-    (``postgres://`` too)."""
+    (``postgres://`` too). Anything else is :class:`BadInput`."""
     from ._postgres import PostgresRunStore, is_postgres_url
+
+    if not isinstance(url, str):
+        raise BadInput("url", "expected a store URL string (sqlite:PATH or postgresql://...), "
+                              f"got {type(url).__name__}")
 
     if is_postgres_url(url):
         return PostgresRunStore(url)

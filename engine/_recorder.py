@@ -40,7 +40,7 @@ from typing import Any
 from loopledger._parquet import one_line
 
 from ._clock import now_us
-from ._errors import JournalError
+from ._errors import BadInput, JournalError
 from ._store import SQLRunStore
 from ._tables import TABLES, TraceTable, arrow_batch, arrow_schema
 
@@ -120,12 +120,27 @@ def write_parquet(path: Path, table: TraceTable, batches: Iterable[Any], *, keep
     return rows
 
 
+def _checked(store: Any, traces_dir: Any) -> tuple[SQLRunStore, Path]:
+    """The recorder's arguments, checked before it touches anything: a
+    journal (:func:`~._home.open_journal`, ``Home.open_store()``) and a
+    folder path; otherwise :class:`BadInput` naming the argument."""
+    if not isinstance(store, SQLRunStore):
+        raise BadInput("store", "expected an open journal (open_journal(url) or Home(...).open_store()), "
+                                f"got {type(store).__name__}")
+    folder = os.fspath(traces_dir) if isinstance(traces_dir, (str, os.PathLike)) else None
+    if not isinstance(folder, str) or not folder:
+        raise BadInput("traces_dir", "expected the path of a traces folder (a str or os.PathLike), "
+                                     f"got {type(traces_dir).__name__}")
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise BadInput("traces_dir", f"{folder} is not a folder; expected the traces folder")
+    return store, Path(folder)
+
+
 class Recorder:
     """Exports one journal into ``traces_dir`` (``<home>/traces``)."""
 
-    def __init__(self, store: SQLRunStore, traces_dir: str | Path) -> None:
-        self.store = store
-        self.traces = Path(traces_dir)
+    def __init__(self, store: SQLRunStore, traces_dir: str | os.PathLike[str]) -> None:
+        self.store, self.traces = _checked(store, traces_dir)
         #: The folder's id (``_claim``): the journal tracks what it exported
         #: per folder, so each folder sharing a journal gets every row.
         self._traces_id = ""

@@ -112,7 +112,7 @@ def check_tools(scenario: Scenario) -> None:
     except SuiteError as exc:
         # A suite file's error names its file and field: kept whole. An
         # unknown name is the scenario's own field.
-        raise BadInput(f"{scenario.source}: suite", exc.reason if exc.where == "--suite" else str(exc)) from None
+        raise BadInput(f"{scenario.source}: suite", exc.reason if exc.where == "suite" else str(exc)) from None
     members = {member.name for member in suite.members}
     for index, decision in enumerate(scenario.expect.decisions):
         if decision.validator and decision.validator not in members:

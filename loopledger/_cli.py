@@ -682,7 +682,9 @@ def _port_free(port: int) -> bool:
 def import_cmd(
     fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="tau-bench | tau2 | openai-jsonl | toolbench.")],
     paths: Annotated[list[Path], typer.Argument(metavar="PATH...", help="Files, or folders searched for them.")],
-    tools: Annotated[Path | None, typer.Option("--tools", help="Tool catalogue (OpenAI tools JSON) for every file.")] = None,
+    tools: Annotated[Path | None, typer.Option("--tools", help=(
+        "Tool catalogue for every file: a JSON list of OpenAI tools, or {\"tools\": [...], \"tool_types\": "
+        "{...}} (docs/importers.md)."))] = None,
     decide: Annotated[str | None, typer.Option(
         "--decide", help="Also record this suite's decisions, computed at import, as the runs' baseline.")] = None,
     home: HomeOption = None,
@@ -691,17 +693,24 @@ def import_cmd(
     conversation, a candidate per assistant message, an operation per tool
     call, the reward as a column and as import labels. Exit 0 done, 2 bad
     input (file, record and reason; nothing written)."""
-    from loopledger.datasets import import_traces
+    from loopledger.datasets import ImportInputError, import_traces
 
     where = _home(home)
-    result = import_traces(fmt, paths, home=where.root, tools=tools, decide=decide)
+    try:
+        result = import_traces(fmt, paths, home=where.root, tools=tools, decide=decide)
+    except ImportInputError as exc:
+        # An argument's error names it as Python spells it: here, the option.
+        option = {"fmt": "FORMAT", "tools": "--tools", "decide": "--decide"}.get(getattr(exc, "argument", ""))
+        if option is None:
+            raise
+        raise ImportInputError(option, exc.record, exc.reason) from None
     for f in result.files:
         typer.echo(f"{f.path}: {f.runs} runs ({f.skipped} already imported), {f.candidates} candidates, "
                    f"{f.operations} tool calls ({f.failed_operations} failed"
                    + (f", {f.unanswered_operations} without a result" if f.unanswered_operations else "")
                    + f"), {f.user_tool_calls} user tool calls")
     typer.echo(f"imported {result.runs} runs into {where.root} ({result.skipped} skipped); "
-               f"next: loopledger replay --suite default --home {where.root}")
+               f"next: loopledger replay --suite {decide or 'default'} --home {where.root}")
 
 
 def main() -> None:

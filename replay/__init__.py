@@ -25,10 +25,11 @@ from ._errors import (
 )
 from ._harness import new_replay_id, read_summary, replay, replay_many
 from ._labels import Label, scenario_labels
-from ._result import FAIL_ON, Diagnosis, Diff, Divergence, ReplayResult, RunReplay, Summary
+from ._result import FAIL_ON, REPLAY_ID, Diagnosis, Diff, Divergence, ReplayResult, RunReplay, Summary
 
 __all__ = [
     "FAIL_ON",
+    "REPLAY_ID",
     "BaselineNotFound",
     "Diagnosis",
     "Diff",

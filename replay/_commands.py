@@ -13,6 +13,8 @@ from ._labels import SOURCES, VERDICTS
 from ._result import FAIL_ON
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+#: ``replay()``'s arguments as the ``replay`` command spells them, for its errors.
+_OPTIONS = {"suite": "--suite", "baseline": "--baseline", "workers": "--workers"}
 
 
 def _writable(path: Path | None, option: str) -> None:
@@ -49,7 +51,12 @@ def replay_command(*, home: Any, suite: str, baseline: str, traces: Path | None,
     _writable(markdown, "--markdown")
     if junit is not None and markdown is not None and junit.resolve() == markdown.resolve():
         raise ReplayInputError("--markdown", f"{markdown} is also the --junit report; expected two different files")
-    result = replay(traces or home.traces, suite, baseline=baseline, write_to=home.replays, workers=workers)
+    try:
+        result = replay(traces or home.traces, suite, baseline=baseline, write_to=home.replays, workers=workers)
+    except ReplayInputError as exc:
+        if exc.where not in _OPTIONS:
+            raise
+        raise type(exc)(_OPTIONS[exc.where], exc.reason) from None
     print_summary(result, fail_on)
     write_reports(result, fail_on, markdown, junit)
     if result.errors:

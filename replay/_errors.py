@@ -5,7 +5,7 @@
     │   ├── TracesError           a trace table is missing, unreadable, or of a
     │   │                         schema version newer than this code reads
     │   ├── SuiteNotFound         the suite reference cannot be loaded
-    │   └── BaselineNotFound      ``--baseline REPLAY_ID`` names no finished replay
+    │   └── BaselineNotFound      the baseline (``--baseline``) names no finished replay
     └── RunTraceError             one run's trace is incomplete (a candidate or
                                   context artifact missing); recorded on that
                                   run's result, never raised out of a replay
@@ -28,7 +28,8 @@ class ReplayError(PicklableError):
 
 
 class ReplayInputError(ReplayError):
-    """The replay cannot start; ``where`` names the file, table or option."""
+    """The replay cannot start; ``where`` names the file, table or argument
+    (``suite``, ``replay_ids[1]``; the ``replay`` command: its option)."""
 
     code = "replay_bad_input"
 

@@ -20,20 +20,22 @@ from __future__ import annotations
 import json
 import math
 import os
+import reprlib
 import secrets
 import shutil
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ._errors import BaselineNotFound, SuiteNotFound
-from ._result import ReplayResult, RunReplay, Summary
+from ._errors import BaselineNotFound, ReplayInputError, SuiteNotFound
+from ._result import REPLAY_ID, ReplayResult, RunReplay, Summary
 from ._traces import (BASELINE_COLUMNS, TraceSet, _files_sql, check_verdicts, open_traces, table_files,
                       write_partitions)
 from ._worker import Job, SuiteRef, run_job, warm
@@ -54,7 +56,108 @@ def new_replay_id() -> str:
     return time.strftime("r%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
 
 
-def _load(suite: SuiteLike) -> tuple[Any, SuiteRef]:
+def _got(value: Any) -> str:
+    """A wrong argument as an error message shows it: short, whatever it is."""
+    return reprlib.repr(value)
+
+
+def _path(value: Any, argument: str, expected: str) -> Path:
+    if isinstance(value, (str, os.PathLike)):
+        text = os.fspath(value)
+        if isinstance(text, str) and text:
+            return Path(text)
+    raise ReplayInputError(argument, f"expected {expected} (a str or os.PathLike), got {_got(value)}")
+
+
+def _listed(value: Any, argument: str, single: tuple[type, ...], what: str) -> list[tuple[str, Any]]:
+    """``value`` as (argument name, item) pairs: one item of a ``single``
+    type is a list of one (``replay_many(traces, "strict")``), a list's items
+    are named ``argument[i]``."""
+    if isinstance(value, single):
+        return [(argument, value)]
+    if isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+        return [(f"{argument}[{i}]", item) for i, item in enumerate(value)]
+    raise ReplayInputError(argument, f"expected {what}, got {_got(value)}")
+
+
+@dataclass(frozen=True)
+class _Request:
+    """A replay's arguments, checked by :func:`_checked`."""
+
+    traces: Path
+    #: (result key, suite, how the workers load it), one per suite.
+    suites: tuple[tuple[str, Any, SuiteRef], ...]
+    baseline: str
+    replays: Path  # where baselines are found, and results written when ``write``
+    write: bool
+    workers: int | None
+    ids: tuple[str, ...]
+
+
+def _checked(traces: Any, suites: list[tuple[str, Any]], baseline: Any, write_to: Any, workers: Any,
+             replay_ids: list[tuple[str, Any]] | None) -> _Request:
+    """Every argument checked before any work: a wrong one is one
+    :class:`ReplayInputError` naming it as the caller spelled it (``suite``,
+    ``suites[1]``, ``replay_ids[0]``...) and what was expected. ``suites``
+    and ``replay_ids`` come as (argument name, value) pairs."""
+    root = _path(traces, "traces", "the path of a traces folder")
+    if not isinstance(baseline, str) or not baseline:
+        raise ReplayInputError("baseline", f"expected 'recorded' or the id of a finished replay, got {_got(baseline)}")
+    if baseline != "recorded" and not REPLAY_ID.fullmatch(baseline):
+        raise BaselineNotFound("baseline", f"{baseline!r} is not a replay id; expected 'recorded' or the id of "
+                                           "a finished replay")
+    write = write_to is not None
+    replays = _path(write_to, "write_to", "the path of a replays folder") if write else root.parent / "replays"
+    if write and replays.exists() and not replays.is_dir():
+        raise ReplayInputError("write_to", f"{replays} is not a folder; expected the folder to write replays into")
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise ReplayInputError("workers", f"expected a whole number >= 1 (None: automatic), got {_got(workers)}")
+    if not suites:
+        raise SuiteNotFound("suites", "expected at least one suite")
+    if replay_ids is not None and len(replay_ids) != len(suites):
+        raise ReplayInputError("replay_ids", f"expected one id per suite ({len(suites)}), got {len(replay_ids)}")
+    ids = _new_ids(replay_ids, replays if write else None) if replay_ids else tuple(new_replay_id() for _ in suites)
+    return _Request(root, _loaded(suites), baseline, replays, write, workers, ids)
+
+
+def _new_ids(replay_ids: list[tuple[str, Any]], replays: Path | None) -> tuple[str, ...]:
+    """The caller's replay ids: plain names, each once, none already under ``replays``."""
+    seen: set[str] = set()
+    for argument, rid in replay_ids:
+        if not isinstance(rid, str) or not REPLAY_ID.fullmatch(rid) or rid.endswith(".partial"):
+            raise ReplayInputError(argument, "expected a plain name (letters, digits, _ . - :, not starting with "
+                                             f"'.' nor ending in .partial, at most 128 characters), got {_got(rid)}")
+        if rid in seen:
+            raise ReplayInputError(argument, f"{rid!r} is given twice; expected one id per suite")
+        seen.add(rid)
+        if replays is not None and (replays / rid).exists():
+            raise ReplayInputError(argument, f"a replay {rid!r} already exists in {replays}; expected a new id")
+        if replays is not None and (replays / f"{rid}.partial").exists():
+            raise ReplayInputError(argument, f"{replays / rid}.partial exists: a replay with this id is under way "
+                                             "or was interrupted; expected a new id (or remove that folder)")
+    return tuple(rid for _, rid in replay_ids)
+
+
+def _loaded(suites: list[tuple[str, Any]]) -> tuple[tuple[str, Any, SuiteRef], ...]:
+    """Each suite loaded, with its key in the results: its name, or
+    ``name@version`` when an earlier suite has the name. The same suite
+    (name and version) twice is refused: it would be one result."""
+    out: list[tuple[str, Any, SuiteRef]] = []
+    keys: dict[str, str] = {}  # result key -> the argument that has it
+    versions: dict[tuple[str, str], str] = {}  # (name, version) -> the argument that has it
+    for argument, ref in suites:
+        suite, how = _load(ref, argument)
+        key = f"{suite.name}@{suite.version}" if suite.name in keys else suite.name
+        same = versions.get((suite.name, suite.version)) or keys.get(key)
+        if same is not None:
+            raise ReplayInputError(argument, f"{_got(ref)} is suite {suite.name!r} {suite.version}, as {same} is; "
+                                             "expected each suite once")
+        keys[key] = versions[(suite.name, suite.version)] = argument
+        out.append((key, suite, how))
+    return tuple(out)
+
+
+def _load(suite: SuiteLike, argument: str) -> tuple[Any, SuiteRef]:
     from loopledger.validators import Suite, SuiteError, get_factory, load_suite
 
     if isinstance(suite, Suite):
@@ -63,8 +166,10 @@ def _load(suite: SuiteLike) -> tuple[Any, SuiteRef]:
     try:
         loaded = load_suite(suite)
     except SuiteError as exc:
-        raise SuiteNotFound(exc.where, exc.reason) from None
-    return loaded, SuiteRef(str(suite))
+        # ``suite``: the reference itself is wrong, named as the caller named it;
+        # otherwise the suite's file (or object) and field.
+        raise SuiteNotFound(argument if exc.where == "suite" else exc.where, exc.reason) from None
+    return loaded, SuiteRef(os.fspath(suite))
 
 
 def _baseline_files(traces: TraceSet, baseline: str, replays: Path) -> list[Path]:
@@ -79,7 +184,7 @@ def _baseline_files(traces: TraceSet, baseline: str, replays: Path) -> list[Path
         if known:
             hint = (f"; finished replays: {', '.join(known)}" if len(known) <= 5
                     else f"; the newest 5 of {len(known)} finished replays: {', '.join(known[-5:])}")
-        raise BaselineNotFound("--baseline", f"no finished replay {baseline!r} under {replays}{hint}")
+        raise BaselineNotFound("baseline", f"no finished replay {baseline!r} under {replays}{hint}")
     files = list(table_files(folder / "decisions", "decisions", BASELINE_COLUMNS).files)
     _check_overlap(traces, baseline, folder, files)
     return files
@@ -104,8 +209,8 @@ def _check_overlap(traces: TraceSet, baseline: str, folder: Path, files: Sequenc
             other = json.loads((folder / "replay.json").read_text(encoding="utf-8")).get("traces", "?")
         except (OSError, ValueError):
             other = "?"
-        raise BaselineNotFound("--baseline", f"replay {baseline!r} shares no run with {traces.root} "
-                                             f"(it replayed {other}); expected a replay of these traces")
+        raise BaselineNotFound("baseline", f"replay {baseline!r} shares no run with {traces.root} "
+                                           f"(it replayed {other}); expected a replay of these traces")
 
 
 def replay(traces: str | os.PathLike[str], suite: SuiteLike, *, baseline: str = "recorded",
@@ -118,50 +223,74 @@ def replay(traces: str | os.PathLike[str], suite: SuiteLike, *, baseline: str = 
 
     ``write_to``: the replays folder to write ``<replay_id>/<table>/`` into;
     None writes nothing. ``workers``: processes (default: one per core for
-    large trace sets, the caller's own process for small ones)."""
-    (result,) = replay_many(traces, [suite], baseline=baseline, write_to=write_to, workers=workers,
-                            replay_ids=[replay_id] if replay_id else None).values()
+    large trace sets, the caller's own process for small ones).
+    ``replay_id``: a plain name not yet in ``write_to`` (:data:`REPLAY_ID`);
+    default: a new one. A wrong argument is one :class:`ReplayInputError`
+    naming it, raised before any work."""
+    request = _checked(traces, [("suite", suite)], baseline, write_to, workers,
+                       None if replay_id is None else [("replay_id", replay_id)])
+    (result,) = _replay(request).values()
     return result
 
 
-def replay_many(traces: str | os.PathLike[str], suites: Sequence[SuiteLike], *, baseline: str = "recorded",
-                write_to: str | os.PathLike[str] | None = None, workers: int | None = None,
-                replay_ids: Sequence[str] | None = None) -> dict[str, ReplayResult]:
+def replay_many(traces: str | os.PathLike[str], suites: SuiteLike | Sequence[SuiteLike], *,
+                baseline: str = "recorded", write_to: str | os.PathLike[str] | None = None,
+                workers: int | None = None, replay_ids: Sequence[str] | None = None) -> dict[str, ReplayResult]:
     """Replay several suites over the same traces in one pass (each run is
-    read and rebuilt once, then judged by every suite). Results keyed by
-    suite name (``name@version`` when two suites share a name)."""
+    read and rebuilt once, then judged by every suite): one result per
+    suite, keyed by the suite's name (``name@version`` for a second suite of
+    that name). A single suite is a list of one; the same suite (name and
+    version) twice is refused. ``replay_ids``: one per suite, as ``replay``'s
+    ``replay_id``."""
+    from loopledger.validators import Suite
+
+    named_suites = _listed(suites, "suites", (str, os.PathLike, Suite), "a suite or a list of suites")
+    named_ids = None if replay_ids is None else _listed(replay_ids, "replay_ids", (str,), "a list of replay ids")
+    return _replay(_checked(traces, named_suites, baseline, write_to, workers, named_ids))
+
+
+def _replay(request: _Request) -> dict[str, ReplayResult]:
     started = time.perf_counter()
-    if not suites:
-        raise SuiteNotFound("suites", "expected at least one suite")
-    loaded = [_load(s) for s in suites]
-    trace_set = open_traces(traces, need_validations=baseline == "recorded")
-    replays = Path(write_to) if write_to is not None else Path(traces).parent / "replays"
+    baseline, replays = request.baseline, request.replays
+    trace_set = open_traces(request.traces, need_validations=baseline == "recorded")
     baseline_files = _baseline_files(trace_set, baseline, replays)
     check_verdicts("validations" if baseline == "recorded" else "decisions", baseline_files)
     if trace_set.has("labels"):
         check_verdicts("labels", trace_set.tables["labels"].files)
-    ids = list(replay_ids) if replay_ids else [new_replay_id() for _ in loaded]
-    outputs: list[Path | None] = [replays / f"{rid}.partial" if write_to is not None else None for rid in ids]
+    ids = request.ids
+    outputs: list[Path | None] = [replays / f"{rid}.partial" if request.write else None for rid in ids]
     n = trace_set.candidates
     cores = os.cpu_count() or 1
-    procs = workers if workers is not None else (1 if n < IN_PROCESS_BELOW else cores)
+    procs = request.workers if request.workers is not None else (1 if n < IN_PROCESS_BELOW else cores)
     # Several partitions per process, handed out one at a time: the caller's
     # process starts at once while the spawned ones are still importing, and
     # whichever is faster takes more.
     parts = max(procs * PARTS_PER_PROCESS if procs > 1 else 1, math.ceil(n / PART_CANDIDATES), 1)
-    if write_to is not None:
-        replays.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".replay-work-", dir=replays if write_to is not None else None))
-    refs = tuple(ref for _, ref in loaded)
-    pool = _start_pool(procs - 1, refs, tuple(ids)) if procs > 1 else None
+    if request.write:
+        try:
+            replays.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ReplayInputError("write_to", f"cannot make the folder {replays} ({exc.strerror or exc})") from None
+    work = Path(tempfile.mkdtemp(prefix=".replay-work-", dir=replays if request.write else None))
+    refs = tuple(ref for _, _, ref in request.suites)
+    pool = _start_pool(procs - 1, refs, ids) if procs > 1 else None
+    results: dict[str, ReplayResult] = {}
     try:
         write_partitions(trace_set, baseline_files, work, parts, threads=cores)
-        jobs = [Job(work, k, refs, tuple(ids), tuple(outputs), True, baseline == "recorded") for k in range(parts)]
-        per_suite: list[list[RunReplay]] = [[] for _ in loaded]
+        jobs = [Job(work, k, refs, ids, tuple(outputs), True, baseline == "recorded") for k in range(parts)]
+        per_suite: list[list[RunReplay]] = [[] for _ in request.suites]
         for partial in _run(jobs, pool, procs - 1):
             for i, runs in enumerate(partial):
                 per_suite[i].extend(runs)
+        seconds = time.perf_counter() - started
+        for (key, suite, _), rid, out, runs in zip(request.suites, ids, outputs, per_suite):
+            runs.sort(key=lambda r: r.run_id)
+            summary = _summary(rid, suite, baseline, runs, seconds)
+            path = _publish(out, summary, suite, trace_set.root) if out is not None else None
+            results[key] = ReplayResult(summary, MappingProxyType({r.run_id: r for r in runs}), path)
     except BaseException:
+        # Whatever failed, no unfinished replay is left behind (those
+        # published already are whole, and stay).
         for out in outputs:
             if out is not None:
                 shutil.rmtree(out, ignore_errors=True)
@@ -170,16 +299,6 @@ def replay_many(traces: str | os.PathLike[str], suites: Sequence[SuiteLike], *, 
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(work, ignore_errors=True)
-    seconds = time.perf_counter() - started
-    results: dict[str, ReplayResult] = {}
-    for (suite, _), rid, out, runs in zip(loaded, ids, outputs, per_suite):
-        runs.sort(key=lambda r: r.run_id)
-        summary = _summary(rid, suite, baseline, runs, seconds)
-        path = None
-        if out is not None:
-            path = _publish(out, summary, suite, trace_set.root)
-        key = suite.name if suite.name not in results else f"{suite.name}@{suite.version}"
-        results[key] = ReplayResult(summary, MappingProxyType({r.run_id: r for r in runs}), path)
     return results
 
 

@@ -11,12 +11,18 @@ replayed at all carries :attr:`RunReplay.error`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
 FAIL_ON = ("flips", "regressions", "never")
+#: A replay id: the name of its folder under ``replays/``, so a plain name:
+#: letters, digits, ``_ . - :``, not starting with a dot, at most 128
+#: characters (``new_replay_id`` makes ``r20250101-120000-1a2b3c``). The one
+#: definition: whatever reads replay folders by id matches with this.
+REPLAY_ID = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,127}")
 
 
 @dataclass(frozen=True, slots=True)

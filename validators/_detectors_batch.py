@@ -19,6 +19,7 @@ byte-identical ``evidence_json``.
 from __future__ import annotations
 
 import inspect
+import reprlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -222,10 +223,30 @@ _BATCH: dict[str, Callable[[pl.LazyFrame, dict[str, Any]], Plan]] = {
 }
 
 
+def _checked(steps: Any, detectors: Any) -> list[tuple[str, Any]]:
+    """``detect_batch``'s arguments checked: the steps a polars frame, each
+    detector a ``(name, params)`` pair made into its detector (which checks
+    the name and the params)."""
+    if not isinstance(steps, pl.DataFrame):
+        raise InputError("steps", f"expected a polars DataFrame with the StepRecord columns (steps_frame(records) "
+                                  f"builds one), got {type(steps).__name__}")
+    if not isinstance(detectors, Iterable) or isinstance(detectors, (str, bytes, Mapping)):
+        raise InputError("detectors", f"expected a list of (name, params) pairs, got {type(detectors).__name__}")
+    specs = []
+    for i, pair in enumerate(detectors):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str)
+                and (pair[1] is None or isinstance(pair[1], Mapping))):
+            raise InputError(f"detectors[{i}]", f"expected a (name, params) pair, got {reprlib.repr(pair)}")
+        specs.append((pair[0], make_detector(*pair)))
+    return specs
+
+
 def detect_batch(steps: pl.DataFrame, detectors: Iterable[tuple[str, Mapping[str, Any]]]) -> pl.DataFrame:
     """Findings of every detector over a step table of many runs, as a
-    ``loop_diagnoses`` frame sorted by run, step, detector, pattern."""
-    specs = [(name, make_detector(name, params)) for name, params in detectors]  # validates params
+    ``loop_diagnoses`` frame sorted by run, step, detector, pattern.
+    Arguments of the wrong shape are :class:`InputError`, unknown detectors
+    or params :class:`ParamError`, before any work."""
+    specs = _checked(steps, detectors)
     if steps.height == 0 or not specs:
         return empty_diagnoses()
     # Shared by every query: collect_all evaluates the cached plan once.

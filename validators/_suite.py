@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import reprlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -29,7 +31,7 @@ from loopledger._yaml import load as load_yaml, not_utf8
 from loopledger.canonical import content_id
 
 from ._detectors import DETECTORS
-from ._errors import ParamError, RegistryError, SuiteError
+from ._errors import InputError, ParamError, RegistryError, SuiteError
 from ._model import Decision, DecisionInput, Verdict
 from ._registry import BoundValidator, ValidatorSpec, get_factory, registered
 
@@ -100,7 +102,11 @@ class Suite:
     def evaluate(self, inp: DecisionInput) -> SuiteResult:
         """Run every member on the input. A member that raises is a bug in
         that member; it is recorded as its own ``reject``/``validator_error``
-        decision so one broken check cannot hide the others' verdicts."""
+        decision so one broken check cannot hide the others' verdicts.
+        ``inp`` not a :class:`DecisionInput` is :class:`InputError`."""
+        if not isinstance(inp, DecisionInput):
+            raise InputError("inp", "expected a DecisionInput (DecisionInput.from_json() reads one), "
+                                    f"got {type(inp).__name__}")
         decisions = []
         for m in self.members:
             try:
@@ -136,12 +142,18 @@ def bundled_suites() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def load_suite(ref: str | Path | Suite) -> Suite:
-    """A suite by bundled name, YAML path, or ``module:attr``."""
+def load_suite(ref: str | os.PathLike[str] | Suite) -> Suite:
+    """A suite by bundled name, YAML path, or ``module:attr``. A reference
+    that names no suite (or is not one) is a :class:`SuiteError` whose
+    ``where`` is ``suite``; a suite that cannot be read or built names its
+    file (or object) and field."""
     if isinstance(ref, Suite):
         return ref
-    text = str(ref)
-    if isinstance(ref, Path) or text.endswith((".yaml", ".yml")) or "/" in text:
+    text = os.fspath(ref) if isinstance(ref, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text:
+        raise SuiteError("suite", "expected a bundled suite name, a .yaml path, module:attr or a Suite, "
+                                  f"got {reprlib.repr(ref)}")
+    if isinstance(ref, os.PathLike) or text.endswith((".yaml", ".yml")) or "/" in text:
         return _load_file(Path(text), text)
     if ":" in text:
         return _load_object(text)
@@ -149,7 +161,7 @@ def load_suite(ref: str | Path | Suite) -> Suite:
         entry = resources.files("loopledger.datasets").joinpath("suites", f"{text}.yaml")
         return _parse_text(entry.read_text(encoding="utf-8"), f"{text}.yaml")
     raise SuiteError(
-        "--suite",
+        "suite",
         f"unknown suite {text!r}; expected a bundled suite ({', '.join(bundled_suites())}), "
         "a .yaml file or module:attr",
     )

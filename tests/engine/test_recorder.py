@@ -797,3 +797,33 @@ def test_compact_names_a_segment_it_cannot_read_and_keeps_the_files(tmp_path: Pa
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and segments[0].name in lines[0] and "not a readable Parquet file" in lines[0]
     assert sorted((home / "traces" / "events").glob("*.parquet")) == segments
+
+
+@pytest.mark.parametrize("url", [None, 3, b"sqlite:journal.sqlite", Path("journal.sqlite")])
+def test_open_journal_refuses_what_is_not_a_store_url(url: Any) -> None:
+    from loopledger.engine import BadInput
+
+    with pytest.raises(BadInput, match=r"^url: expected a store URL string") as caught:
+        open_journal(url)
+    assert caught.value.where == "url"
+
+
+def test_a_recorder_refuses_what_is_not_a_journal_or_a_folder_before_touching_anything(tmp_path: Path) -> None:
+    from loopledger.engine import BadInput
+
+    store = SQLiteRunStore(tmp_path / "journal.sqlite")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("kept")
+    traces = tmp_path / "traces"
+    try:
+        for given_store, folder, where in ((None, traces, "store"), (f"sqlite:{tmp_path}/j", traces, "store"),
+                                           (store, 5, "traces_dir"), (store, None, "traces_dir"),
+                                           (store, "", "traces_dir"), (store, a_file, "traces_dir")):
+            with pytest.raises(BadInput) as caught:
+                Recorder(given_store, folder).export()
+            assert caught.value.where == where, str(caught.value)
+        assert not traces.exists() and a_file.read_text() == "kept"
+        Recorder(store, str(traces)).export()  # a str is a path too
+        assert (traces / "runs").is_dir()
+    finally:
+        store.close()

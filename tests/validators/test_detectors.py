@@ -119,6 +119,24 @@ def test_batch_takes_rows_in_any_order_and_an_empty_table():
     assert detect_batch(steps_frame([]), ALL).height == 0
 
 
+@pytest.mark.parametrize(("steps_arg", "detectors", "where"), [
+    (None, [], "steps"),
+    ({"run_id": []}, ALL, "steps"),
+    ("frame", None, "detectors"),
+    ("frame", "loop.repeated_call", "detectors"),
+    ("frame", [("loop.repeated_call",)], "detectors[0]"),
+    ("frame", [ALL[0], ("loop.no_progress", 5)], "detectors[1]"),
+    ("frame", [(None, {})], "detectors[0]"),
+])
+def test_batch_arguments_of_the_wrong_shape_are_input_errors(steps_arg, detectors, where):
+    from loopledger.validators import InputError
+
+    frame = steps_frame(steps({"calls": (A,)})) if steps_arg == "frame" else steps_arg
+    with pytest.raises(InputError) as caught:
+        detect_batch(frame, detectors)
+    assert caught.value.where == where, str(caught.value)
+
+
 # --- streaming == batch -----------------------------------------------------
 
 _tokens = st.sampled_from(["t.a:1", "t.b:2", "t.c:3"])

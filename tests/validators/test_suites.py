@@ -139,6 +139,24 @@ def test_unknown_references():
         load_suite("no_such_module_x:SUITE")
 
 
+@pytest.mark.parametrize("ref", [None, 3, ["default"], b"default", ""])
+def test_a_reference_that_is_not_one_is_named_neutrally(ref):
+    """Called from Python, the reference is named ``suite`` (no CLI option)."""
+    with pytest.raises(SuiteError) as caught:
+        load_suite(ref)
+    assert caught.value.where == "suite" and str(caught.value).startswith("suite: expected a bundled suite name")
+    with pytest.raises(SuiteError, match=r"^suite: unknown suite 'nope'"):
+        load_suite("nope")
+
+
+@pytest.mark.parametrize("inp", [None, {}, {"run_id": "r"}, "{}"])
+def test_evaluate_refuses_what_is_not_a_decision_input(inp):
+    from loopledger.validators import InputError
+
+    with pytest.raises(InputError, match=r"^inp: expected a DecisionInput"):
+        load_suite("default").evaluate(inp)
+
+
 def test_evaluate_gives_one_decision_per_member_and_the_worst_verdict():
     suite = load_suite("default")
     inp = make_input([call("deploy.service@v1", {"service": "api", "version": "1"})],
