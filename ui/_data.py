@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 from loopledger.engine._states import TERMINAL, WAITING
 from loopledger.engine._tables import TABLES
+from loopledger.replay._result import REPLAY_ID
 
 TERMINAL_STATES: tuple[str, ...] = tuple(sorted(s.value for s in TERMINAL))
 WAITING_STATES: tuple[str, ...] = tuple(sorted(s.value for s in WAITING))
@@ -52,7 +52,6 @@ TRACE_TABLES: dict[str, dict[str, str]] = {
     name: {c.name: c.kind for c in spec.columns} for name, spec in TABLES.items()
 }
 Params = Sequence[Any] | dict[str, Any] | None
-_SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 
 # Scenario labels are rows of the labels table for runs recorded since the
@@ -148,7 +147,9 @@ class Traces:
         self._replays = {}
         if self.replays_dir.is_dir():
             for folder in sorted(p for p in self.replays_dir.iterdir() if p.is_dir()):
-                self._replays[folder.name] = {t: _parquet_files(folder / t) for t in REPLAY_TABLES}
+                # A replay still being written (``<id>.partial``) is not one yet.
+                if REPLAY_ID.fullmatch(folder.name) and not folder.name.endswith(".partial"):
+                    self._replays[folder.name] = {t: _parquet_files(folder / t) for t in REPLAY_TABLES}
 
     @property
     def traces(self) -> Path:
@@ -174,7 +175,7 @@ class Traces:
 
     def replay_ids(self) -> list[str]:
         """Replays that wrote decisions (the others cannot be compared)."""
-        return [rid for rid, tables in self._replays.items() if tables["decisions"] and _SAFE_ID.match(rid)]
+        return [rid for rid, tables in self._replays.items() if tables["decisions"]]
 
     def replay_has(self, replay_id: str, table: str) -> bool:
         return bool(self._replays.get(replay_id, {}).get(table))
@@ -206,7 +207,7 @@ class Traces:
         parts = {
             (rid, table): f"SELECT '{rid}' AS replay_dir, * FROM read_parquet({_sql_list(tables[table])}, "
                           f"union_by_name = true)"
-            for rid, tables in self._replays.items() if _SAFE_ID.match(rid)
+            for rid, tables in self._replays.items()
             for table in REPLAY_TABLES if tables[table]
         }
         try:

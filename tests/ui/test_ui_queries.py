@@ -326,3 +326,14 @@ def test_a_trace_table_with_an_unreadable_footer_fails_only_the_queries_that_rea
         q.run_detail(traces, page["run_id"][0])
     with pytest.raises(CorruptData, match=victim.name):
         c.compare_validators(traces, "recorded", "recorded")
+
+
+def test_a_replay_still_being_written_or_oddly_named_is_not_listed(recorded_home: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(recorded_home, home, ignore=shutil.ignore_patterns("*.sqlite*"))
+    listed = Traces(home).replay_ids()
+    for name in (f"{SYNTHETIC_REPLAY}-2.partial", ".hidden", "two words"):
+        shutil.copytree(home / "replays" / SYNTHETIC_REPLAY, home / "replays" / name)
+    traces = Traces(home)
+    assert traces.replay_ids() == listed
+    assert set(c.replay_summaries(traces)["replay_dir"]) == set(listed)
