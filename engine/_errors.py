@@ -145,7 +145,8 @@ class TerminalAlreadySet(CommitRejected):
     def __init__(self, run_id: str, terminal: str, attempted: str | None) -> None:
         super().__init__(
             run_id,
-            f"run {run_id} already ended in {terminal}; attempted move to {attempted} kept as late_event",
+            f"run {run_id} already ended in {terminal}; "
+            + (f"attempted move to {attempted}" if attempted else "the commit's events") + " kept as late_event",
         )
         self.terminal = terminal
         self.attempted = attempted

@@ -66,14 +66,22 @@ class PeopleMixin:
         waiting = view.waiting
         if view.state is not State.WAITING_USER or waiting is None:
             raise ReplyRejected(run_id, "not waiting", f"the run is {view.state.value}, not waiting for a person")
+        if now_us() >= waiting["expires_at_us"]:
+            # A token for a wait that is over could only be refused: the run
+            # expires now, as a late reply would make it.
+            self.drive(run_id)
+            raise ReplyRejected(run_id, "expired", f"the wait expired at {waiting['expires_at']}")
         version_after = view.state_version + 1
         token = issue_token(self.secret, TokenClaims(run_id, waiting["wait_id"], version_after,
                                                      waiting["expires_at_us"]))
         renewed = {**waiting, "state_version": version_after, "token_hash": token_hash(token)}
-        self._commit(view, Commit(run_id, view.state_version, None,
-                                  events=(NewEvent("token_reissued", {"wait_id": waiting["wait_id"],
-                                                                      "waiting": renewed}),),
-                                  set_fields={"waiting_json": renewed}))
+        try:
+            self._commit(view, Commit(run_id, view.state_version, None,
+                                      events=(NewEvent("token_reissued", {"wait_id": waiting["wait_id"],
+                                                                          "waiting": renewed}),),
+                                      set_fields={"waiting_json": renewed}))
+        except (StaleStateVersion, TerminalAlreadySet):
+            raise ReplyRejected(run_id, "stale state version", "the run moved on meanwhile; try again") from None
         view.new_token = token
         return view
 
@@ -181,8 +189,8 @@ class PeopleMixin:
                 self._commit(view, Commit(run_id, view.state_version, None,
                                           events=(NewEvent("cancel_requested", {}),)))
                 return True
-            except StaleStateVersion:
-                continue
+            except (StaleStateVersion, TerminalAlreadySet):
+                continue  # moved, or ended, meanwhile: look again
 
     def _cancel(self, view: RunView) -> None:
         """Stop pending work, then end CANCELLED, or CANCEL_UNKNOWN where a
@@ -202,8 +210,17 @@ class PeopleMixin:
                 self._work_completed(view, op, "cancel_unconfirmed", None, "CANCEL_UNCONFIRMED")
         for op in view.step_ops():
             if op.in_flight:
-                # Sent, answer unknown: nobody can say it did not happen.
-                unconfirmed.append(op.operation_id)
+                # Sent, its answer never recorded. What its backend recorded
+                # under the key is its one result. Otherwise nobody can say it
+                # did not happen (the process that sent it may still be
+                # sending): its result is unknown_outcome, and so is the cancel.
+                found = self.backend.lookup(op.idempotency_key)
+                if found is None or found.outcome == "unknown_outcome":
+                    unconfirmed.append(op.operation_id)
+                    found = failure("unknown_outcome", "CANCELLED_IN_FLIGHT",
+                                    f"{op.tool} was sent and its answer never recorded; the run was cancelled "
+                                    "before anyone could confirm whether it took effect")
+                self._record_result(view, op, found)
         for op in view.unsettled_ops():
             if not op.in_flight:
                 self._record_result(view, op, ToolOutcome(

@@ -11,7 +11,8 @@ run's commits. In one transaction it
 
 1. takes the run's head (the one it remembers, else the row, read under the
    write lock),
-2. keeps the commits as ``late_event`` rows if the run is already terminal,
+2. keeps the commits as ``late_event`` rows if the run is already terminal
+   (and raises ``TerminalAlreadySet``: whoever made them must not act on them),
 3. else checks each commit's ``expected_version`` and move against
    ``ALLOWED``, before anything is written,
 4. advances the run row: state, ``state_version`` (+1 per commit),
@@ -712,12 +713,9 @@ class SQLRunStore:
         self._store_artifacts(conn, c.run_id, seq, now, c.artifacts)
         self.execute(conn, "UPDATE runs SET last_seq = ?, updated_at = ? WHERE run_id = ?", (seq, now, c.run_id))
         result = CommitResult(c.run_id, state, version, last_seq + 1, seq, late=True)
-        refused = (
-            TerminalAlreadySet(c.run_id, state.value, c.to_state.value if c.to_state else None)
-            if c.to_state is not None
-            else None
-        )
-        return result, refused
+        # Refused even without a move: its caller must not act on it (a
+        # dispatch recorded late must not be sent; the run ended without it).
+        return result, TerminalAlreadySet(c.run_id, state.value, c.to_state.value if c.to_state else None)
 
     def _insert_event(
         self, conn: Any, run_id: str, seq: int, ts: int, kind: str, from_state: str | None,

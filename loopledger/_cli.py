@@ -401,9 +401,16 @@ def reply(
         def no_constant(name: str) -> Any:
             raise ValueError(f"{name} is not a JSON number")
 
+        def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+            keys = [key for key, _ in pairs]
+            twice = next((key for key in keys if keys.count(key) > 1), None)
+            if twice is not None:  # json.loads would keep the last value silently
+                raise ValueError(f"key {twice!r} given twice in one object")
+            return dict(pairs)
+
         try:
             # NaN, Infinity and 1e999 are not JSON numbers: no journal keeps them.
-            value = json.loads(answer, parse_constant=no_constant,
+            value = json.loads(answer, parse_constant=no_constant, object_pairs_hook=unique_keys,
                                parse_float=lambda text: _finite(float(text), text))
         except ValueError as exc:
             raise BadInput("--answer", f"expected JSON, got {answer!r} ({exc})") from None
@@ -455,7 +462,8 @@ def token(
     token lost before it was shown (the process died between the commit that
     began the wait and printing it). The earlier token stops working; the
     wait itself (question, schema, expiry) is unchanged. Exit 0, or 1 when
-    the run does not wait for a person."""
+    the run does not wait for a person (a wait past its expiry ends the run
+    EXPIRED instead)."""
     from loopledger.engine._errors import UnknownRun
     from loopledger.engine._waits import ReplyRejected
 
@@ -464,6 +472,8 @@ def token(
         try:
             view = runner.controller.reissue_token(run_id)
         except ReplyRejected as exc:
+            if exc.reason == "expired":
+                runner.recorder.flush()  # the wait was over: the run ended EXPIRED
             _err(f"rejected: {exc.reason}: {exc.detail}")
             raise typer.Exit(EXIT_FAILED) from None
         except UnknownRun as exc:

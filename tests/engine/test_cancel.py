@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from invariants import all_violations
 from loopledger.engine._home import Home
 from loopledger.engine._runner import Runner
@@ -226,5 +227,92 @@ model:
     finally:
         driver.close()
         other.close()
+    assert cli("export", home=home).returncode == 0
+    assert all_violations(home) == []
+
+
+def test_a_send_the_other_process_cancelled_is_never_made(tmp_path: Path) -> None:
+    """While this process reads the order, the other cancels the run and
+    ends it; the refund after the read was recorded cancelled. This process
+    must not send it: its own commits now land on an ended run, are kept
+    as late events, and stop it (it used to record the read's result and
+    the refund's dispatch as late events and then send the refund)."""
+    home = tmp_path / "home"
+    path = tmp_path / "read-then-refund.yaml"
+    path.write_text("""\
+id: read-then-refund
+contract:
+  goal: Refund part of ORD-1032
+  required_evidence: [refund_confirmed]
+  allowed_tools: [orders.get_order, payments.refund]
+model:
+  - tool_calls:
+      - {name: orders.get_order, arguments: {order_id: ORD-1032}}
+      - {name: payments.refund, arguments: {order_id: ORD-1032, amount: 10.0}}
+  - final: Refunded.
+    claims: [{text: refunded, evidence: [refund_confirmed]}]
+""")
+    driver, other = Runner(Home.resolve(home)), Runner(Home.resolve(home))
+    try:
+        run_id = driver.create(load_scenario(path), "v1")
+        execute = driver.backend.execute
+        sent: list[str] = []
+
+        def execute_while_the_other_cancels(req: Any) -> Any:
+            sent.append(req.tool)
+            if req.tool == "orders.get_order":
+                assert other.controller.request_cancel(run_id)
+                other.controller.drive(run_id)
+            return execute(req)
+
+        driver.backend.execute = execute_while_the_other_cancels  # type: ignore[method-assign]
+        view = driver.controller.drive(run_id)
+        # The read was in flight when the other cancelled: nobody could confirm it.
+        assert view.state is State.CANCEL_UNKNOWN and sent == ["orders.get_order"]
+    finally:
+        driver.close()
+        other.close()
+    executions = sqlite3.connect(home / "demo_backend.sqlite").execute(
+        "SELECT count(*) FROM executions WHERE tool = 'payments.refund'").fetchone()[0]
+    assert executions == 0
+    assert cli("export", home=home).returncode == 0
+    assert all_violations(home) == []
+
+
+@pytest.mark.parametrize(("crash", "ending"), [
+    # After the refund's dispatch was recorded, before it was sent: the
+    # backend has no record of the key, and nobody can say it did not happen.
+    ({"LOOPLEDGER_CRASH_AFTER_COMMITS": "3"}, ("CANCEL_UNKNOWN", "unknown_outcome")),
+    # After the backend executed it: its recorded result is the request's one result.
+    ({"LOOPLEDGER_CRASH_AT": "after_dispatch"}, ("CANCELLED", "success")),
+])
+def test_a_cancel_settles_a_send_whose_answer_was_never_recorded(tmp_path: Path, crash: dict[str, str],
+                                                                 ending: tuple[str, str]) -> None:
+    """The process died with the refund in flight. A cancel asks the backend
+    by key, and no operation is left without its one result (it used to
+    stay ``running`` in a CANCEL_UNKNOWN run, for ever)."""
+    home = tmp_path / "home"
+    path = tmp_path / "refund.yaml"
+    path.write_text("""\
+id: refund-in-flight
+contract:
+  goal: Refund ORD-1033
+  required_evidence: [refund_confirmed]
+  allowed_tools: [payments.refund]
+model:
+  - tool_calls: [{name: payments.refund, arguments: {order_id: ORD-1033, amount: 25.0}}]
+  - final: Refunded.
+    claims: [{text: refunded, evidence: [refund_confirmed]}]
+""")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    crashed = subprocess.run([*CLI, "run", str(path), "--json", "--home", str(home)], capture_output=True, text=True,
+                             timeout=120, env={**env, **crash})
+    assert crashed.returncode != 0
+    journal = sqlite3.connect(home / "journal.sqlite")
+    (run_id,) = [r for (r,) in journal.execute("SELECT run_id FROM runs")]
+    assert journal.execute("SELECT status FROM operations").fetchall() == [("running",)]
+    assert cli("cancel", run_id, home=home).returncode == 0
+    outcome = journal.execute("SELECT outcome FROM operations WHERE run_id = ?", (run_id,)).fetchone()[0]
+    assert (run_state(home, run_id)[0], outcome) == ending
     assert cli("export", home=home).returncode == 0
     assert all_violations(home) == []

@@ -191,8 +191,9 @@ def populate(store: Any, prefix: str) -> None:
     runs.move(done, S.VALIDATING, facts={"validations": (validation(2, 2, done, "completion_gate", "accept"),)})
     runs.move(done, S.FINALIZING, artifacts=(Artifact("final", {"text": "Refund issued", "run": done}),))
     runs.move(done, S.SUCCEEDED, set_fields={"reason": "completed"})
-    # Late arrivals after the end are kept.
-    store.commit(Commit(run_id=done, expected_version=1, events=(NewEvent("work_completed", {"work_id": "w1"}),)))
+    # Late arrivals after the end are kept (and refused).
+    with pytest.raises(TerminalAlreadySet):
+        store.commit(Commit(run_id=done, expected_version=1, events=(NewEvent("work_completed", {"work_id": "w1"}),)))
     with pytest.raises(TerminalAlreadySet):
         runs.move(done, S.FAILED)
 
@@ -238,7 +239,8 @@ def advance(store: Any, prefix: str) -> None:
     runs.move(waiting, S.FINALIZING)
     runs.move(waiting, S.SUCCEEDED, set_fields={"reason": "completed"},
               artifacts=(Artifact("context", {"policy": "shared by every run", "v": 1}),))
-    store.commit(Commit(run_id=f"{prefix}-done", expected_version=1, events=(NewEvent("late_again"),)))
+    with pytest.raises(TerminalAlreadySet):  # kept as a late event
+        store.commit(Commit(run_id=f"{prefix}-done", expected_version=1, events=(NewEvent("late_again"),)))
     store.add_label({"run_id": waiting, "step": 1, "attempt": 1, "candidate_id": "x",
                      "expected_verdict": "ask", "source": "import"})
 

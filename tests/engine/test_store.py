@@ -353,16 +353,17 @@ def test_terminal_is_written_once_and_later_moves_are_late_events(store: Any, ru
     assert store.get_artifact(Artifact("tool_result", {"late": True}).artifact_id) == {"late": True}
 
 
-def test_events_only_commit_on_a_terminal_run_is_kept_as_late_event(store: Any, runs: Runs) -> None:
+def test_events_only_commit_on_a_terminal_run_is_kept_as_late_event_and_refused(store: Any, runs: Runs) -> None:
     runs.new("r")
     runs.drive_to("r", S.FINALIZING)
     runs.move("r", S.CANCELLED)
     ended = store.get_run("r")
     # Any expected_version: the run has ended, nothing can be stale any more.
-    result = store.commit(events_only("r", 1, "background_done", "user_reply"))
-    assert result.late
-    assert (result.state, result.state_version) == (S.CANCELLED, ended.state_version)
-    assert (result.first_seq, result.last_seq) == (ended.last_seq + 1, ended.last_seq + 2)
+    # Kept, and refused all the same: its maker must not act on it (a
+    # dispatch recorded late must not be sent).
+    with pytest.raises(TerminalAlreadySet) as refused:
+        store.commit(events_only("r", 1, "background_done", "user_reply"))
+    assert (refused.value.terminal, refused.value.attempted) == ("CANCELLED", None)
     late = store.events("r", after_seq=ended.last_seq)
     assert [(e.kind, e.payload) for e in late] == [
         ("late_event", {"kind": "background_done", "payload": {"i": 0}}),

@@ -295,6 +295,8 @@ def test_an_answer_must_fit_the_question_schema(tmp_path: Path, home: Path) -> N
     ("--answer", "1e999"),
     # Text no journal can keep: an unpaired surrogate.
     ("--answer", '{"order_id": "ORD \\ud800"}'),
+    # A key given twice: which value was meant?
+    ("--answer", '{"order_id": "ORD-1002", "order_id": "ORD-1001"}'),
 ])
 def test_bad_reply_flags_exit_2_and_change_nothing(tmp_path: Path, home: Path, flags: tuple[str, ...]) -> None:
     line = start(tmp_path, home, QUESTION)
@@ -546,6 +548,18 @@ def test_a_new_token_replaces_a_lost_one(tmp_path: Path, home: Path) -> None:
     # Nothing waits any more: no token to issue.
     again = cli("token", run_id, home=home)
     assert again.returncode == 1 and "not waiting" in again.stderr
+    assert all_violations(home) == []
+
+
+def test_no_token_is_issued_for_a_wait_that_expired(tmp_path: Path, home: Path) -> None:
+    """It could only be refused: the run expires instead, as a late reply makes it."""
+    line = start(tmp_path, home, DEPLOY)
+    run_id, w = line["run_id"], line["waiting"]
+    later = (datetime.fromisoformat(w["expires_at"]) + timedelta(seconds=1)).isoformat()
+    issued = cli("token", run_id, "--json", home=home, env={"LOOPLEDGER_NOW": later})
+    assert issued.returncode == 1 and "expired" in issued.stderr
+    assert state(home, run_id) == ("EXPIRED", "expired")
+    assert events(home, run_id, "token_reissued") == []
     assert all_violations(home) == []
 
 
