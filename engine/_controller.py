@@ -198,8 +198,19 @@ class Controller(PeopleMixin):
 
     # -- driving ------------------------------------------------------------
 
-    def drive(self, run_id: str) -> RunView:
-        """Advance the run until it is terminal or waits for something outside."""
+    def drive(self, run_id: str, *, wait_s: float = 0.0) -> RunView:
+        """Advance the run until it is terminal or waits for something outside.
+        One driver at a time: when another process (or thread) drives the run
+        and has not let go of it within ``wait_s`` seconds, the run is left to
+        it and returned as the journal has it."""
+        if not self.store.claim(run_id, wait_s):
+            return self.load(run_id)
+        try:
+            return self._drive(run_id)
+        finally:
+            self.store.release(run_id)
+
+    def _drive(self, run_id: str) -> RunView:
         view, record = self._load(run_id)
         config = self.config_for(record)
         # An error leaves the view, and the moves it holds, unwritten: as if

@@ -20,6 +20,10 @@ from ._tools import EVIDENCE_KIND, evidence_subject
 from ._view import OpView, RunView
 from ._waits import Reply, ReplyRejected, TokenClaims, check_answer, issue_token, read_token, token_hash
 
+#: How long a person's reply (or a cancel) waits for another process that
+#: drives the run to let go of it, before leaving the run to that process.
+HANDOVER_WAIT_S = 30.0
+
 if TYPE_CHECKING:
     from ._controller import RunConfig
 
@@ -69,7 +73,7 @@ class PeopleMixin:
         if now_us() >= waiting["expires_at_us"]:
             # A token for a wait that is over could only be refused: the run
             # expires now, as a late reply would make it.
-            self.drive(run_id)
+            self.drive(run_id, wait_s=HANDOVER_WAIT_S)
             raise ReplyRejected(run_id, "expired", f"the wait expired at {waiting['expires_at']}")
         version_after = view.state_version + 1
         token = issue_token(self.secret, TokenClaims(run_id, waiting["wait_id"], version_after,
@@ -104,7 +108,7 @@ class PeopleMixin:
         if digest != waiting["token_hash"]:
             raise ReplyRejected(run_id, "bad token", "not the token issued for this wait")
         if now_us() >= claims.expires_at_us:
-            self.drive(run_id)  # ends the run EXPIRED, through FINALIZING
+            self.drive(run_id, wait_s=HANDOVER_WAIT_S)  # ends the run EXPIRED, through FINALIZING
             raise ReplyRejected(run_id, "expired", f"the wait expired at {waiting['expires_at']}")
         check_answer(run_id, waiting, reply)
         try:
@@ -114,7 +118,9 @@ class PeopleMixin:
             # and the commit: the compare-and-set refused this one.
             raise ReplyRejected(run_id, "stale state version",
                                 "the run moved on while the reply was checked") from None
-        return self.drive(run_id)
+        # Another process may be driving the run (a resume that found it
+        # moving): it goes on with it, or lets go soon.
+        return self.drive(run_id, wait_s=HANDOVER_WAIT_S)
 
     def _accept_reply(self, view: RunView, waiting: dict[str, Any], digest: str, reply: Reply) -> None:
         op = view.ops.get(waiting["operation_id"]) if waiting.get("operation_id") else None

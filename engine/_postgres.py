@@ -42,7 +42,7 @@ from typing import Any
 from ._clock import now_us
 from ._errors import BadInput, JournalError
 from ._migrate import VERSION_TABLE, MigrationTarget, migrate
-from ._store import SQLRunStore
+from ._store import SQLRunStore, claim_key
 
 #: Key of the advisory lock that serialises migrations (any fixed number).
 MIGRATION_LOCK = 7_400_000_001
@@ -164,6 +164,7 @@ class PostgresRunStore(SQLRunStore):
 
     def __init__(self, url: str, *, migrate_to: int | None = None) -> None:
         super().__init__()
+        self._drivers: Any = None  # the claims' connection (see _claim_outside)
         self.url = url
         self._conn = self._connect()
         try:
@@ -215,3 +216,24 @@ class PostgresRunStore(SQLRunStore):
 
     def read_connection(self) -> Any:
         return self._connect()
+
+    # Claims: a session advisory lock per run, on a connection of their own
+    # (a lock belongs to its session, and the commits' connection is shared).
+    # The server drops a session's locks when it ends: a dead driver's too.
+
+    def _claim_outside(self, run_id: str) -> bool:
+        if self._drivers is None:
+            self._drivers = self._connect()
+        (taken,) = self._drivers.execute("SELECT pg_try_advisory_lock(%s)", (claim_key(run_id),)).fetchone()
+        return bool(taken)
+
+    def _release_outside(self, run_id: str) -> None:
+        self._drivers.execute("SELECT pg_advisory_unlock(%s)", (claim_key(run_id),))
+
+    def close(self) -> None:
+        super().close()
+        with self._claims_lock:
+            if self._drivers is not None:
+                self._drivers.close()  # lets go of this store's claims
+                self._drivers = None
+                self._claims.clear()

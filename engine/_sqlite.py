@@ -8,7 +8,11 @@ timeout so that concurrent processes wait instead of failing.
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
 import sqlite3
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +20,7 @@ from typing import Any
 from ._clock import now_us
 from ._errors import JournalError
 from ._migrate import MigrationTarget, migrate
-from ._store import SQLRunStore
+from ._store import SQLRunStore, claim_key
 
 BUSY_TIMEOUT_S = 30.0
 
@@ -62,11 +66,24 @@ class _SQLiteMigrations(MigrationTarget):
 SQLITE_MIGRATIONS = _SQLiteMigrations()
 
 
+def _byte_lock(fd: int, kind: int, offset: int) -> None:
+    """Lock (``F_WRLCK``, without waiting) or unlock (``F_UNLCK``) one byte of
+    ``fd`` at ``offset``: an open-file-description lock where the system has
+    them, else a process-wide POSIX one."""
+    command = getattr(fcntl, "F_OFD_SETLK", None)
+    if command is None:  # not Linux: per process (two stores of a process share their claims)
+        fcntl.lockf(fd, fcntl.LOCK_UN if kind == fcntl.F_UNLCK else fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+        return
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for these locks)
+    fcntl.fcntl(fd, command, struct.pack("hhqqi", kind, os.SEEK_SET, offset, 1, 0))
+
+
 class SQLiteRunStore(SQLRunStore):
     dialect = "sqlite"
 
     def __init__(self, path: str | Path, *, migrate_to: int | None = None) -> None:
         super().__init__()
+        self._drivers: int | None = None  # the claims' file (see _claim_outside)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = self._connect()
@@ -78,6 +95,34 @@ class SQLiteRunStore(SQLRunStore):
 
     def _connect(self) -> sqlite3.Connection:
         return connect(self.path)
+
+    # Claims: a one-byte lock per run, at the run's key, in a file beside the
+    # journal: an open-file-description lock (Linux), so two stores of one
+    # process exclude each other as two processes do, and closing one store
+    # does not drop another's. The kernel drops a process's locks when it
+    # ends, however it ends: a killed driver leaves no claim behind.
+
+    def _claim_outside(self, run_id: str) -> bool:
+        if self._drivers is None:
+            self._drivers = os.open(f"{self.path}-drivers", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            _byte_lock(self._drivers, fcntl.F_WRLCK, claim_key(run_id))
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                return False
+            raise
+        return True
+
+    def _release_outside(self, run_id: str) -> None:
+        _byte_lock(self._drivers, fcntl.F_UNLCK, claim_key(run_id))
+
+    def close(self) -> None:
+        super().close()
+        with self._claims_lock:
+            if self._drivers is not None:
+                os.close(self._drivers)  # lets go of this store's claims
+                self._drivers = None
+                self._claims.clear()
 
     def _begin_write(self, conn: Any) -> None:
         conn.execute("BEGIN IMMEDIATE")

@@ -28,7 +28,9 @@ the work inside it.
 
 from __future__ import annotations
 
+import hashlib
 import threading
+import time
 from operator import itemgetter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -107,6 +109,15 @@ _REFUSED_BEFORE_WRITING = (StaleStateVersion, TransitionNotAllowed, UnknownRun)
 #: the error is handed on.
 TRANSIENT_RETRIES = 5
 
+#: How often a claim on a run another process drives is tried again (``SQLRunStore.claim``).
+CLAIM_POLL_S = 0.05
+
+
+def claim_key(run_id: str) -> int:
+    """A run's 63-bit key among the claims of one journal's processes."""
+    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big") >> 1
+
+
 #: Runs whose head a store remembers (see ``SQLRunStore._remember_head``).
 MAX_HEADS = 100_000
 EVENT_FIELDS = tuple(EventRecord.__dataclass_fields__)
@@ -155,6 +166,10 @@ class RunStore(Protocol):
 
     def batch(self) -> AbstractContextManager[None]: ...
 
+    def claim(self, run_id: str, wait_s: float = 0.0) -> bool: ...
+
+    def release(self, run_id: str) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -191,6 +206,9 @@ class SQLRunStore:
         self._heads: dict[str, tuple[int, State, int, int, int]] = {}
         self._stmt = {name: self._sql(sql) for name, sql in _STATEMENTS.items()}
         self._stmt["lock_run"] = self._sql(self._lock_run_sql())
+        #: Runs this store's threads drive: run_id -> (thread, depth).
+        self._claims: dict[str, tuple[int, int]] = {}
+        self._claims_lock = threading.Lock()
 
     # -- dialect hooks -------------------------------------------------
 
@@ -848,6 +866,46 @@ class SQLRunStore:
                 f"UPDATE operations SET {assignments}, updated_seq = ? WHERE operation_id = ? AND run_id = ?")
             self._update_cache[key] = sql
         return sql
+
+    # -- who drives a run ------------------------------------------------------
+
+    def claim(self, run_id: str, wait_s: float = 0.0) -> bool:
+        """Take the right to drive ``run_id``: one thread of one process at a
+        time, whatever the journal's other processes do (a ``reply`` while a
+        ``resume`` runs). Waits up to ``wait_s`` seconds for whoever holds it;
+        False if it is still held. Reentrant within a thread; held until
+        :meth:`release`, or until the process ends (the operating system, or
+        the server, lets go of a dead process's claims)."""
+        me = threading.get_ident()
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._claims_lock:
+                holder = self._claims.get(run_id)
+                if holder is not None and holder[0] == me:
+                    self._claims[run_id] = (me, holder[1] + 1)
+                    return True
+                if holder is None and self._claim_outside(run_id):
+                    self._claims[run_id] = (me, 1)
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(CLAIM_POLL_S)
+
+    def release(self, run_id: str) -> None:
+        with self._claims_lock:
+            holder, depth = self._claims[run_id]
+            if depth > 1:
+                self._claims[run_id] = (holder, depth - 1)
+                return
+            del self._claims[run_id]
+            self._release_outside(run_id)
+
+    def _claim_outside(self, run_id: str) -> bool:
+        """The dialect's claim among processes, without waiting (under ``_claims_lock``)."""
+        raise NotImplementedError
+
+    def _release_outside(self, run_id: str) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         with self._lock:

@@ -509,7 +509,11 @@ def cancel(
             record = runner.store.get_run(run_id)
             _err(f"run {run_id} already ended: {record.state.value} ({record.reason})")
             raise typer.Exit(EXIT_FAILED)
-        view = runner.controller.drive(run_id)
+        from loopledger.engine._people import HANDOVER_WAIT_S
+
+        # A process driving the run meets the request at its next commit and
+        # cancels the run itself; this one waits for it to let go.
+        view = runner.controller.drive(run_id, wait_s=HANDOVER_WAIT_S)
         runner.recorder.flush()
     finally:
         runner.close()

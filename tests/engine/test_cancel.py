@@ -190,11 +190,53 @@ def test_cancel_after_the_background_work_ended_records_how_it_ended(tmp_path: P
     assert all_violations(home) == []
 
 
+def test_a_cancel_while_another_process_drives_the_run_is_carried_out_by_that_process(tmp_path: Path) -> None:
+    """While this process's tool call is out, another records a cancel: it
+    cannot drive the run meanwhile (one driver at a time), and this process
+    meets the request at its next commit and cancels the run itself."""
+    home = tmp_path / "home"
+    path = tmp_path / "read.yaml"
+    path.write_text(READ_NOTES)
+    driver, other = Runner(Home.resolve(home)), Runner(Home.resolve(home))
+    try:
+        run_id = driver.create(load_scenario(path), "v1")
+        execute = driver.backend.execute
+        seen_by_other: list[State] = []
+
+        def execute_while_the_other_cancels(req: Any) -> Any:
+            assert other.controller.request_cancel(run_id)
+            seen_by_other.append(other.controller.drive(run_id).state)  # left to the driver
+            return execute(req)
+
+        driver.backend.execute = execute_while_the_other_cancels  # type: ignore[method-assign]
+        view = driver.controller.drive(run_id)
+        assert seen_by_other == [State.TOOL_RUNNING]
+        assert view.state in (State.CANCELLED, State.CANCEL_UNKNOWN)
+    finally:
+        driver.close()
+        other.close()
+    assert cli("export", home=home).returncode == 0
+    assert all_violations(home) == []
+
+
+READ_NOTES = """\
+id: read-notes
+contract:
+  goal: Read the notes
+  required_evidence: [file_read]
+  allowed_tools: [workspace.read_file]
+model:
+  - tool_calls: [{name: workspace.read_file, arguments: {path: README.md}}]
+  - final: Read it.
+    claims: [{text: read, evidence: ["file_read:README.md"]}]
+"""
+
+
 def test_a_run_another_process_ended_meanwhile_is_left_as_it_ended(tmp_path: Path) -> None:
-    """Two processes drive one run: while this one's tool call is out, the
-    other records a cancel and ends the run. This one's next move is kept
+    """Whatever ends the run while this process's tool call is out (here a
+    driver that does not take the claim), this process's next move is kept
     as a late event, and its drive returns the run as it ended instead of
-    raising (``cancel`` racing ``run``, or two ``resume`` at once)."""
+    raising."""
     home = tmp_path / "home"
     path = tmp_path / "read.yaml"
     path.write_text("""\
@@ -216,7 +258,7 @@ model:
 
         def execute_while_the_other_cancels(req: Any) -> Any:
             assert other.controller.request_cancel(run_id)
-            ended_by_other.append(other.controller.drive(run_id).state)
+            ended_by_other.append(other.controller._drive(run_id).state)  # without the claim
             return execute(req)
 
         driver.backend.execute = execute_while_the_other_cancels  # type: ignore[method-assign]
@@ -232,8 +274,9 @@ model:
 
 
 def test_a_send_the_other_process_cancelled_is_never_made(tmp_path: Path) -> None:
-    """While this process reads the order, the other cancels the run and
-    ends it; the refund after the read was recorded cancelled. This process
+    """While this process reads the order, another cancels the run and ends
+    it (here without taking the claim, as a process that could not see it
+    would); the refund after the read was recorded cancelled. This process
     must not send it: its own commits now land on an ended run, are kept
     as late events, and stop it (it used to record the read's result and
     the refund's dispatch as late events and then send the refund)."""
@@ -262,7 +305,7 @@ model:
             sent.append(req.tool)
             if req.tool == "orders.get_order":
                 assert other.controller.request_cancel(run_id)
-                other.controller.drive(run_id)
+                other.controller._drive(run_id)
             return execute(req)
 
         driver.backend.execute = execute_while_the_other_cancels  # type: ignore[method-assign]
@@ -315,4 +358,44 @@ model:
     outcome = journal.execute("SELECT outcome FROM operations WHERE run_id = ?", (run_id,)).fetchone()[0]
     assert (run_state(home, run_id)[0], outcome) == ending
     assert cli("export", home=home).returncode == 0
+    assert all_violations(home) == []
+
+
+def _drive_forever(home: str, run_id: str, ready: Any) -> None:
+    """A child that has taken the run up (holds its claim) and is killed there."""
+    from loopledger.engine._home import Home as ChildHome
+    from loopledger.engine._runner import Runner as ChildRunner
+
+    runner = ChildRunner(ChildHome.resolve(Path(home)))
+    assert runner.store.claim(run_id)
+    ready.set()
+    time.sleep(600)
+
+
+def test_resume_leaves_a_run_another_process_drives_and_takes_it_once_that_one_is_gone(tmp_path: Path) -> None:
+    """Two drivers of one run could each send its refund (a resume racing a
+    reply did): a run another process drives is left to it."""
+    import multiprocessing
+
+    home = tmp_path / "home"
+    path = tmp_path / "read.yaml"
+    path.write_text(READ_NOTES)
+    runner = Runner(Home.resolve(home))
+    try:
+        run_id = runner.create(load_scenario(path), "v1")  # READY, not driven yet
+    finally:
+        runner.close()
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    child = context.Process(target=_drive_forever, args=(str(home), run_id, ready))
+    child.start()
+    try:
+        assert ready.wait(120)
+        assert cli("resume", home=home).returncode == 0
+        assert run_state(home, run_id)[0] == "READY"  # left to the process that drives it
+    finally:
+        child.kill()
+        child.join()
+    assert cli("resume", home=home).returncode == 0
+    assert run_state(home, run_id) == ("SUCCEEDED", "completed")
     assert all_violations(home) == []

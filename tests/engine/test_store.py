@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from journal_kit import Runs
+from journal_kit import Runs, open_store
 from loopledger.canonical import canonical_json, content_id
 from loopledger.engine import (
     SCHEMA_VERSION,
@@ -805,3 +805,48 @@ def test_many_fact_rows_in_one_commit_keep_their_order(store: Any, runs: Runs) -
     events = store.events("r")
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert [e.kind for e in events[-60:]] == [f"e{n}" for n in range(60)]
+
+
+# -- who drives a run ----------------------------------------------------------------
+
+
+def _hold_claim(where: str, run_id: str, ready: Any) -> None:
+    """A child that takes the claim on a run and keeps it until it is killed."""
+    import time
+
+    from journal_kit import open_any
+
+    assert open_any(where).claim(run_id)
+    ready.set()
+    time.sleep(600)
+
+
+def test_one_driver_per_run_among_stores_and_processes(store: Any, store_kind: str, journal_at: Any) -> None:
+    import multiprocessing
+
+    other = open_store(store_kind, journal_at)
+    try:
+        assert store.claim("r") and store.claim("r")  # reentrant in a thread
+        assert not other.claim("r") and not other.claim("r", wait_s=0.2)
+        assert other.claim("s")  # other runs are free
+        store.release("r")
+        assert not other.claim("r")  # still held once
+        store.release("r")
+        assert other.claim("r") and not store.claim("r")
+        other.release("r")
+        other.release("s")
+        # A process that dies holding a claim leaves none behind.
+        context = multiprocessing.get_context("spawn")
+        ready = context.Event()
+        child = context.Process(target=_hold_claim, args=(str(journal_at), "t", ready))
+        child.start()
+        try:
+            assert ready.wait(120)
+            assert not store.claim("t")
+        finally:
+            child.kill()
+            child.join()
+        assert store.claim("t", wait_s=10)
+        store.release("t")
+    finally:
+        other.close()
