@@ -86,11 +86,15 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
                 FROM ({src_a}) a FULL OUTER JOIN ({src_b}) b USING ({_KEY})""",
             params, cur,
         )
+        # As a replay's diffs: a decision one side makes and the other does
+        # not is a flip only where it objects (docs/replay.md), so swapping
+        # the sides mirrors the flips.
         t.rows("CREATE TEMP TABLE flips AS SELECT * FROM joined "
-               "WHERE va IS DISTINCT FROM vb OR ca IS DISTINCT FROM cb", None, cur)
+               "WHERE (va IS DISTINCT FROM vb OR ca IS DISTINCT FROM cb) "
+               "AND NOT (va IS NULL AND vb = 'accept') AND NOT (vb IS NULL AND va = 'accept')", None, cur)
         (decisions,) = t.one("SELECT count(*) FILTER (vb IS NOT NULL) FROM joined", None, cur)
-        confusion = t.df(f"SELECT coalesce(va, '{_NONE}') AS baseline, coalesce(vb, '{_NONE}') AS replay, "
-                         "count(*) AS decisions FROM joined GROUP BY ALL", None, cur)
+        counts_a = dict(t.rows("SELECT va, count(*) FROM joined WHERE va IS NOT NULL GROUP BY va", None, cur))
+        confusion = _confusion_from_flips(t, cur, counts_a)
     (flips, verdict_flips, runs_diverged, candidates) = t.one(
         "SELECT count(*), count(*) FILTER (va IS DISTINCT FROM vb), count(DISTINCT run_id), "
         "count(DISTINCT (run_id, step, attempt, candidate_id)) FROM flips", None, cur)
@@ -176,10 +180,11 @@ def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[st
         SELECT l.run_id, l.step, l.attempt, l.candidate_id, l.validator, l.expected_verdict, l.source,
                va.verdict AS baseline_verdict, vb.verdict AS replay_verdict,
                CASE WHEN (va.verdict IS NULL AND (l.validator = '' OR vb.verdict = 'accept'))
-                      OR (vb.verdict IS NULL AND l.validator <> '' AND va.verdict = 'accept')
+                      OR (vb.verdict IS NULL AND (l.validator = '' OR va.verdict = 'accept'))
                     -- As the replay compares: a validator on one side only
-                    -- that accepts changes nothing, and a candidate the
-                    -- baseline did not decide has no verdict to flip.
+                    -- that accepts changes nothing, and a candidate one
+                    -- side did not decide has no verdict to flip (either
+                    -- way: swapping the sides mirrors regressions and fixes).
                     THEN CASE WHEN l.expected_verdict = vb.verdict THEN 'agrees' ELSE 'disagrees' END
                     WHEN l.expected_verdict = va.verdict AND l.expected_verdict IS DISTINCT FROM vb.verdict
                     THEN 'regression'

@@ -239,6 +239,12 @@ def test_imported_runs_replayed_without_a_baseline_compare_like_the_replay(tmp_p
     ).fetchone()
     compared = c.compare_validators(Traces(home), "recorded", replay)
     assert (compared["totals"]["fixes"], compared["totals"]["regressions"]) == (fixes, regressions) == (0, 0)
+    # Swapped, the sides' flips mirror each other: the replay's accepting
+    # decisions, which the recording never made, are no flips either way.
+    swapped = c.compare_validators(Traces(home), replay, "recorded")
+    for key in ("flips", "verdict_flips", "runs_diverged"):
+        assert swapped["totals"][key] == compared["totals"][key]
+    assert swapped["totals"]["regressions"] == compared["totals"]["fixes"]
     labels = compared["labels"]
     assert len(labels) > 0 and (labels["outcome"] == "agrees").sum() == agreeing
     # The Overview says whether the tasks were done: the reward, not the status.
