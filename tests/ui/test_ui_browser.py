@@ -136,9 +136,7 @@ def test_every_page_in_chromium(page: object, server: str, recorded_home: Path) 
     page.wait_for_function("() => document.body.innerText.includes('of 2 runs')")
     settle(page)
     page.get_by_role("button", name="Open run").click()
-    # The Run page is the app's default page whenever a run_id is given, so
-    # Streamlit may show its address as /?run_id=...
-    page.wait_for_url(re.compile(r".*run_id=loop-oscillation\..*"), wait_until="commit")
+    page.wait_for_url(re.compile(r".*/run\?run_id=loop-oscillation\..*"), wait_until="commit")
     page.get_by_text("State timeline").first.wait_for()
     settle(page)
     assert metric(page, "Reason") == "loop_detected"
@@ -146,12 +144,14 @@ def test_every_page_in_chromium(page: object, server: str, recorded_home: Path) 
     page.locator("code:visible", has_text="oscillation_calls").first.wait_for()
     shot(page, "03-run")
 
-    # Run by deep link
+    # Run by deep link: the address the run links hold, and the root's
     run_id = scalar(f"SELECT run_id FROM {runs} WHERE status = 'SUCCEEDED' ORDER BY run_id LIMIT 1")
-    page.goto(f"{server}/?run_id={run_id}")
-    page.get_by_text(f"Run {run_id}").first.wait_for()
-    settle(page)
-    assert metric(page, "Status") == "SUCCEEDED"
+    for address in (f"{server}/run?run_id={run_id}", f"{server}/?run_id={run_id}"):
+        page.goto(address)
+        page.get_by_text(f"Run {run_id}").first.wait_for()
+        settle(page)
+        assert metric(page, "Status") == "SUCCEEDED"
+        assert "Page not found" not in page.inner_text("body")  # Streamlit's box when an address names no page
 
     # Loop diagnoses
     page.goto(f"{server}/diagnoses")
