@@ -95,13 +95,19 @@ def _decisions(detail: dict) -> None:
 
 
 def _label_form(detail: dict, run_id: str) -> None:
-    vals = detail["validations"]
+    vals, cands = detail["validations"], detail["candidates"]
     st.markdown("**Label a decision**: what should the verdict have been?")
-    if vals.empty:
-        st.info("This run has no decisions to label.")
+    saved = st.session_state.pop("label_saved", None)
+    if saved:
+        st.success(saved)
+    if cands.empty:
+        st.info("This run has no candidates to label.")
         return
-    keys = vals[["step", "attempt", "candidate_id", "validator", "verdict"]].drop_duplicates()
-    whole = keys.drop_duplicates(["step", "attempt", "candidate_id"]).assign(validator="", verdict="")
+    # Every candidate as a whole (an imported run may have no recorded
+    # decision yet: a replay will judge it), then each recorded decision.
+    whole = cands[["step", "attempt", "candidate_id"]].drop_duplicates().assign(validator="", verdict="")
+    keys = (vals[["step", "attempt", "candidate_id", "validator", "verdict"]].drop_duplicates()
+            if not vals.empty else whole.iloc[0:0])
     options = pd.concat([whole, keys], ignore_index=True)
 
     def describe(i: int) -> str:
@@ -125,7 +131,17 @@ def _label_form(detail: dict, run_id: str) -> None:
             st.error(str(exc))
             return
         st.cache_data.clear()  # the exported labels segment is a new file, but other sessions cache too
-        st.success(f"Saved label {label_id}: {describe(int(picked)).split(' — ')[0]} → {verdict}")
+        # Shown again after the rerun that lists the new label above.
+        st.session_state["label_saved"] = f"Saved label {label_id}: {describe(int(picked)).split(' — ')[0]} → {verdict}"
+        st.rerun()
+
+
+def _unreadable(detail: dict, section: str) -> bool:
+    """Say so, in this tab only, when the section's table cannot be read."""
+    why = detail["errors"].get(section)
+    if why:
+        st.error(why)
+    return bool(why)
 
 
 def _body() -> None:
@@ -149,12 +165,16 @@ def _body() -> None:
     tabs = st.tabs(["Candidates", "Decisions", "Operations", "Waits & replies", "Loop diagnosis", "Labels",
                     "Events"])
     with tabs[0]:
-        _candidates(detail, run_id)
+        if not _unreadable(detail, "candidates"):
+            _candidates(detail, run_id)
     with tabs[1]:
-        _decisions(detail)
+        if not _unreadable(detail, "validations"):
+            _decisions(detail)
     with tabs[2]:
         ops = detail["operations"]
-        if ops.empty:
+        if _unreadable(detail, "operations"):
+            pass
+        elif ops.empty:
             st.info("No tool operations in this run.")
         else:
             st.dataframe(ops, hide_index=True, key="run_ops")
@@ -172,14 +192,18 @@ def _body() -> None:
             st.dataframe(waits, hide_index=True, key="run_waits")
     with tabs[4]:
         diag = detail["diagnoses"]
-        if diag.empty:
+        if _unreadable(detail, "diagnoses"):
+            pass
+        elif diag.empty:
             st.info("No loop diagnosis for this run.")
         for row in diag.itertuples():
             st.markdown(f"**{row.detector}** (v{row.detector_version}) · pattern `{row.pattern}` · step {row.step}")
             st.json(_json(row.evidence_json), expanded=2)
     with tabs[5]:
         labels = detail["labels"]
-        if labels.empty:
+        if _unreadable(detail, "labels"):
+            pass
+        elif labels.empty:
             st.caption("No labels for this run yet.")
         else:
             st.dataframe(labels, hide_index=True, key="run_labels")

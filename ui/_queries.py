@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ._data import TERMINAL_STATES, WAITING_STATES, Traces
+from ._data import TERMINAL_STATES, WAITING_STATES, CorruptData, Traces
 from ._stats import wilson
 
 LOOP_REASONS = ("loop_detected", "no_progress")
@@ -262,28 +262,43 @@ def run_detail(t: Traces, run_id: str) -> dict[str, Any] | None:
     p = {"r": run_id}
     events = t.df("SELECT seq, ts, kind, from_state, to_state, step, attempt, payload_json FROM events "
                   "WHERE run_id = $r ORDER BY seq", p)
-    candidates = t.df("SELECT step, attempt, candidate_id, context_artifact_id, finish_reason, items_json, "
-                      "prompt_version, model_route FROM candidates WHERE run_id = $r ORDER BY step, attempt", p)
-    context_ids = [c for c in candidates["context_artifact_id"].dropna().unique()]
-    contexts = t.df("SELECT artifact_id, kind, size_bytes FROM artifacts WHERE artifact_id IN $ids",
-                    {"ids": context_ids or [""]})
+    # Each section on its own: a table that cannot be read fails its own
+    # section (named in ``errors``), not the page.
+    errors: dict[str, str] = {}
+
+    def section(name: str, sql: str, params: dict[str, Any] = p) -> Any:
+        try:
+            return t.df(sql, params)
+        except CorruptData as exc:
+            errors[name] = str(exc)
+            import pandas as pd
+
+            return pd.DataFrame()
+
+    candidates = section("candidates", "SELECT step, attempt, candidate_id, context_artifact_id, finish_reason, "
+                         "items_json, prompt_version, model_route FROM candidates WHERE run_id = $r "
+                         "ORDER BY step, attempt")
+    context_ids = [c for c in candidates.get("context_artifact_id", ()) if c is not None]
     return {
         "run": header.iloc[0].to_dict(),
         "events": events,
         "spans": state_spans(events, header.iloc[0]["ended_at"]),
         "candidates": candidates,
-        "contexts": contexts,
-        "validations": t.df("SELECT step, attempt, candidate_id, validator, validator_version, suite_version, "
-                            "verdict, code, message, evidence_json FROM validations WHERE run_id = $r "
-                            "ORDER BY step, attempt, seq", p),
-        "operations": t.df("SELECT operation_id, step, call_id, tool, tool_version, idempotency_key, "
-                           "canonical_args_json, policy_decision, status, outcome, dispatch_count, "
-                           "result_artifact_id, work_id FROM operations WHERE run_id = $r "
-                           "ORDER BY created_seq", p),
-        "diagnoses": t.df("SELECT step, detector, detector_version, pattern, evidence_json FROM loop_diagnoses "
-                          "WHERE run_id = $r ORDER BY seq", p),
-        "labels": t.df("SELECT step, attempt, candidate_id, validator, expected_verdict, source, note, created_at "
-                       "FROM all_labels WHERE run_id = $r ORDER BY created_at NULLS FIRST, step, attempt", p),
+        "contexts": section("candidates", "SELECT artifact_id, kind, size_bytes FROM artifacts "
+                            "WHERE artifact_id IN $ids", {"ids": list(dict.fromkeys(context_ids)) or [""]}),
+        "validations": section("validations", "SELECT step, attempt, candidate_id, validator, validator_version, "
+                               "suite_version, verdict, code, message, evidence_json FROM validations "
+                               "WHERE run_id = $r ORDER BY step, attempt, seq"),
+        "operations": section("operations", "SELECT operation_id, step, call_id, tool, tool_version, "
+                              "idempotency_key, canonical_args_json, policy_decision, status, outcome, "
+                              "dispatch_count, result_artifact_id, work_id FROM operations WHERE run_id = $r "
+                              "ORDER BY created_seq"),
+        "diagnoses": section("diagnoses", "SELECT step, detector, detector_version, pattern, evidence_json "
+                             "FROM loop_diagnoses WHERE run_id = $r ORDER BY seq"),
+        "labels": section("labels", "SELECT step, attempt, candidate_id, validator, expected_verdict, source, note, "
+                          "created_at FROM all_labels WHERE run_id = $r "
+                          "ORDER BY created_at NULLS FIRST, step, attempt"),
+        "errors": errors,
     }
 
 

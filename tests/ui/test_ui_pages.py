@@ -115,6 +115,8 @@ def test_labelling_a_decision_from_the_run_page(writable_home: Path, ui_env: pyt
     at.button(key="FormSubmitter:label_form-Save label").click().run()
     assert not at.exception and not at.error
     assert any("Saved label" in s.value for s in at.success)
+    # The run's labels, above the form, list it at once.
+    assert "the gate was too strict" in list(frame_with(at, "expected_verdict", "note")["note"])
     stored = __import__("duckdb").sql(
         f"SELECT run_id, expected_verdict, source, note FROM {table(writable_home, 'labels')} "
         "WHERE source = 'human'").fetchall()
@@ -233,3 +235,41 @@ def test_an_unreadable_replay_is_a_warning_and_the_pages_still_answer(recorded_h
     at.switch_page("_pages_validators.py").run()
     assert not at.exception and not at.error
     assert any(SYNTHETIC_REPLAY in w.value and "cannot be read" in w.value for w in at.warning)
+
+
+def test_an_unreadable_table_fails_its_tab_of_the_run_page_only(recorded_home: Path, tmp_path: Path,
+                                                                 ui_env: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    shutil.copytree(recorded_home / "traces", tmp_path / "traces")
+    for victim in (tmp_path / "traces" / "operations").glob("*.parquet"):
+        victim.write_bytes(b"PAR1 garbage")
+    run_id = scalar(f"SELECT run_id FROM {table(recorded_home, 'operations')} ORDER BY run_id LIMIT 1")
+    at = open_app(tmp_path, ui_env, run_id=run_id)
+    assert not at.exception
+    assert metrics(at)["Status"]  # the header is there
+    assert [e.value for e in at.error if "operations" in e.value] and len(at.error) == 1
+    assert frame_with(at, "validator", "verdict") is not None  # the decisions tab too
+
+
+def test_an_imported_run_without_decisions_can_be_labelled_as_a_whole(tmp_path: Path,
+                                                                      ui_env: pytest.MonkeyPatch) -> None:
+    import json
+    import subprocess
+    import sys
+
+    record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+              "metadata": {"id": "one"}}
+    (tmp_path / "chats.jsonl").write_text(json.dumps(record) + "\n")
+    home = tmp_path / "home"
+    done = subprocess.run([str(Path(sys.executable).with_name("loopledger")), "import", "openai-jsonl",
+                           str(tmp_path / "chats.jsonl"), "--home", str(home)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    run_id = scalar(f"SELECT run_id FROM {table(home, 'runs')}")
+    at = open_app(home, ui_env, run_id=run_id)
+    assert at.selectbox(key="label_pick").options == ["step 1.1 · (the candidate as a whole)"]
+    at.radio(key="label_verdict").set_value("reject")
+    at.button(key="FormSubmitter:label_form-Save label").click().run()
+    assert not at.exception and not at.error
+    assert list(frame_with(at, "expected_verdict", "source")["source"]) == ["human"]
