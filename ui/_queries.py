@@ -492,12 +492,13 @@ def prompt_compare(t: Traces, a: str, b: str) -> dict[str, Any]:
     tasks = t.df(
         f"""
         SELECT task_id,
-               avg(CASE WHEN {SOLVED} THEN 1.0 ELSE 0.0 END) FILTER (prompt_version = $a) AS solved_a,
-               avg(CASE WHEN {SOLVED} THEN 1.0 ELSE 0.0 END) FILTER (prompt_version = $b) AS solved_b,
+               round(avg(CASE WHEN {SOLVED} THEN 1.0 ELSE 0.0 END) FILTER (prompt_version = $a), 3) AS solved_a,
+               round(avg(CASE WHEN {SOLVED} THEN 1.0 ELSE 0.0 END) FILTER (prompt_version = $b), 3) AS solved_b,
                count(*) FILTER (prompt_version = $a) AS runs_a, count(*) FILTER (prompt_version = $b) AS runs_b
         FROM runs WHERE prompt_version IN ($a, $b) AND status IN $terminal
         GROUP BY task_id
-        HAVING solved_a IS DISTINCT FROM solved_b
+        -- A task run under one version only has no rate to compare.
+        HAVING runs_a > 0 AND runs_b > 0 AND solved_a <> solved_b
         ORDER BY abs(coalesce(solved_b, 0) - coalesce(solved_a, 0)) DESC, task_id
         LIMIT 200
         """,

@@ -282,6 +282,11 @@ def test_prompt_versions_of_imported_runs_are_compared_by_their_reward(tmp_path:
                 {"role": "user", "content": f"task {task}"},
                 {"role": "assistant", "content": "done"},
             ], "metadata": {"id": f"{policy}-{task}", "task_id": f"t{task}", "reward": reward}}))
+    # A task run under one version only has no rate to compare.
+    lines.append(json.dumps({"messages": [{"role": "system", "content": "policy A"},
+                                          {"role": "user", "content": "task 9"},
+                                          {"role": "assistant", "content": "done"}],
+                             "metadata": {"id": "policy A-9", "task_id": "t9", "reward": 1}}))
     chats = tmp_path / "chats.jsonl"
     chats.write_text("\n".join(lines) + "\n")
     home = tmp_path / "home"
@@ -294,12 +299,12 @@ def test_prompt_versions_of_imported_runs_are_compared_by_their_reward(tmp_path:
     got = q.prompt_compare(traces, a, b)
     solved = {v: (got["rates"][v]["solved"]["k"], got["rates"][v]["solved"]["n"]) for v in (a, b)}
     success = {v: got["rates"][v]["success"]["k"] for v in (a, b)}
-    assert sorted(solved.values()) == [(1, 4), (3, 4)] and success == {a: 4, b: 4}
-    assert sorted(got["metrics"]["mean_reward"]) == [0.25, 0.75]
+    assert sorted(solved.values()) == [(1, 4), (4, 5)] and sorted(success.values()) == [4, 5]
+    assert sorted(got["metrics"]["mean_reward"]) == [0.25, 0.8]
     # Tasks 0 and 3 are solved under one policy only; 1 and 2 alike under both.
     assert sorted(got["tasks"]["task_id"]) == ["t0", "t3"]
     _, page = q.runs_page(traces, q.RunFilter(), "reward", True, 0, 10)
-    assert list(page["reward"]) == [1.0] * 4 + [0.0] * 4
+    assert list(page["reward"]) == [1.0] * 5 + [0.0] * 4
 
 
 def test_an_unreadable_replay_leaves_the_other_pages_and_replays_readable(recorded_home: Path,
