@@ -35,6 +35,19 @@ model:
 """
 
 
+READ_NOTES = """\
+id: read-notes
+contract:
+  goal: Read the notes
+  required_evidence: [file_read]
+  allowed_tools: [workspace.read_file]
+model:
+  - tool_calls: [{name: workspace.read_file, arguments: {path: README.md}}]
+  - final: Read it.
+    claims: [{text: read, evidence: ["file_read:README.md"]}]
+"""
+
+
 def export_scenario(delay_s: float) -> str:
     """The model starts an export and answers at once: the run waits for the
     export in WAITING_TOOL (docs/tools.md: from 60 s on, the batch cluster
@@ -219,19 +232,6 @@ def test_a_cancel_while_another_process_drives_the_run_is_carried_out_by_that_pr
     assert all_violations(home) == []
 
 
-READ_NOTES = """\
-id: read-notes
-contract:
-  goal: Read the notes
-  required_evidence: [file_read]
-  allowed_tools: [workspace.read_file]
-model:
-  - tool_calls: [{name: workspace.read_file, arguments: {path: README.md}}]
-  - final: Read it.
-    claims: [{text: read, evidence: ["file_read:README.md"]}]
-"""
-
-
 def test_a_run_another_process_ended_meanwhile_is_left_as_it_ended(tmp_path: Path) -> None:
     """Whatever ends the run while this process's tool call is out (here a
     driver that does not take the claim), this process's next move is kept
@@ -239,17 +239,7 @@ def test_a_run_another_process_ended_meanwhile_is_left_as_it_ended(tmp_path: Pat
     raising."""
     home = tmp_path / "home"
     path = tmp_path / "read.yaml"
-    path.write_text("""\
-id: read-notes
-contract:
-  goal: Read the notes
-  required_evidence: [file_read]
-  allowed_tools: [workspace.read_file]
-model:
-  - tool_calls: [{name: workspace.read_file, arguments: {path: README.md}}]
-  - final: Read it.
-    claims: [{text: read, evidence: ["file_read:README.md"]}]
-""")
+    path.write_text(READ_NOTES)
     driver, other = Runner(Home.resolve(home)), Runner(Home.resolve(home))
     try:
         run_id = driver.create(load_scenario(path), "v1")
