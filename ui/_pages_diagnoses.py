@@ -41,7 +41,7 @@ def _body() -> None:
     det = None if detector == ANY else detector
     pat = None if pattern == ANY else pattern
     total = load(q.diagnosis_count, det, pat)
-    offset, limit = pager(total, "diag", noun="findings")
+    offset, limit = pager(total, "diag", noun="findings", reset_on=(det, pat))
     _, page = load(q.diagnosis_findings, det, pat, offset, limit)
     page = page.copy()
     page.insert(0, "open", [run_url(r) for r in page["run_id"]])

@@ -28,7 +28,7 @@ def _body() -> None:
     source = st.selectbox("Source", [ANY] + sorted(summary["source"].unique()), key="labels_source")
     chosen = None if source == ANY else source
     total = load(c.labels_count, chosen)
-    offset, limit = pager(total, "labels", noun="labels")
+    offset, limit = pager(total, "labels", noun="labels", reset_on=chosen)
     _, page = load(c.labels_page, chosen, offset, limit)
     page = page.copy()
     page.insert(0, "open", [run_url(r) for r in page["run_id"]])

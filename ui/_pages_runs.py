@@ -40,7 +40,7 @@ def _body() -> None:
     sort = c1.selectbox("Sort by", q.SORTABLE, key="runs_sort")
     descending = c2.toggle("Descending", value=True, key="runs_desc")
     total = load(q.runs_count, flt)
-    offset, limit = pager(total, "runs", noun="runs")
+    offset, limit = pager(total, "runs", noun="runs", reset_on=(flt, sort, descending))
     _, page = load(q.runs_page, flt, sort, descending, offset, limit)
     if page.empty:
         st.info("No run matches these filters.")

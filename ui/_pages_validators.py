@@ -95,7 +95,7 @@ def _body() -> None:
     st.plotly_chart(fig, key="cmp_div_steps")
     if tot["runs_diverged"] > len(div):
         st.caption(f"Listing the {len(div):,} runs with the most flips of {tot['runs_diverged']:,}.")
-    offset, limit = pager(len(div), "cmp_div", noun="runs")
+    offset, limit = pager(len(div), "cmp_div", noun="runs", reset_on=(data["a"], data["b"]))
     page = div.iloc[offset: offset + limit].copy()
     page.insert(0, "open", [run_url(r) for r in page["run_id"]])
     st.dataframe(page, hide_index=True, column_config={"open": run_link_column("open")}, key="cmp_div")

@@ -104,7 +104,8 @@ def overview(t: Traces) -> dict[str, Any]:
     by_version = t.df(
         """
         SELECT prompt_version, model_route, status, count(*) AS runs,
-               avg(steps) AS mean_steps, sum(tokens_in + tokens_out) AS tokens, sum(cost_usd) AS cost_usd
+               round(avg(steps), 2) AS mean_steps, sum(tokens_in + tokens_out) AS tokens,
+               round(sum(cost_usd), 6) AS cost_usd
         FROM runs GROUP BY ALL ORDER BY prompt_version, model_route, status
         """
     )

@@ -76,13 +76,18 @@ def guarded(title: str, body: Callable[[], None]) -> None:
         st.error(f"This page could not be shown: {type(exc).__name__}: {exc}")
 
 
-def pager(total: int, key: str, sizes: tuple[int, ...] = (25, 50, 100, 200), noun: str = "rows") -> tuple[int, int]:
-    """Page controls; returns (offset, limit). The page number is clamped
-    when a filter shrinks the result."""
+def pager(total: int, key: str, sizes: tuple[int, ...] = (25, 50, 100, 200), noun: str = "rows",
+          reset_on: Any = None) -> tuple[int, int]:
+    """Page controls; returns (offset, limit). The page goes back to the
+    first when ``reset_on`` (the filters and the order) changes, and is
+    clamped when the result shrinks."""
     left, right, info = st.columns([1, 1, 3])
     size = left.selectbox("Rows per page", sizes, index=1 if len(sizes) > 1 else 0, key=f"{key}_size")
     pages = max(1, math.ceil(total / size))
     page_key = f"{key}_page"
+    if st.session_state.get(f"{key}_for") != reset_on:
+        st.session_state[f"{key}_for"] = reset_on
+        st.session_state[page_key] = 1
     if st.session_state.get(page_key, 1) > pages:
         st.session_state[page_key] = pages
     page = right.number_input("Page", min_value=1, max_value=pages, step=1, key=page_key)

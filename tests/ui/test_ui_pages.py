@@ -84,6 +84,16 @@ def test_runs_filter_and_open(recorded_home: Path, ui_env: pytest.MonkeyPatch) -
     assert at.query_params["run_id"] == [picked] or at.query_params["run_id"] == picked
 
 
+def test_a_new_filter_starts_again_at_the_first_page(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    at = open_app(recorded_home, ui_env, "_pages_runs.py")
+    at.selectbox(key="runs_size").set_value(25).run()
+    at.number_input(key="runs_page").set_value(3).run()
+    assert at.markdown and any("Showing **51–" in m.value for m in at.markdown)
+    at.multiselect(key="runs_version").set_value(["v2"]).run()
+    assert at.number_input(key="runs_page").value == 1
+    assert any("Showing **1–25**" in m.value for m in at.markdown)
+
+
 def test_run_deep_link_shows_the_run(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
     run_id = scalar(f"SELECT run_id FROM {table(recorded_home, 'loop_diagnoses')} ORDER BY run_id LIMIT 1")
     at = open_app(recorded_home, ui_env, run_id=run_id)
