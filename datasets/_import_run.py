@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loopledger._args import as_path
+
 from ._import_model import Conversation, ImportInputError
 from ._import_openai import read_openai_jsonl, read_toolbench
 from ._import_tau import expand, read_tau2, read_tau_bench
@@ -89,10 +91,10 @@ def _refused(argument: str, reason: str, record: str | None = None) -> ImportInp
 
 
 def _path(value: Any, argument: str, what: str) -> Path:
-    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
-    if not isinstance(text, str) or not text:
+    path = as_path(value)
+    if path is None:
         raise _refused(argument, f"expected {what} (a str or os.PathLike), got {reprlib.repr(value)}")
-    return Path(text)
+    return path
 
 
 def _sources(fmt: Any, paths: Any, tools: Any) -> _Source:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loopledger._args import as_path
 from loopledger._parquet import one_line
 
 from ._clock import now_us
@@ -127,13 +128,13 @@ def _checked(store: Any, traces_dir: Any) -> tuple[SQLRunStore, Path]:
     if not isinstance(store, SQLRunStore):
         raise BadInput("store", "expected an open journal (open_journal(url) or Home(...).open_store()), "
                                 f"got {type(store).__name__}")
-    folder = os.fspath(traces_dir) if isinstance(traces_dir, (str, os.PathLike)) else None
-    if not isinstance(folder, str) or not folder:
+    folder = as_path(traces_dir)
+    if folder is None:
         raise BadInput("traces_dir", "expected the path of a traces folder (a str or os.PathLike), "
                                      f"got {type(traces_dir).__name__}")
-    if os.path.exists(folder) and not os.path.isdir(folder):
+    if folder.exists() and not folder.is_dir():
         raise BadInput("traces_dir", f"{folder} is not a folder; expected the traces folder")
-    return store, Path(folder)
+    return store, folder
 
 
 class Recorder:

@@ -34,6 +34,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from loopledger._args import as_path
+
 from ._errors import BaselineNotFound, ReplayInputError, SuiteNotFound
 from ._result import REPLAY_ID, ReplayResult, RunReplay, Summary
 from ._traces import (BASELINE_COLUMNS, TraceSet, _files_sql, check_verdicts, open_traces, table_files,
@@ -62,11 +64,10 @@ def _got(value: Any) -> str:
 
 
 def _path(value: Any, argument: str, expected: str) -> Path:
-    if isinstance(value, (str, os.PathLike)):
-        text = os.fspath(value)
-        if isinstance(text, str) and text:
-            return Path(text)
-    raise ReplayInputError(argument, f"expected {expected} (a str or os.PathLike), got {_got(value)}")
+    path = as_path(value)
+    if path is None:
+        raise ReplayInputError(argument, f"expected {expected} (a str or os.PathLike), got {_got(value)}")
+    return path
 
 
 def _listed(value: Any, argument: str, single: tuple[type, ...], what: str) -> list[tuple[str, Any]]:
