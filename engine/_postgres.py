@@ -164,7 +164,6 @@ class PostgresRunStore(SQLRunStore):
 
     def __init__(self, url: str, *, migrate_to: int | None = None) -> None:
         super().__init__()
-        self._drivers: Any = None  # the claims' connection (see _claim_outside)
         self.url = url
         self._conn = self._connect()
         try:
@@ -221,19 +220,15 @@ class PostgresRunStore(SQLRunStore):
     # (a lock belongs to its session, and the commits' connection is shared).
     # The server drops a session's locks when it ends: a dead driver's too.
 
+    def _open_drivers(self) -> Any:
+        return self._connect()
+
     def _claim_outside(self, run_id: str) -> bool:
-        if self._drivers is None:
-            self._drivers = self._connect()
         (taken,) = self._drivers.execute("SELECT pg_try_advisory_lock(%s)", (claim_key(run_id),)).fetchone()
         return bool(taken)
 
     def _release_outside(self, run_id: str) -> None:
         self._drivers.execute("SELECT pg_advisory_unlock(%s)", (claim_key(run_id),))
 
-    def close(self) -> None:
-        super().close()
-        with self._claims_lock:
-            if self._drivers is not None:
-                self._drivers.close()  # lets go of this store's claims
-                self._drivers = None
-                self._claims.clear()
+    def _close_drivers(self, drivers: Any) -> None:
+        drivers.close()

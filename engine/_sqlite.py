@@ -83,7 +83,6 @@ class SQLiteRunStore(SQLRunStore):
 
     def __init__(self, path: str | Path, *, migrate_to: int | None = None) -> None:
         super().__init__()
-        self._drivers: int | None = None  # the claims' file (see _claim_outside)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = self._connect()
@@ -102,9 +101,10 @@ class SQLiteRunStore(SQLRunStore):
     # does not drop another's. The kernel drops a process's locks when it
     # ends, however it ends: a killed driver leaves no claim behind.
 
+    def _open_drivers(self) -> int:
+        return os.open(f"{self.path}-drivers", os.O_RDWR | os.O_CREAT, 0o644)
+
     def _claim_outside(self, run_id: str) -> bool:
-        if self._drivers is None:
-            self._drivers = os.open(f"{self.path}-drivers", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             _byte_lock(self._drivers, fcntl.F_WRLCK, claim_key(run_id))
         except OSError as exc:
@@ -116,13 +116,8 @@ class SQLiteRunStore(SQLRunStore):
     def _release_outside(self, run_id: str) -> None:
         _byte_lock(self._drivers, fcntl.F_UNLCK, claim_key(run_id))
 
-    def close(self) -> None:
-        super().close()
-        with self._claims_lock:
-            if self._drivers is not None:
-                os.close(self._drivers)  # lets go of this store's claims
-                self._drivers = None
-                self._claims.clear()
+    def _close_drivers(self, drivers: int) -> None:
+        os.close(drivers)
 
     def _begin_write(self, conn: Any) -> None:
         conn.execute("BEGIN IMMEDIATE")

@@ -209,6 +209,8 @@ class SQLRunStore:
         #: Runs this store's threads drive: run_id -> (thread, depth).
         self._claims: dict[str, tuple[int, int]] = {}
         self._claims_lock = threading.Lock()
+        #: What the dialect keeps its claims among processes in (``_open_drivers``).
+        self._drivers: Any = None
 
     # -- dialect hooks -------------------------------------------------
 
@@ -884,9 +886,12 @@ class SQLRunStore:
                 if holder is not None and holder[0] == me:
                     self._claims[run_id] = (me, holder[1] + 1)
                     return True
-                if holder is None and self._claim_outside(run_id):
-                    self._claims[run_id] = (me, 1)
-                    return True
+                if holder is None:
+                    if self._drivers is None:
+                        self._drivers = self._open_drivers()
+                    if self._claim_outside(run_id):
+                        self._claims[run_id] = (me, 1)
+                        return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(CLAIM_POLL_S)
@@ -900,11 +905,19 @@ class SQLRunStore:
             del self._claims[run_id]
             self._release_outside(run_id)
 
+    # The dialect's claims among processes, on ``self._drivers`` (under ``_claims_lock``).
+
+    def _open_drivers(self) -> Any:
+        raise NotImplementedError
+
     def _claim_outside(self, run_id: str) -> bool:
-        """The dialect's claim among processes, without waiting (under ``_claims_lock``)."""
+        """Claim without waiting; False when another process holds it."""
         raise NotImplementedError
 
     def _release_outside(self, run_id: str) -> None:
+        raise NotImplementedError
+
+    def _close_drivers(self, drivers: Any) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -912,6 +925,11 @@ class SQLRunStore:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+        with self._claims_lock:
+            if self._drivers is not None:
+                self._close_drivers(self._drivers)  # lets go of this store's claims
+                self._drivers = None
+                self._claims.clear()
 
 
 @dataclass
