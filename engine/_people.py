@@ -9,7 +9,7 @@ a tool's result does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._backends import ToolOutcome, failure
 from ._clock import from_us, now_us
@@ -71,10 +71,8 @@ class PeopleMixin:
         if view.state is not State.WAITING_USER or waiting is None:
             raise ReplyRejected(run_id, "not waiting", f"the run is {view.state.value}, not waiting for a person")
         if now_us() >= waiting["expires_at_us"]:
-            # A token for a wait that is over could only be refused: the run
-            # expires now, as a late reply would make it.
-            self.drive(run_id, wait_s=HANDOVER_WAIT_S)
-            raise ReplyRejected(run_id, "expired", f"the wait expired at {waiting['expires_at']}")
+            # A token for a wait that is over could only be refused.
+            self._refuse_expired(run_id, waiting)
         version_after = view.state_version + 1
         token = issue_token(self.secret, TokenClaims(run_id, waiting["wait_id"], version_after,
                                                      waiting["expires_at_us"]))
@@ -88,6 +86,12 @@ class PeopleMixin:
             raise ReplyRejected(run_id, "stale state version", "the run moved on meanwhile; try again") from None
         view.new_token = token
         return view
+
+    def _refuse_expired(self, run_id: str, waiting: dict[str, Any]) -> NoReturn:
+        """The wait is over: the run ends EXPIRED (through FINALIZING), and
+        what was asked of it is refused."""
+        self.drive(run_id, wait_s=HANDOVER_WAIT_S)
+        raise ReplyRejected(run_id, "expired", f"the wait expired at {waiting['expires_at']}")
 
     def reply(self, run_id: str, token: str, reply: Reply) -> RunView:
         """Deliver a person's reply to a waiting run and drive it on."""
@@ -108,8 +112,7 @@ class PeopleMixin:
         if digest != waiting["token_hash"]:
             raise ReplyRejected(run_id, "bad token", "not the token issued for this wait")
         if now_us() >= claims.expires_at_us:
-            self.drive(run_id, wait_s=HANDOVER_WAIT_S)  # ends the run EXPIRED, through FINALIZING
-            raise ReplyRejected(run_id, "expired", f"the wait expired at {waiting['expires_at']}")
+            self._refuse_expired(run_id, waiting)
         check_answer(run_id, waiting, reply)
         try:
             self._accept_reply(view, waiting, digest, reply)
