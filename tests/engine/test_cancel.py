@@ -10,6 +10,7 @@ import sqlite3
 import time
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -203,33 +204,48 @@ def test_cancel_after_the_background_work_ended_records_how_it_ended(tmp_path: P
     assert all_violations(home) == []
 
 
-def test_a_cancel_while_another_process_drives_the_run_is_carried_out_by_that_process(tmp_path: Path) -> None:
-    """While this process's tool call is out, another records a cancel: it
-    cannot drive the run meanwhile (one driver at a time), and this process
-    meets the request at its next commit and cancels the run itself."""
+def race_a_cancel(tmp_path: Path, scenario: str,
+                  other_acts: Callable[[Runner, str], Any]) -> tuple[Path, str, Any, list[Any], list[str]]:
+    """Drive a run of ``scenario`` in this process; while its first send is
+    out, another runner on the same home records a cancel and then does
+    ``other_acts(other, run_id)``. Returns the home, the run id, the
+    driver's last view, what the other's act returned and the tools sent;
+    the journal keeps the hard rules and exports."""
     home = tmp_path / "home"
-    path = tmp_path / "read.yaml"
-    path.write_text(READ_NOTES)
+    path = tmp_path / "scenario.yaml"
+    path.write_text(scenario)
     driver, other = Runner(Home.resolve(home)), Runner(Home.resolve(home))
+    acted: list[Any] = []
+    sent: list[str] = []
     try:
         run_id = driver.create(load_scenario(path), "v1")
         execute = driver.backend.execute
-        seen_by_other: list[State] = []
 
         def execute_while_the_other_cancels(req: Any) -> Any:
-            assert other.controller.request_cancel(run_id)
-            seen_by_other.append(other.controller.drive(run_id).state)  # left to the driver
+            sent.append(req.tool)
+            if len(sent) == 1:
+                assert other.controller.request_cancel(run_id)
+                acted.append(other_acts(other, run_id))
             return execute(req)
 
         driver.backend.execute = execute_while_the_other_cancels  # type: ignore[method-assign]
         view = driver.controller.drive(run_id)
-        assert seen_by_other == [State.TOOL_RUNNING]
-        assert view.state in (State.CANCELLED, State.CANCEL_UNKNOWN)
     finally:
         driver.close()
         other.close()
     assert cli("export", home=home).returncode == 0
     assert all_violations(home) == []
+    return home, run_id, view, acted, sent
+
+
+def test_a_cancel_while_another_process_drives_the_run_is_carried_out_by_that_process(tmp_path: Path) -> None:
+    """While this process's tool call is out, another records a cancel: it
+    cannot drive the run meanwhile (one driver at a time), and this process
+    meets the request at its next commit and cancels the run itself."""
+    _, _, view, seen_by_other, _ = race_a_cancel(
+        tmp_path, READ_NOTES, lambda other, run_id: other.controller.drive(run_id).state)  # left to the driver
+    assert seen_by_other == [State.TOOL_RUNNING]
+    assert view.state in (State.CANCELLED, State.CANCEL_UNKNOWN)
 
 
 def test_a_run_another_process_ended_meanwhile_is_left_as_it_ended(tmp_path: Path) -> None:
@@ -237,30 +253,11 @@ def test_a_run_another_process_ended_meanwhile_is_left_as_it_ended(tmp_path: Pat
     driver that does not take the claim), this process's next move is kept
     as a late event, and its drive returns the run as it ended instead of
     raising."""
-    home = tmp_path / "home"
-    path = tmp_path / "read.yaml"
-    path.write_text(READ_NOTES)
-    driver, other = Runner(Home.resolve(home)), Runner(Home.resolve(home))
-    try:
-        run_id = driver.create(load_scenario(path), "v1")
-        execute = driver.backend.execute
-        ended_by_other: list[State] = []
-
-        def execute_while_the_other_cancels(req: Any) -> Any:
-            assert other.controller.request_cancel(run_id)
-            ended_by_other.append(other.controller._drive(run_id).state)  # without the claim
-            return execute(req)
-
-        driver.backend.execute = execute_while_the_other_cancels  # type: ignore[method-assign]
-        view = driver.controller.drive(run_id)
-        assert ended_by_other == [view.state] and view.state in (State.CANCELLED, State.CANCEL_UNKNOWN)
-        assert driver.store.get_run(run_id).state is view.state
-        assert events(home, run_id, "late_event")
-    finally:
-        driver.close()
-        other.close()
-    assert cli("export", home=home).returncode == 0
-    assert all_violations(home) == []
+    home, run_id, view, ended_by_other, _ = race_a_cancel(
+        tmp_path, READ_NOTES, lambda other, run_id: other.controller._drive(run_id).state)  # without the claim
+    assert ended_by_other == [view.state] and view.state in (State.CANCELLED, State.CANCEL_UNKNOWN)
+    assert run_state(home, run_id)[0] == view.state.value
+    assert events(home, run_id, "late_event")
 
 
 def test_a_send_the_other_process_cancelled_is_never_made(tmp_path: Path) -> None:
@@ -270,9 +267,7 @@ def test_a_send_the_other_process_cancelled_is_never_made(tmp_path: Path) -> Non
     must not send it: its own commits now land on an ended run, are kept
     as late events, and stop it (it used to record the read's result and
     the refund's dispatch as late events and then send the refund)."""
-    home = tmp_path / "home"
-    path = tmp_path / "read-then-refund.yaml"
-    path.write_text("""\
+    home, _, view, _, sent = race_a_cancel(tmp_path, """\
 id: read-then-refund
 contract:
   goal: Refund part of ORD-1032
@@ -284,32 +279,12 @@ model:
       - {name: payments.refund, arguments: {order_id: ORD-1032, amount: 10.0}}
   - final: Refunded.
     claims: [{text: refunded, evidence: [refund_confirmed]}]
-""")
-    driver, other = Runner(Home.resolve(home)), Runner(Home.resolve(home))
-    try:
-        run_id = driver.create(load_scenario(path), "v1")
-        execute = driver.backend.execute
-        sent: list[str] = []
-
-        def execute_while_the_other_cancels(req: Any) -> Any:
-            sent.append(req.tool)
-            if req.tool == "orders.get_order":
-                assert other.controller.request_cancel(run_id)
-                other.controller._drive(run_id)
-            return execute(req)
-
-        driver.backend.execute = execute_while_the_other_cancels  # type: ignore[method-assign]
-        view = driver.controller.drive(run_id)
-        # The read was in flight when the other cancelled: nobody could confirm it.
-        assert view.state is State.CANCEL_UNKNOWN and sent == ["orders.get_order"]
-    finally:
-        driver.close()
-        other.close()
+""", lambda other, run_id: other.controller._drive(run_id))
+    # The read was in flight when the other cancelled: nobody could confirm it.
+    assert view.state is State.CANCEL_UNKNOWN and sent == ["orders.get_order"]
     executions = sqlite3.connect(home / "demo_backend.sqlite").execute(
         "SELECT count(*) FROM executions WHERE tool = 'payments.refund'").fetchone()[0]
     assert executions == 0
-    assert cli("export", home=home).returncode == 0
-    assert all_violations(home) == []
 
 
 @pytest.mark.parametrize(("crash", "ending"), [
