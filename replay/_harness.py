@@ -93,6 +93,8 @@ class _Request:
     write: bool
     workers: int | None
     ids: tuple[str, ...]
+    #: The argument each id came from (``replay_id``, ``replay_ids[1]``).
+    id_arguments: tuple[str, ...]
 
 
 def _checked(traces: Any, suites: list[tuple[str, Any]], baseline: Any, write_to: Any, workers: Any,
@@ -118,7 +120,8 @@ def _checked(traces: Any, suites: list[tuple[str, Any]], baseline: Any, write_to
     if replay_ids is not None and len(replay_ids) != len(suites):
         raise ReplayInputError("replay_ids", f"expected one id per suite ({len(suites)}), got {len(replay_ids)}")
     ids = _new_ids(replay_ids, replays if write else None) if replay_ids else tuple(new_replay_id() for _ in suites)
-    return _Request(root, _loaded(suites), baseline, replays, write, workers, ids)
+    arguments = tuple(a for a, _ in replay_ids) if replay_ids else ("replay_id",) * len(ids)
+    return _Request(root, _loaded(suites), baseline, replays, write, workers, ids, arguments)
 
 
 def _new_ids(replay_ids: list[tuple[str, Any]], replays: Path | None) -> tuple[str, ...]:
@@ -272,6 +275,7 @@ def _replay(request: _Request) -> dict[str, ReplayResult]:
             replays.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ReplayInputError("write_to", f"cannot make the folder {replays} ({exc.strerror or exc})") from None
+        _claim_outputs(outputs, ids, request.id_arguments)
     work = Path(tempfile.mkdtemp(prefix=".replay-work-", dir=replays if request.write else None))
     refs = tuple(ref for _, _, ref in request.suites)
     pool = _start_pool(procs - 1, refs, ids) if procs > 1 else None
@@ -301,6 +305,33 @@ def _replay(request: _Request) -> dict[str, ReplayResult]:
             pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(work, ignore_errors=True)
     return results
+
+
+def _claim_outputs(outputs: Sequence[Path | None], ids: Sequence[str], arguments: Sequence[str]) -> None:
+    """Make each replay's ``<id>.partial`` folder, which is its claim on
+    the id: a second replay given the same id at the same moment finds the
+    folder made (or the finished replay, if the first one was quicker) and
+    is refused before it writes anything. On refusal, the folders this call
+    made are removed again; nobody else's are touched."""
+    made: list[Path] = []
+    try:
+        for out, rid, argument in zip(outputs, ids, arguments):
+            if out is None:
+                continue
+            try:
+                out.mkdir()
+            except FileExistsError:
+                raise ReplayInputError(argument, f"{out} exists: a replay with this id is under way or was "
+                                                    "interrupted; expected a new id (or remove that folder)") from None
+            made.append(out)
+            final = out.with_name(rid)
+            if final.exists():
+                raise ReplayInputError(argument, f"a replay {rid!r} already exists in {out.parent}; "
+                                                    "expected a new id")
+    except BaseException:
+        for out in made:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def _start_pool(size: int, refs: tuple[SuiteRef, ...], replay_ids: tuple[str, ...]) -> ProcessPoolExecutor:

@@ -82,6 +82,33 @@ def test_an_existing_replay_id_is_refused_and_kept_whole(recorded_home: Path, tm
         replay(_traces(recorded_home), "default", write_to=replays, replay_id="again")
 
 
+def test_two_replays_given_one_id_at_once_leave_one_whole_replay(recorded_home: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two callers passing the id check at the same moment: the one that
+    comes second, whether the first is still under way (its ``.partial``
+    folder made) or already published, is refused with the argument named,
+    and what the first made is left as it was (not written into, renamed
+    over or removed)."""
+    replays = tmp_path / "replays"
+    monkeypatch.setattr(_harness, "_new_ids", lambda ids, _replays: tuple(rid for _, rid in ids))
+    under_way = replays / "race.partial"
+    under_way.mkdir(parents=True)
+    (under_way / "marker").write_text("the first replay's")
+    with pytest.raises(ReplayInputError, match=r"^replay_ids\[1\]: .*race\.partial exists: a replay with this id"):
+        replay_many(_traces(recorded_home), ["strict", "default"], write_to=replays, replay_ids=["other", "race"])
+    assert sorted(p.name for p in replays.iterdir()) == ["race.partial"]
+    assert [p.name for p in under_way.iterdir()] == ["marker"]
+
+    (under_way / "marker").unlink()
+    under_way.rmdir()
+    first = replay(_traces(recorded_home), "default", write_to=replays, replay_id="race")
+    published = sorted(p.relative_to(replays) for p in replays.rglob("*"))
+    with pytest.raises(ReplayInputError, match=r"^replay_id: a replay 'race' already exists"):
+        replay(_traces(recorded_home), "strict", write_to=replays, replay_id="race")
+    assert sorted(p.relative_to(replays) for p in replays.rglob("*")) == published
+    assert first.path == replays / "race"
+
+
 def test_no_unfinished_replay_is_left_by_a_failure(recorded_home: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     replays = tmp_path / "replays"
