@@ -20,7 +20,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -226,9 +226,16 @@ class Runner:
         return run_id
 
     def drive_all(self, run_ids: Sequence[str], concurrency: int = 1,
-                  on_settled: Callable[[str], None] | None = None, wait_for_tools: bool = True) -> None:
+                  on_settled: Callable[[str], None] | None = None, wait_for_tools: bool = True,
+                  leave_waiting: Mapping[str, int] | None = None) -> None:
         """Drive every run until it is terminal or waits for a person (and,
-        unless ``wait_for_tools`` is False, until its background work is done)."""
+        unless ``wait_for_tools`` is False, until its background work is done).
+
+        ``leave_waiting``: runs that already waited for background work
+        (run id → state version) before this call. Such a run is polled
+        once: if its work has not completed, it is left waiting as it was.
+        Once it moves, it is driven like any other."""
+        leave_waiting = leave_waiting or {}
         timers: list[tuple[float, str]] = []
         queue = list(run_ids)
         stopped: list[tuple[str, BaseException]] = []
@@ -259,7 +266,8 @@ class Runner:
                         continue
                     # Under a pinned clock (LOOPLEDGER_NOW) no work ever falls
                     # due: the run is left waiting, for a resume at a later time.
-                    if view.state is State.WAITING_TOOL and wait_for_tools and not pinned():
+                    unmoved = leave_waiting.get(run_id) == view.state_version
+                    if view.state is State.WAITING_TOOL and wait_for_tools and not pinned() and not unmoved:
                         heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
                         self.recorder.request()
                     else:

@@ -360,14 +360,17 @@ def resume(
 ) -> None:
     """Resume every non-terminal run from its last committed state. Runs that
     wait for a person or for background work stay waiting unless their event
-    arrived or they expired."""
+    arrived or they expired; a resumed run that starts waiting for background
+    work is driven on until the work is done, as `run` does."""
     from loopledger.engine._runner import Runner
     from loopledger.engine._states import TERMINAL, State
 
     runner = Runner(_home(home, store), auto_reply=False)
     try:
-        ids = [r.run_id for r in runner.store.list_runs(s for s in State if s not in TERMINAL)]
-        stopped = _stopped(lambda: runner.drive_all(ids, concurrency, wait_for_tools=False))
+        records = runner.store.list_runs(s for s in State if s not in TERMINAL)
+        ids = [r.run_id for r in records]
+        waiting = {r.run_id: r.state_version for r in records if r.state is State.WAITING_TOOL}
+        stopped = _stopped(lambda: runner.drive_all(ids, concurrency, leave_waiting=waiting))
         outcomes = [runner.outcome(run_id) for run_id in ids]
     finally:
         runner.close()

@@ -513,6 +513,42 @@ def test_under_a_pinned_clock_run_leaves_background_work_waiting(tmp_path: Path,
     assert all_violations(home) == []
 
 
+def test_resume_drives_a_run_on_through_background_work_it_starts(tmp_path: Path, home: Path) -> None:
+    """A run killed before its export was sent: the resume sends it, and,
+    as ``run`` would, drives the run on until the work is done, instead of
+    leaving it waiting for a second resume."""
+    path = tmp_path / "export.yaml"
+    path.write_text(EXPORT.replace("delay_s: 5", "delay_s: 0.3"))
+    crashed = cli("run", str(path), "--json", home=home, env={"LOOPLEDGER_CRASH_AFTER_COMMITS": "2"})
+    assert crashed.returncode == -9, (crashed.returncode, crashed.stderr)
+    proc = cli("resume", "--json", home=home)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert (line["status"], line["reason"]) == ("SUCCEEDED", "completed")
+    assert executions(home, line["run_id"], "reports.export") == 1
+    assert all_violations(home) == []
+
+
+def test_resume_polls_a_run_already_waiting_for_background_work_once(tmp_path: Path, home: Path) -> None:
+    """A run that waited for background work before the resume began is
+    polled, not waited for: its export, sent at a pinned time a day ahead,
+    is not due, and the resume returns with the run waiting as it was."""
+    path = tmp_path / "export.yaml"
+    path.write_text(EXPORT)
+    ahead = (datetime.now().astimezone() + timedelta(days=1)).isoformat()
+    (line,) = [json.loads(x) for x in cli("run", str(path), "--json", home=home,
+                                           env={"LOOPLEDGER_NOW": ahead}).stdout.splitlines()]
+    assert line["status"] == "WAITING_TOOL"
+    version = journal(home).execute("SELECT state_version FROM runs WHERE run_id = ?", (line["run_id"],)).fetchone()
+    proc = cli("resume", "--json", home=home)
+    assert proc.returncode == 0, proc.stderr
+    (still,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert (still["status"], still["reason"]) == ("WAITING_TOOL", "waiting_for_tool")
+    assert journal(home).execute("SELECT state_version FROM runs WHERE run_id = ?",
+                                 (line["run_id"],)).fetchone() == version
+    assert all_violations(home) == []
+
+
 def test_the_table_output_shows_the_token_whole(tmp_path: Path, home: Path) -> None:
     """Without --json the token is still shown once, uncut, and it works."""
     path = tmp_path / "deploy.yaml"
