@@ -27,8 +27,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+# A string, not a Path: click would hand `--home ""` over as Path(""), which
+# reads as the current folder.
 HomeOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option("--home", help="Data directory (default: $LOOPLEDGER_HOME, else ./loopledger-data)."),
 ]
 StoreOption = Annotated[
@@ -101,9 +103,12 @@ def _is_database_error(exc: BaseException) -> bool:
     return psycopg is not None and isinstance(exc, psycopg.Error)
 
 
-def _home(home: Path | None, store: str | None = None) -> Any:
+def _home(home: str | None, store: str | None = None) -> Any:
+    from loopledger.engine._errors import BadInput
     from loopledger.engine._home import Home
 
+    if home is not None and not home.strip():
+        raise BadInput("--home", "expected a folder, got an empty string")
     return Home.resolve(home, store)
 
 

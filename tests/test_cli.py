@@ -63,6 +63,16 @@ def test_a_home_that_is_a_file_is_bad_input(tmp_path: Path, command: str) -> Non
     assert not_a_dir.read_text() == "I am a file"
 
 
+@pytest.mark.parametrize("args", [["export", "--home", ""], ["show", "r1", "--home="], ["resume", "--home", " "]])
+def test_an_empty_home_is_bad_input_not_the_current_folder(tmp_path: Path, args: list[str]) -> None:
+    """`--home ""` (an unset variable in a script) names no folder: the
+    command refuses it instead of making the current folder a data directory."""
+    result = cli(*args, cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert_one_clear_line(result.stderr, "--home", "empty")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_home_from_the_environment_that_is_a_file_is_bad_input(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "home.txt"
     not_a_dir.write_text("")
