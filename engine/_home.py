@@ -56,11 +56,13 @@ class Home:
     def options(self) -> str:
         """``--home`` (and ``--store``) as a command that reaches this data
         directory would spell them (a password in the URL masked)."""
+        from shlex import quote
+
         from ._postgres import redact
 
-        spelled = f"--home {self.root}"
+        spelled = f"--home {quote(str(self.root))}"
         if self.store_url is not None:
-            spelled += f" --store {redact(self.store_url)}"
+            spelled += f" --store {quote(redact(self.store_url))}"
         return spelled
 
     def open_store(self):  # -> RunStore; typed loosely to keep imports light

@@ -8,6 +8,7 @@ are imported inside the commands that need them, so ``--help`` is instant.
 
 from __future__ import annotations
 
+import shlex
 import sqlite3
 import sys
 from collections.abc import Callable
@@ -233,9 +234,6 @@ def run(
     """Run scenarios through the engine, record them, export the traces."""
     import json
 
-    from rich.console import Console
-    from rich.table import Table
-
     from loopledger.engine._errors import BadInput
     from loopledger.engine._runner import Runner, check_script, check_tools
     from loopledger.engine._scenario import load_scenarios
@@ -268,17 +266,14 @@ def run(
                 line["check"] = "ok" if outcome.ok else outcome.mismatches
             typer.echo(json.dumps(line))
     else:
-        table = Table(title=f"{len(outcomes)} run(s), prompt version {prompt_version}")
-        for name in ("run_id", "status", "reason", "steps", "tool calls") + (("check",) if check else ()):
-            # Ids and reasons wrap rather than lose their end: a run id is
-            # what show, reply and cancel take.
-            table.add_column(name, overflow="fold")
+        table = _runs_table(f"{len(outcomes)} run(s), prompt version {prompt_version}", outcomes,
+                            ("status", "reason", "steps", "tool calls") + (("check",) if check else ()))
         for o in outcomes:
             row = [o.run_id, o.status, o.reason or "", str(o.steps), str(o.tool_calls)]
             if check:
                 row.append("ok" if o.ok else "; ".join(o.mismatches))
             table.add_row(*row)
-        console = Console()
+        console = _console()
         console.print(table)
         _print_tokens(console, outcomes)
     if stopped is not None:
@@ -321,6 +316,27 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
             run_store.close()
 
 
+def _console() -> Any:
+    """Rich's console for tables of runs: a terminal's width, else (a pipe,
+    a CI log) wide enough that rows keep to one line."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _runs_table(title: str, outcomes: list[Any], columns: tuple[str, ...]) -> Any:
+    """A table with one row per run: the run id first, never cut or folded
+    (it is what show, reply and cancel take, so it must copy whole); the
+    other columns fold rather than lose their end when the width is short."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("run_id", no_wrap=True, min_width=max((len(o.run_id) for o in outcomes), default=6))
+    for name in columns:
+        table.add_column(name, overflow="fold")
+    return table
+
+
 def _print_tokens(console: Any, outcomes: list[Any]) -> None:
     """The resume tokens of waits that began now, whole, one per line: they
     are shown once and the journal keeps only their hash."""
@@ -337,20 +353,15 @@ def _print_tokens(console: Any, outcomes: list[Any]) -> None:
 def _print_outcomes(outcomes: list[Any], as_json: bool, title: str) -> None:
     import json
 
-    from rich.console import Console
-    from rich.table import Table
-
     if as_json:
         for outcome in outcomes:
             typer.echo(json.dumps(_outcome_json(outcome)))
         return
-    table = Table(title=title)
-    for name in ("run_id", "status", "reason", "steps", "waiting"):
-        table.add_column(name, overflow="fold")
+    table = _runs_table(title, outcomes, ("status", "reason", "steps", "waiting"))
     for o in outcomes:
         waiting = f"{o.waiting['kind']} until {o.waiting.get('expires_at') or '-'}" if o.waiting else ""
         table.add_row(o.run_id, o.status, o.reason or "", str(o.steps), waiting)
-    console = Console()
+    console = _console()
     console.print(table)
     _print_tokens(console, outcomes)
 
@@ -732,7 +743,7 @@ def import_cmd(
                    + (f", {f.unanswered_operations} without a result" if f.unanswered_operations else "")
                    + f"), {f.user_tool_calls} user tool calls")
     typer.echo(f"imported {result.runs} runs into {where.root} ({result.skipped} skipped); "
-               f"next: loopledger replay --suite {decide or 'default'} --home {where.root}")
+               f"next: loopledger replay --suite {shlex.quote(decide or 'default')} {where.options()}")
 
 
 def main() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -220,14 +222,35 @@ def test_a_run_stopped_by_an_engine_bug_is_one_line_exit_3_and_the_others_finish
     assert_one_clear_line(again.stderr, "happy-read-file.", "stays at its last committed state")
 
 
+def test_run_and_resume_print_each_run_id_whole_in_a_log(tmp_path: Path) -> None:
+    """Piped into a CI log (no terminal, 80 columns), each run's id stays on
+    one line, so it can be copied into show, reply or cancel, or grepped."""
+    home = tmp_path / "home"
+    files = [str(SCENARIOS / f"{name}.yaml") for name in ("approval-waits-for-person", "happy-refund")]
+    ran = cli("run", *files, "--home", str(home), env={"COLUMNS": "80"})
+    resumed = cli("resume", "--home", str(home), env={"COLUMNS": "80"})
+    assert ran.returncode == 0 and resumed.returncode == 0, (ran.stderr, resumed.stderr)
+    ids = [r for (r,) in sqlite3.connect(home / "journal.sqlite").execute("SELECT run_id FROM runs")]
+    assert len(ids) == 2 and max(map(len, ids)) > 30
+    for run_id in ids:
+        assert any(run_id in line.split() or f"│ {run_id} " in line for line in ran.stdout.splitlines()), ran.stdout
+    waiting = next(r for r in ids if r.startswith("approval"))
+    assert any(f"│ {waiting} " in line for line in resumed.stdout.splitlines()), resumed.stdout
+
+
 @pytest.mark.slow
 def test_the_demo_runs_and_says_when_its_replays_cover_earlier_runs(tmp_path: Path) -> None:
-    home = tmp_path / "home"
+    home = tmp_path / "my home"
     first = cli("demo", "--home", str(home), env={"COLUMNS": "400"})
     assert first.returncode == 0, first.stderr
     assert "106 of 106 runs ended as their scenario expects" in first.stdout
     assert "Replay with suite default" in first.stdout and "0 flip(s)" in first.stdout
-    assert "Replay with suite strict" in first.stdout and f"loopledger ui --home {home}" in first.stdout
+    assert "Replay with suite strict" in first.stdout and f"loopledger ui --home '{home}'" in first.stdout
+    # The commands it prints work when pasted into a shell, spaces and all.
+    (inspect,) = [line for line in first.stdout.splitlines() if line.startswith("Inspect one run:")]
+    command = shlex.split(inspect.split(":", 1)[1])
+    assert command[:2] == ["loopledger", "show"] and command[-2:] == ["--home", str(home)]
+    assert cli(*command[1:]).returncode == 0
     assert "were there before" not in first.stdout
     second = cli("demo", "--home", str(home), env={"COLUMNS": "400"})
     assert second.returncode == 0, second.stderr

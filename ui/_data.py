@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,7 +171,7 @@ class Traces:
             if not self.has(table):
                 raise NoData(
                     f"No `{table}` table in {self.traces}. Record some runs first, e.g. "
-                    f"`loopledger demo --home {self.home}`."
+                    f"`loopledger demo --home {shlex.quote(str(self.home))}`."
                 )
 
     def replay_ids(self) -> list[str]:

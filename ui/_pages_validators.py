@@ -3,6 +3,8 @@ candidates (the recorded decisions vs a replay, or two replays)."""
 
 from __future__ import annotations
 
+import shlex
+
 import plotly.express as px
 import streamlit as st
 
@@ -31,7 +33,7 @@ def _body() -> None:
     sides = c.sides(traces())
     if len(sides) < 2:
         st.info("Nothing to compare yet: this needs the recorded decisions and at least one replay. Run e.g. "
-                f"`loopledger replay --suite default --home {home()}`, then reload.")
+                f"`loopledger replay --suite default --home {shlex.quote(str(home()))}`, then reload.")
         if not sides:
             return
     for replay_id, why in load(c.unreadable_replays).items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -161,7 +162,7 @@ def test_the_demo_on_a_postgresql_journal_prints_commands_that_reach_it(tmp_path
     assert demo.returncode == 0, demo.stderr
     assert "PostgreSQL journal" in demo.stdout and "106 of 106 runs" in demo.stdout
     (inspect,) = [line for line in demo.stdout.splitlines() if line.startswith("Inspect one run:")]
-    command = inspect.split(":", 1)[1].split()
+    command = shlex.split(inspect.split(":", 1)[1])
     assert command[:2] == ["loopledger", "show"] and command[-2:] == ["--store", postgres_url]
     shown = subprocess.run([*CLI, *command[1:]], capture_output=True, text=True, timeout=120, env=merged)
     assert shown.returncode == 0, shown.stderr
