@@ -421,16 +421,24 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def scenario_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Every ``*.yaml`` under each folder, and each file given, in a stable order."""
+    """Every ``*.yaml`` under each folder, and each file given, in a stable
+    order; a file named twice, or reached through two of the paths (a folder
+    and a folder inside it, a link), is listed once, where it came first."""
     found: list[Path] = []
+    seen: set[Path] = set()
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*.yaml") if p.is_file()))
+            files = sorted(p for p in path.rglob("*.yaml") if p.is_file())
         elif path.is_file():
-            found.append(path)
+            files = [path]
         else:
             raise BadInput(str(path), _not_a_scenario_path(path))
+        for file in files:
+            real = file.resolve()
+            if real not in seen:
+                seen.add(real)
+                found.append(file)
     return found
 
 

@@ -142,6 +142,17 @@ def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
     assert "also the id of" in str(info.value)
 
 
+def test_a_file_reached_twice_is_one_scenario(tmp_path: Path) -> None:
+    """Named twice, inside a folder also given, or through a link: one
+    scenario (the first place it was found), not a clash with itself."""
+    inner = tmp_path / "a" / "b"
+    inner.mkdir(parents=True)
+    first = write(inner, GOOD, "one.yaml")
+    (tmp_path / "link.yaml").symlink_to(first)
+    found = load_scenarios([first, tmp_path / "a", inner, first, tmp_path / "link.yaml"])
+    assert [s.source for s in found] == [str(first)]
+
+
 def test_a_missing_path_is_bad_input(tmp_path: Path) -> None:
     with pytest.raises(BadInput) as info:
         load_scenarios([tmp_path / "nope"])
