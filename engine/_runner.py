@@ -145,6 +145,9 @@ class RunOutcome:
     tool_calls: int
     waiting: dict[str, Any] | None = None
     mismatches: list[str] = field(default_factory=list)
+    model_attempts: int = 0
+    tokens: int = 0  # in and out
+    cost_usd: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -341,6 +344,9 @@ class Runner:
             steps=record.step,
             tool_calls=record.tool_calls,
             waiting=self._waiting(record),
+            model_attempts=record.model_attempts,
+            tokens=record.tokens_in + record.tokens_out,
+            cost_usd=record.cost_usd,
         )
         if scenario is not None:
             result.mismatches = self._compare(record, scenario)

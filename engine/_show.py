@@ -201,9 +201,13 @@ def comparison_table(outcomes: Sequence[Any]) -> Any:
     reasons = Counter(o.reason for o in outcomes if o.reason)
     for reason, _ in reasons.most_common():
         rows.append((f"  reason {reason}", [str(sum(o.reason == reason for o in by_version[v])) for v in versions]))
-    rows.append(("mean steps", [f"{sum(o.steps for o in by_version[v]) / max(len(by_version[v]), 1):.1f}"
-                                for v in versions]))
-    rows.append(("tool calls", [str(sum(o.tool_calls for o in by_version[v])) for v in versions]))
+    # Totals, exactly: a difference of a step or two across a hundred runs
+    # must show (a mean rounded to one decimal hid it).
+    rows.append(("steps", [f"{sum(o.steps for o in by_version[v]):,}" for v in versions]))
+    rows.append(("model attempts", [f"{sum(o.model_attempts for o in by_version[v]):,}" for v in versions]))
+    rows.append(("tool calls", [f"{sum(o.tool_calls for o in by_version[v]):,}" for v in versions]))
+    rows.append(("tokens", [f"{sum(o.tokens for o in by_version[v]):,}" for v in versions]))
+    rows.append(("cost (USD)", [f"{sum(o.cost_usd for o in by_version[v]):.4f}" for v in versions]))
     rows.append(("as expected", [f"{sum(o.ok for o in by_version[v])}/{len(by_version[v])}" for v in versions]))
     for label, cells in rows:
         table.add_row(label, *cells)

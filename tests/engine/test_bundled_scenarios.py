@@ -192,3 +192,26 @@ def test_background_operations_end_with_their_work(recorded) -> None:
         "SELECT o.outcome, o.status FROM operations o JOIN runs r ON r.run_id = o.run_id "
         "WHERE o.tool = 'reports.export' AND r.task_id = 'background-export'").fetchall()
     assert rows and set(rows) == {("background_accepted", "succeeded")}
+
+
+def test_the_prompt_version_comparison_shows_a_difference_of_one_step() -> None:
+    """The demo's table counts exactly: three runs each, one step and a few
+    tokens apart, must not print the same figures (a rounded mean did)."""
+    from rich.console import Console
+
+    from loopledger.engine._runner import RunOutcome
+    from loopledger.engine._show import comparison_table
+
+    def outcome(version: str, steps: int, tokens: int) -> RunOutcome:
+        return RunOutcome(run_id=f"r.{version}.{steps}", task_id="t", prompt_version=version, status="SUCCEEDED",
+                          reason="completed", steps=steps, tool_calls=1, model_attempts=steps, tokens=tokens,
+                          cost_usd=0.001)
+
+    outcomes = [outcome("v1", s, 100) for s in (2, 3, 3)] + [outcome("v2", s, 90) for s in (2, 2, 3)]
+    console = Console(width=120, record=True)
+    console.print(comparison_table(outcomes))
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:4]]
+            for line in console.export_text().splitlines() if line.startswith("│")}
+    assert rows["steps"] == ["8", "7"] and rows["model attempts"] == ["8", "7"]
+    assert rows["tokens"] == ["300", "270"] and rows["cost (USD)"] == ["0.0030", "0.0030"]
+    assert rows["as expected"] == ["3/3", "3/3"]
