@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._errors import EngineError
+from ._errors import BadInput, EngineError
 
 SECRET_FILE = "secret.key"
 
@@ -45,27 +45,59 @@ class ReplyRejected(EngineError):
         self.detail = detail
 
 
+#: The shortest secret accepted: as long as the one made on first use.
+MIN_SECRET_BYTES = 32
+
+
 def load_secret(home: Path) -> bytes:
-    """The data directory's signing secret, created on first use."""
+    """The data directory's signing secret, created on first use; or
+    ``LOOPLEDGER_SECRET``. A secret shorter than ``MIN_SECRET_BYTES``, or a
+    file that others than its owner may read or write, is refused
+    (:class:`BadInput`): tokens signed with it could be forged."""
     env = os.environ.get("LOOPLEDGER_SECRET")
     if env:
+        if len(env.encode("utf-8")) < MIN_SECRET_BYTES:
+            raise BadInput("LOOPLEDGER_SECRET", f"expected a secret of at least {MIN_SECRET_BYTES} bytes, "
+                                                f"got {len(env.encode('utf-8'))}")
         return env.encode("utf-8")
     path = home / SECRET_FILE
     try:
-        return path.read_bytes()
+        return _checked_secret(path)
     except FileNotFoundError:
         pass
     home.mkdir(parents=True, exist_ok=True)
-    fresh = secrets.token_bytes(32)
+    # Written whole under a name of its own, then linked into place: a
+    # process that finds the file finds it whole, never empty or half
+    # written, and a crash leaves at most the temporary file behind.
+    fresh = secrets.token_bytes(MIN_SECRET_BYTES)
+    tmp = path.with_name(f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process made it first: use theirs
-        return path.read_bytes()
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(fresh)
-        handle.flush()
-        os.fsync(handle.fileno())
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(fresh)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # another process made it first: use theirs
+            return _checked_secret(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return fresh
+
+
+def _checked_secret(path: Path) -> bytes:
+    with open(path, "rb") as handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        secret = handle.read()
+    if mode & 0o077:
+        raise BadInput(str(path), f"the signing secret may be read or written by others (mode {mode & 0o777:04o}); "
+                                  f"expected mode 0600: chmod 600 {path}")
+    if len(secret) < MIN_SECRET_BYTES:
+        raise BadInput(str(path), f"expected a signing secret of at least {MIN_SECRET_BYTES} bytes, got "
+                                  f"{len(secret)}; remove the file to have a new one made (the tokens of runs "
+                                  "waiting now then stop working: `loopledger token RUN_ID` issues new ones)")
+    return secret
 
 
 def _b64(data: bytes) -> str:

@@ -616,3 +616,60 @@ expect:
     proc = cli("run", str(path), "--check", "--json", home=home)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout.splitlines()[0])["status"] == "SUCCEEDED"
+
+
+@pytest.mark.parametrize(("content", "mode", "env", "names"), [
+    (b"x", 0o600, {}, ["secret.key", "at least 32 bytes, got 1"]),
+    (b"k" * 32, 0o644, {}, ["secret.key", "mode 0644", "chmod 600"]),
+    (None, None, {"LOOPLEDGER_SECRET": "short"}, ["LOOPLEDGER_SECRET", "at least 32 bytes, got 5"]),
+])
+def test_a_signing_secret_that_could_be_forged_is_refused(tmp_path: Path, home: Path, content: bytes | None,
+                                                         mode: int | None, env: dict[str, str],
+                                                         names: list[str]) -> None:
+    """Resume tokens are HMACs under the data directory's secret: a short
+    one, or one others may read, would let them be forged. The command
+    refuses it before it records anything."""
+    if content is not None:
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "secret.key").write_bytes(content)
+        (home / "secret.key").chmod(mode)
+    path = tmp_path / "deploy.yaml"
+    path.write_text(DEPLOY)
+    proc = cli("run", str(path), "--json", home=home, env=env)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    assert proc.stdout == ""
+    if (home / "journal.sqlite").exists():
+        assert journal(home).execute("SELECT COUNT(*) FROM runs").fetchone() == (0,)
+
+
+def _first_secret(home: str, barrier: Any, out: Any) -> None:
+    from loopledger.engine._waits import load_secret
+
+    barrier.wait()
+    out.put(load_secret(Path(home)))
+
+
+def test_processes_making_the_secret_at_once_all_get_the_same_whole_one(tmp_path: Path) -> None:
+    """The secret is written whole under a name of its own and then linked
+    into place: a process that loses the race reads the winner's secret,
+    never an empty or half-written file."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    for attempt in range(5):
+        home = tmp_path / f"h{attempt}"
+        barrier, out = context.Barrier(6), context.Queue()
+        procs = [context.Process(target=_first_secret, args=(str(home), barrier, out)) for _ in range(6)]
+        for p in procs:
+            p.start()
+        secrets_seen = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+        assert len(set(secrets_seen)) == 1 and len(secrets_seen[0]) == 32
+        assert (home / "secret.key").read_bytes() == secrets_seen[0]
+        assert sorted(p.name for p in home.iterdir()) == ["secret.key"]
+        assert (home / "secret.key").stat().st_mode & 0o777 == 0o600
