@@ -69,6 +69,23 @@ class RunsStopped(EngineError):
         self.failures = failures
 
 
+class RunsNotResumed(RunsStopped):
+    """Runs ``resume`` left at their last committed state because their
+    model route cannot run here (its SDK not installed, its key not set);
+    ``stopped``: the runs an unexpected error stopped meanwhile, if any."""
+
+    code = "runs_not_resumed"
+
+    def __init__(self, left: list[tuple[str, str]], stopped: RunsStopped | None = None) -> None:
+        run_id, why = left[0]
+        more = f" ({len(left)} runs in all)" if len(left) > 1 else ""
+        message = (f"run {run_id} was not resumed: {why}{more}; it stays at its last committed state, "
+                   "for a resume where its model can be reached")
+        EngineError.__init__(self, message + (f"; and {stopped}" if stopped is not None else ""))
+        self.failures = list(stopped.failures) if stopped is not None else []
+        self.left = left
+
+
 class JournalError(EngineError):
     """The journal cannot be opened, migrated or written."""
 

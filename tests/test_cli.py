@@ -238,6 +238,26 @@ def test_run_and_resume_print_each_run_id_whole_in_a_log(tmp_path: Path) -> None
     assert any(f"│ {waiting} " in line for line in resumed.stdout.splitlines()), resumed.stdout
 
 
+def test_resume_drives_the_runs_it_can_and_names_those_whose_model_it_cannot_reach(tmp_path: Path) -> None:
+    """One run on a real model route, one scripted, both killed mid-way;
+    resumed where the route's key is not set: the scripted run finishes and
+    is printed, the other is printed where it stays, and one line says why
+    (exit 3: nothing wrong with the input, the environment lacks the key)."""
+    home = str(tmp_path / "home")
+    killed = {"LOOPLEDGER_CRASH_AFTER_COMMITS": "1"}
+    real = cli("run", str(SCENARIOS / "happy-refund.yaml"), "--home", home, "--model", "openai:gpt-4.1",
+               env={**killed, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
+    scripted = cli("run", str(SCENARIOS / "happy-read-file.yaml"), "--home", home, env=killed)
+    assert real.returncode == scripted.returncode == -9, (real.stderr, scripted.stderr)
+    resumed = cli("resume", "--home", home, "--json")
+    assert resumed.returncode == 3, (resumed.stdout, resumed.stderr)
+    lines = {json.loads(x)["task_id"]: json.loads(x) for x in resumed.stdout.splitlines()}
+    assert lines["happy-read-file"]["status"] == "SUCCEEDED"
+    assert lines["happy-refund"]["status"] not in ("SUCCEEDED", "FAILED")
+    assert_one_clear_line(resumed.stderr, lines["happy-refund"]["run_id"], "was not resumed", "OPENAI_API_KEY")
+    assert "--model" not in resumed.stderr
+
+
 @pytest.mark.slow
 def test_the_demo_runs_and_says_when_its_replays_cover_earlier_runs(tmp_path: Path) -> None:
     home = tmp_path / "my home"
