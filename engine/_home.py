@@ -65,12 +65,25 @@ class Home:
             spelled += f" --store {quote(redact(self.store_url))}"
         return spelled
 
-    def open_store(self):  # -> RunStore; typed loosely to keep imports light
-        """Open (creating and migrating as needed) the journal."""
+    def open_store(self, *, to_read: bool = False):  # -> RunStore; typed loosely to keep imports light
+        """Open (creating and migrating as needed) the journal. ``to_read``:
+        the caller only reads; a SQLite journal this process may not write
+        (an archived data directory) is then opened read-only instead of
+        failing."""
         if self.store_url is None:
+            if to_read and not _writable(self.journal_path):
+                from ._sqlite import SQLiteRunStore
+
+                return SQLiteRunStore(self.journal_path, read_only=True)
             self.root.mkdir(parents=True, exist_ok=True)
             return open_journal(f"sqlite:{self.journal_path}")
         return open_journal(self.store_url)
+
+
+def _writable(journal: Path) -> bool:
+    """Whether this process may write the journal and the folder it keeps
+    its -wal and -shm files in."""
+    return os.access(journal, os.W_OK) and os.access(journal.parent, os.W_OK)
 
 
 def open_journal(url: str):  # -> RunStore

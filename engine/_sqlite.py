@@ -19,7 +19,7 @@ from typing import Any
 
 from ._clock import now_us
 from ._errors import JournalError
-from ._migrate import MigrationTarget, migrate
+from ._migrate import MigrationTarget, current_version, load_migrations, migrate
 from ._store import SQLRunStore, claim_key
 
 BUSY_TIMEOUT_S = 30.0
@@ -40,9 +40,13 @@ def _enable_wal(conn: sqlite3.Connection, timeout: float) -> None:
             time.sleep(0.005)
 
 
-def connect(path: str | Path, timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
-    """A connection with the journal's pragmas; autocommit, transactions explicit."""
+def connect(path: str | Path, timeout: float = BUSY_TIMEOUT_S, *, read_only: bool = False) -> sqlite3.Connection:
+    """A connection with the journal's pragmas; autocommit, transactions
+    explicit. ``read_only``: one that never writes, for a journal in a
+    folder this process may not write (an archived data directory)."""
     try:
+        if read_only:
+            return _connect_read_only(Path(path), timeout)
         conn = sqlite3.connect(str(path), timeout=timeout, isolation_level=None, check_same_thread=False)
         _enable_wal(conn, timeout)
         conn.execute("PRAGMA synchronous=FULL")
@@ -51,6 +55,35 @@ def connect(path: str | Path, timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connec
     except sqlite3.Error as exc:
         raise JournalError(f"{path}: cannot open the journal: {exc}") from exc
     return conn
+
+
+def _connect_read_only(path: Path, timeout: float) -> sqlite3.Connection:
+    if not path.is_file():
+        raise JournalError(f"{path}: no journal to read")
+    # A WAL journal whose last writer closed it cleanly has no -wal file, and
+    # a reader that may not create the -shm file beside it can open it only
+    # as immutable. With a -wal file (a writer is at work, or died), the
+    # committed transactions in it count: a plain read-only open reads them.
+    immutable = "&immutable=1" if not Path(f"{path}-wal").exists() else ""
+    uri = f"{path.absolute().as_uri()}?mode=ro{immutable}"
+    conn = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA query_only=ON")
+    conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+    return conn
+
+
+def _schema_as_is(conn: sqlite3.Connection, path: Path) -> int:
+    """The schema version of a journal opened to read only, which must be
+    the newest this version knows: it cannot be migrated."""
+    try:
+        version = current_version(conn)
+    except sqlite3.Error as exc:
+        raise JournalError(f"{path}: cannot read the journal: {exc}") from exc
+    newest = max((m.version for m in load_migrations("sqlite")), default=0)
+    if version != newest:
+        raise JournalError(f"{path}: the journal is at schema version {version}, this loopledger reads {newest}; "
+                           "open it once where it can be written, to migrate it")
+    return version
 
 
 class _SQLiteMigrations(MigrationTarget):
@@ -81,19 +114,27 @@ def _byte_lock(fd: int, kind: int, offset: int) -> None:
 class SQLiteRunStore(SQLRunStore):
     dialect = "sqlite"
 
-    def __init__(self, path: str | Path, *, migrate_to: int | None = None) -> None:
+    def __init__(self, path: str | Path, *, migrate_to: int | None = None, read_only: bool = False) -> None:
+        """``read_only``: a store that reads and never writes (no migration,
+        no claims), for a journal this process may not write; it must be
+        at this version's schema already."""
         super().__init__()
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = self._connect()
         try:
-            self.schema_version = migrate(self._conn, SQLITE_MIGRATIONS, now_us(), upto=migrate_to)
+            if read_only:
+                self.schema_version = _schema_as_is(self._conn, self.path)
+            else:
+                self.schema_version = migrate(self._conn, SQLITE_MIGRATIONS, now_us(), upto=migrate_to)
         except Exception:
             self._conn.close()
             raise
 
     def _connect(self) -> sqlite3.Connection:
-        return connect(self.path)
+        return connect(self.path, read_only=self.read_only)
 
     # Claims: a one-byte lock per run, at the run's key, in a file beside the
     # journal: an open-file-description lock (Linux), so two stores of one
@@ -102,6 +143,8 @@ class SQLiteRunStore(SQLRunStore):
     # ends, however it ends: a killed driver leaves no claim behind.
 
     def _open_drivers(self) -> int:
+        if self.read_only:
+            raise JournalError(f"{self.path}: opened to read only; a run cannot be driven through it")
         return os.open(f"{self.path}-drivers", os.O_RDWR | os.O_CREAT, 0o644)
 
     def _claim_outside(self, run_id: str) -> bool:
@@ -127,4 +170,4 @@ class SQLiteRunStore(SQLRunStore):
         return "SELECT state, state_version, last_seq, step, attempt FROM runs WHERE run_id = ?"
 
     def read_connection(self) -> sqlite3.Connection:
-        return connect(self.path)
+        return connect(self.path, read_only=self.read_only)

@@ -300,7 +300,7 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
     render = render_run_json if as_json else render_run
 
     where = _home(home, store)
-    run_store = where.open_store() if where.has_journal else None
+    run_store = where.open_store(to_read=True) if where.has_journal else None
     try:
         try:
             if run_store is None:

@@ -254,3 +254,72 @@ def test_load_migrations_refuses_a_gap_and_ignores_other_files(tmp_path: Path, m
     with pytest.raises(MigrationError) as caught:
         _migrate.load_migrations("sqlite", package="fake_migrations_pkg")
     assert caught.value.version == 4
+
+
+def _journal_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_journal_opened_to_read_only_is_read_and_never_written(tmp_path: Path) -> None:
+    """For a data directory this process may not write (an archive): the
+    journal reads as usual, nothing beside it appears or changes, and a
+    commit through it fails without touching the file."""
+    from journal_kit import Runs
+
+    path = tmp_path / "journal.sqlite"
+    store = SQLiteRunStore(path)
+    Runs(store).drive_to(Runs(store).new("run-ro").run_id, State.TOOL_RUNNING)
+    store.close()
+    before = _journal_files(tmp_path)
+    assert sorted(before) == ["journal.sqlite"], "a clean close leaves the journal alone"
+
+    reader = SQLiteRunStore(path, read_only=True)
+    try:
+        assert reader.get_run("run-ro").state is State.TOOL_RUNNING
+        assert [e.seq for e in reader.events("run-ro")] == list(range(1, len(reader.events("run-ro")) + 1))
+        version = reader.get_run("run-ro").state_version
+        with pytest.raises(Exception, match="readonly|read only|read-only"):
+            reader.commit(Commit(run_id="run-ro", expected_version=version, to_state=State.READY))
+        with pytest.raises(JournalError, match="read only"):
+            reader.claim("run-ro")
+    finally:
+        reader.close()
+    assert _journal_files(tmp_path) == before
+
+
+def test_a_journal_opened_to_read_only_must_be_at_the_newest_schema(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite"
+    SQLiteRunStore(path, migrate_to=1).close()
+    with pytest.raises(JournalError, match=rf"schema version 1, this loopledger reads {latest()}; open it once"):
+        SQLiteRunStore(path, read_only=True)
+    with pytest.raises(JournalError, match="no journal to read"):
+        SQLiteRunStore(tmp_path / "none.sqlite", read_only=True)
+    assert not (tmp_path / "none.sqlite").exists()
+
+
+def test_show_reads_a_data_directory_it_may_not_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Home.open_store(to_read=True)``, which ``show`` uses, opens a journal
+    this process may not write read-only (the check is the OS's own
+    ``access``; faked here, since the tests may run as root)."""
+    import os
+
+    from journal_kit import Runs
+    from loopledger.engine import Home
+
+    home = Home(tmp_path / "home")
+    store = home.open_store()
+    Runs(store).new("run-a")
+    store.close()
+    before = _journal_files(home.root)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if mode == os.W_OK else real_access(p, mode))
+    reader = home.open_store(to_read=True)
+    try:
+        assert reader.read_only and reader.get_run("run-a").run_id == "run-a"
+    finally:
+        reader.close()
+    assert _journal_files(home.root) == before
+    monkeypatch.setattr(os, "access", real_access)
+    writer = home.open_store(to_read=True)
+    assert not writer.read_only
+    writer.close()
