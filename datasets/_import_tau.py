@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from loopledger._args import not_a_file
 from loopledger.canonical import Canonical
 
 from ._import_model import (
@@ -364,4 +365,4 @@ def expand(paths: list[Path], patterns: tuple[str, ...]) -> Iterator[Path]:
         elif path.is_file():
             yield path
         else:
-            raise ImportInputError(os.fspath(path), None, "no such file or folder")
+            raise ImportInputError(os.fspath(path), None, not_a_file(path, "a trace file or a folder of them"))

@@ -9,7 +9,6 @@ expected. Nothing is recorded until every file of a ``run`` has loaded.
 from __future__ import annotations
 
 import re
-import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -18,6 +17,7 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
+from loopledger._args import not_a_file
 from loopledger._yaml import LimitExceeded, load as load_yaml, not_utf8
 from loopledger.canonical import is_unicode
 from loopledger.validators import PathRejected, canonical_glob
@@ -433,26 +433,13 @@ def scenario_files(paths: Iterable[str | Path]) -> list[Path]:
         elif path.is_file():
             files = [path]
         else:
-            raise BadInput(str(path), _not_a_scenario_path(path))
+            raise BadInput(str(path), not_a_file(path, "a scenario file (.yaml) or a folder of them"))
         for file in files:
             real = file.resolve()
             if real not in seen:
                 seen.add(real)
                 found.append(file)
     return found
-
-
-def _not_a_scenario_path(path: Path) -> str:
-    """Why a path given to ``run`` is neither a file nor a folder to read."""
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        return "a symbolic link to no file or folder" if path.is_symlink() else "no such file or folder"
-    except OSError as exc:
-        return f"cannot read: {exc.strerror or exc}"
-    kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "of another kind")
-    return f"exists but is {kind}, not a regular file; expected a scenario file (.yaml) or a folder of them"
 
 
 def load_scenarios(paths: Iterable[str | Path]) -> list[Scenario]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -13,3 +14,18 @@ def as_path(value: Any) -> Path | None:
     naming its argument."""
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
     return Path(text) if isinstance(text, str) and text else None
+
+
+def not_a_file(path: Path, expected: str) -> str:
+    """Why ``path``, given where a file or a folder was expected, is
+    neither: missing, a dangling link, unreadable, or something else (a
+    device such as ``/dev/null``, a named pipe, a socket)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "a symbolic link to no file or folder" if path.is_symlink() else "no such file or folder"
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+    kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "of another kind")
+    return f"exists but is {kind}, not a regular file; expected {expected}"

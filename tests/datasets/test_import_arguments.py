@@ -86,6 +86,17 @@ def test_the_command_line_names_its_options(tmp_path: Path) -> None:
         assert len(out.stderr.strip().splitlines()) == 1
 
 
+def test_a_path_that_is_not_a_file_says_what_it_is(tmp_path: Path) -> None:
+    """/dev/null exists: it is named as the device it is, not as missing."""
+    home = str(tmp_path / "home")
+    for path, reason in (("/dev/null", "exists but is a character device, not a regular file"),
+                         (str(tmp_path / "nope.jsonl"), "no such file or folder")):
+        out = cli("import", "openai-jsonl", path, "--home", home)
+        assert out.returncode == 2, out.stdout
+        assert out.stderr.startswith(f"loopledger: bad input: {path}: {reason}"), out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_a_file_named_like_an_argument_is_still_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only an argument's own error is renamed for the command line: a file
     that happens to be called ``decide`` keeps its name."""
