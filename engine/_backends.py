@@ -313,6 +313,12 @@ class DemoBackend:
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
             self._create()
+            #: Which backend this is: each run records the one it acts on, and
+            #: is driven only by a process using the same (the demo backends
+            #: live in a data directory, and several may share one journal;
+            #: reconciling a run against another's backend would send again
+            #: what was sent).
+            self.identity = svc.backend_identity(self._conn)
         except sqlite3.Error as exc:
             raise BackendError(f"{self.path}: cannot open the demo backend: {exc}") from exc
 

@@ -50,7 +50,7 @@ from ._backends import DemoBackend, Fault, ToolOutcome, ToolRequest, failure
 from ._clock import now_us
 from ._conversation import conversation
 from ._decision import decision_input, resolve_context
-from ._errors import ModelError, StaleStateVersion, TerminalAlreadySet
+from ._errors import BadInput, ModelError, NotDrivableHere, StaleStateVersion, TerminalAlreadySet
 from ._model import Collected, ModelAdapter, ModelRequest, ScriptExhausted, StreamError, collect
 from ._people import PeopleMixin
 from ._prompts import load_prompt
@@ -146,6 +146,7 @@ class Controller(PeopleMixin):
         view = RunView.from_record(record)
         for event in self.store.events(run_id):
             if event.kind == "run_created":
+                view.backend_id = event.payload.get("backend")
                 continue
             view.apply(event.kind, event.to_state, event.step, event.attempt, event.payload)
         view.state, view.state_version = record.state, record.state_version
@@ -212,7 +213,7 @@ class Controller(PeopleMixin):
 
     def _drive(self, run_id: str) -> RunView:
         view, record = self._load(run_id)
-        config = self.config_for(record)
+        config = self._config_here(view, record)
         # An error leaves the view, and the moves it holds, unwritten: as if
         # the process had died there.
         while view.state not in TERMINAL:
@@ -233,6 +234,22 @@ class Controller(PeopleMixin):
                 view = self.load(run_id)
         self._flush(view)
         return view
+
+    def _config_here(self, view: RunView, record: RunRecord) -> RunConfig:
+        """The run's configuration, if this process can drive the run;
+        else :class:`NotDrivableHere`. A run acts on one tool backend:
+        driven from a process whose backend is another (a data directory
+        sharing the journal), it would reconcile its calls against a backend
+        that never saw them, and send them again. And its model route must
+        be usable here (SDK installed, key set)."""
+        mine = getattr(self.backend, "identity", None)
+        if view.backend_id and mine and view.backend_id != mine:
+            raise NotDrivableHere(view.run_id, f"its tools act on the backend {view.backend_id} of another data "
+                                               "directory sharing this journal; drive it from that one (its --home)")
+        try:
+            return self.config_for(record)
+        except BadInput as exc:  # its model route or suite cannot be set up here
+            raise NotDrivableHere(view.run_id, exc.reason) from None
 
     # -- READY ----------------------------------------------------------------
 

@@ -69,18 +69,31 @@ class RunsStopped(EngineError):
         self.failures = failures
 
 
+class NotDrivableHere(EngineError):
+    """A run this process cannot drive: its model route cannot be set up
+    here (SDK or key missing), or its tools act on the backend of another
+    data directory sharing the journal. It stays at its last committed
+    state, for a process that can."""
+
+    code = "not_drivable_here"
+
+    def __init__(self, run_id: str, why: str) -> None:
+        super().__init__(f"run {run_id} cannot be driven here: {why}")
+        self.run_id = run_id
+        self.why = why
+
+
 class RunsNotResumed(RunsStopped):
-    """Runs ``resume`` left at their last committed state because their
-    model route cannot run here (its SDK not installed, its key not set);
-    ``stopped``: the runs an unexpected error stopped meanwhile, if any."""
+    """Runs left at their last committed state because this process cannot
+    drive them (:class:`NotDrivableHere`); ``stopped``: the runs an
+    unexpected error stopped meanwhile, if any."""
 
     code = "runs_not_resumed"
 
     def __init__(self, left: list[tuple[str, str]], stopped: RunsStopped | None = None) -> None:
         run_id, why = left[0]
         more = f" ({len(left)} runs in all)" if len(left) > 1 else ""
-        message = (f"run {run_id} was not resumed: {why}{more}; it stays at its last committed state, "
-                   "for a resume where its model can be reached")
+        message = f"run {run_id} was not resumed: {why}{more}; it stays at its last committed state"
         EngineError.__init__(self, message + (f"; and {stopped}" if stopped is not None else ""))
         self.failures = list(stopped.failures) if stopped is not None else []
         self.left = left

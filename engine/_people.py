@@ -98,7 +98,10 @@ class PeopleMixin:
         claims = read_token(self.secret, run_id, token)
         if claims.run_id != run_id:
             raise ReplyRejected(run_id, "wrong run", f"the token is for run {claims.run_id}")
-        view = self.load(run_id)
+        view, record = self._load(run_id)
+        # Before the reply is taken: this process must be able to drive the
+        # run on (its backend, its model), or the reply would wait unused.
+        self._config_here(view, record)
         digest = token_hash(token)
         if digest in view.consumed_tokens:
             raise ReplyRejected(run_id, "already used")

@@ -125,6 +125,9 @@ class NewRun:
     thread_id: str | None = None  # a new thread named after the run when None
     spec: Mapping[str, Any] = field(default_factory=dict)  # contract, budgets, ...
     artifacts: tuple[Artifact, ...] = ()
+    #: The tool backend the run acts on (``DemoBackend.identity``), recorded
+    #: in its ``run_created`` event; None for a backend without one.
+    backend_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from loopledger.validators import Suite, SuiteError, Verdict, load_suite
 from ._backends import DemoBackend, Fault
 from ._clock import pinned
 from ._controller import Controller, RunConfig
-from ._errors import BadInput, JournalError, RunsStopped
+from ._errors import BadInput, JournalError, NotDrivableHere, RunsNotResumed, RunsStopped
 from ._home import Home
 from ._model import ScriptedModel
 from ._recorder import Recorder
@@ -224,6 +224,7 @@ class Runner:
                 prompt_hash=load_prompt(prompt_version).sha256,
                 model_route=model_route,
                 spec=scenario.spec(),
+                backend_id=getattr(self.backend, "identity", None),
             )
         )
         return run_id
@@ -242,6 +243,7 @@ class Runner:
         timers: list[tuple[float, str]] = []
         queue = list(run_ids)
         stopped: list[tuple[str, BaseException]] = []
+        left: list[tuple[str, str]] = []  # runs this process cannot drive, and why
         # Runs driven side by side share fsyncs (see SQLRunStore.group_commit).
         self.store.group_commit = concurrency > 1
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="run") as pool:
@@ -262,6 +264,9 @@ class Runner:
                     run_id = running.pop(future)
                     try:
                         view = future.result()
+                    except NotDrivableHere as exc:
+                        left.append((run_id, exc.why))
+                        continue
                     except Exception as exc:  # noqa: BLE001 - one run's failure must not stop the others
                         if isinstance(exc, (BadInput, JournalError)):
                             raise
@@ -278,6 +283,8 @@ class Runner:
                         if on_settled is not None:
                             on_settled(run_id)
         self.recorder.flush()
+        if left:
+            raise RunsNotResumed(left, RunsStopped(stopped) if stopped else None)
         if stopped:
             raise RunsStopped(stopped)
 

@@ -12,6 +12,7 @@ fraction of a cent behind.
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -115,11 +116,19 @@ def create_schema(conn: sqlite3.Connection, now: int, path: object) -> None:
         from ._backends import BackendError
 
         raise BackendError(f"{path}: schema version {version}; this loopledger reads up to {SCHEMA_VERSION}")
-    if version == SCHEMA_VERSION:
-        return
-    for statement in _statements(SCHEMA):
-        conn.execute(statement)
-    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    if version < SCHEMA_VERSION:
+        for statement in _statements(SCHEMA):
+            conn.execute(statement)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    # The backend's identity, made once (a home made before it existed gets
+    # one too): runs record the backend they act on (see DemoBackend.identity).
+    conn.execute("CREATE TABLE IF NOT EXISTS backend_identity (backend_id TEXT NOT NULL)")
+    if conn.execute("SELECT 1 FROM backend_identity").fetchone() is None:
+        conn.execute("INSERT INTO backend_identity (backend_id) VALUES (?)", (secrets.token_hex(8),))
+
+
+def backend_identity(conn: sqlite3.Connection) -> str:
+    return str(conn.execute("SELECT backend_id FROM backend_identity").fetchone()[0])
 
 
 def ensure_world(conn: sqlite3.Connection, world: str, now: int) -> None:

@@ -383,7 +383,8 @@ class SQLRunStore:
                 "INSERT INTO run_specs (run_id, spec_json, schema_version) VALUES (?, ?, ?)",
                 (new.run_id, spec_json, SCHEMA_VERSION),
             )
-            self._insert_event(conn, new.run_id, 1, now, "run_created", None, INITIAL.value, 0, 0, 1, {})
+            created = {"backend": new.backend_id} if new.backend_id else {}
+            self._insert_event(conn, new.run_id, 1, now, "run_created", None, INITIAL.value, 0, 0, 1, created)
             self._store_artifacts(conn, new.run_id, 1, now, new.artifacts)
 
         self._write_retried(write, lambda: None)

@@ -378,43 +378,24 @@ def resume(
     wait for a person or for background work stay waiting unless their event
     arrived or they expired; a resumed run that starts waiting for background
     work is driven on until the work is done, as `run` does."""
-    from loopledger.engine._errors import RunsNotResumed
     from loopledger.engine._runner import Runner
     from loopledger.engine._states import TERMINAL, State
 
     runner = Runner(_home(home, store), auto_reply=False)
     try:
         records = runner.store.list_runs(s for s in State if s not in TERMINAL)
-        # A run whose model cannot be reached from here (its SDK or key
-        # missing) stays where it is; the others are driven on.
-        unreachable = _unreachable_routes({r.model_route for r in records})
-        left = [(r.run_id, unreachable[r.model_route]) for r in records if r.model_route in unreachable]
-        ids = [r.run_id for r in records if r.model_route not in unreachable]
+        ids = [r.run_id for r in records]
         waiting = {r.run_id: r.state_version for r in records if r.state is State.WAITING_TOOL}
+        # A run this process cannot drive (its model's key missing here, its
+        # tools another data directory's) stays where it is; the others are
+        # driven on, and all are printed before the error.
         stopped = _stopped(lambda: runner.drive_all(ids, concurrency, leave_waiting=waiting))
-        outcomes = [runner.outcome(r.run_id) for r in records]
+        outcomes = [runner.outcome(run_id) for run_id in ids]
     finally:
         runner.close()
-    _print_outcomes(outcomes, as_json, f"{len(ids)} of {len(outcomes)} run(s) resumed")
-    if left:
-        raise RunsNotResumed(left, stopped)
+    _print_outcomes(outcomes, as_json, f"{len(outcomes)} run(s) resumed")
     if stopped is not None:
         raise stopped
-
-
-def _unreachable_routes(routes: set[str]) -> dict[str, str]:
-    """Each route that cannot run here, with why (the SDK to install, the
-    variable to set)."""
-    from loopledger.engine._errors import BadInput
-    from loopledger.engine._routes import settings_for
-
-    unreachable = {}
-    for route in sorted(routes):
-        try:
-            settings_for(route)
-        except BadInput as exc:
-            unreachable[route] = exc.reason
-    return unreachable
 
 
 @app.command()
@@ -537,7 +518,7 @@ def cancel(
 ) -> None:
     """Request cancellation: pending work is cancelled, then the run ends
     CANCELLED, or CANCEL_UNKNOWN where a backend cannot confirm the stop."""
-    from loopledger.engine._errors import UnknownRun
+    from loopledger.engine._errors import NotDrivableHere, UnknownRun
 
     runner = _runner_for(run_id, _home(home, store))
     try:
@@ -554,7 +535,13 @@ def cancel(
 
         # A process driving the run meets the request at its next commit and
         # cancels the run itself; this one waits for it to let go.
-        view = runner.controller.drive(run_id, wait_s=HANDOVER_WAIT_S)
+        try:
+            view = runner.controller.drive(run_id, wait_s=HANDOVER_WAIT_S)
+        except NotDrivableHere as exc:
+            # The request is recorded: whoever can drive the run cancels it.
+            typer.echo(f"{run_id}: cancellation requested; it takes effect where the run can be driven "
+                       f"({exc.why})")
+            return
         runner.recorder.flush()
     finally:
         runner.close()

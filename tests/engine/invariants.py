@@ -23,6 +23,8 @@ RESULT_OUTCOMES = {
 
 
 def _journal(home: Path, store_url: str | None) -> Any:
+    if store_url is not None and store_url.startswith("sqlite:"):
+        return sqlite3.connect(store_url.removeprefix("sqlite:"))
     if store_url is not None:
         from journal_kit import raw_connection
 

@@ -1,0 +1,101 @@
+"""Data directories sharing one journal (``--store``): each keeps its own
+demo tool backends, so a run is driven only from the data directory whose
+backend it acts on. Reconciled against another's backend, which never saw
+its calls, a refund killed in flight would be sent a second time."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from invariants import all_violations
+
+CLI = [sys.executable, "-c", "from loopledger._cli import main; main()"]
+SCENARIOS = Path(__file__).resolve().parents[2] / "datasets" / "scenarios"
+REFUND = """\
+id: shared-refund
+contract:
+  goal: Refund order ORD-1044 in full
+  required_evidence: [refund_confirmed]
+  allowed_tools: [payments.refund]
+model:
+  - tool_calls: [{name: payments.refund, arguments: {order_id: ORD-1044, amount: 25.0}}]
+  - final: Refunded.
+    claims: [{text: refund issued, evidence: [refund_confirmed]}]
+"""
+#: Both data directories sign tokens with one secret, so that a reply from
+#: the other one passes the signature and meets the check under test.
+SECRET = {"LOOPLEDGER_SECRET": "s" * 32}
+
+
+def cli(*args: str, home: Path, store: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    merged = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    merged.update(env or {})
+    return subprocess.run([*CLI, *args, "--home", str(home), "--store", f"sqlite:{store}"], capture_output=True,
+                          text=True, timeout=180, env=merged)
+
+
+def executions(home: Path, tool: str) -> int:
+    path = home / "demo_backend.sqlite"
+    if not path.exists():
+        return 0
+    return sqlite3.connect(path).execute("SELECT COUNT(*) FROM executions WHERE tool = ?", (tool,)).fetchone()[0]
+
+
+def one_line(proc: subprocess.CompletedProcess[str], *names: str) -> None:
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+
+
+def test_a_refund_killed_in_flight_is_resumed_only_where_it_was_sent(tmp_path: Path) -> None:
+    journal, a, b = tmp_path / "journal.sqlite", tmp_path / "a", tmp_path / "b"
+    scenario = tmp_path / "refund.yaml"
+    scenario.write_text(REFUND)
+    killed = cli("run", str(scenario), home=a, store=journal, env={"LOOPLEDGER_CRASH_AT": "after_dispatch"})
+    assert killed.returncode == -9, killed.stderr
+    assert executions(a, "payments.refund") == 1
+    (run_id,) = [r for (r,) in sqlite3.connect(journal).execute("SELECT run_id FROM runs")]
+
+    elsewhere = cli("resume", "--json", home=b, store=journal)
+    assert elsewhere.returncode == 3, (elsewhere.stdout, elsewhere.stderr)
+    one_line(elsewhere, run_id, "was not resumed", "another data directory")
+    (line,) = [json.loads(x) for x in elsewhere.stdout.splitlines()]
+    assert line["run_id"] == run_id and line["status"] == "TOOL_RUNNING"
+    assert executions(b, "payments.refund") == 0
+
+    home = cli("resume", "--json", home=a, store=journal)
+    assert home.returncode == 0, home.stderr
+    (line,) = [json.loads(x) for x in home.stdout.splitlines()]
+    assert (line["status"], line["reason"]) == ("SUCCEEDED", "completed")
+    assert executions(a, "payments.refund") == 1 and executions(b, "payments.refund") == 0
+    assert all_violations(a, f"sqlite:{journal}") == []
+
+
+def test_a_reply_or_a_cancel_from_another_data_directory_is_left_to_the_runs_own(tmp_path: Path) -> None:
+    journal, a, b = tmp_path / "journal.sqlite", tmp_path / "a", tmp_path / "b"
+    started = cli("run", str(SCENARIOS / "approval-waits-for-person.yaml"), "--json", home=a, store=journal,
+                  env=SECRET)
+    assert started.returncode == 0, started.stderr
+    (line,) = [json.loads(x) for x in started.stdout.splitlines()]
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+
+    refused = cli("reply", run_id, "--token", token, "--approve", "--json", home=b, store=journal, env=SECRET)
+    assert refused.returncode == 1, (refused.stdout, refused.stderr)
+    one_line(refused, run_id, "cannot be driven here", "another data directory")
+    assert executions(b, "deploy.service") == 0
+
+    requested = cli("cancel", run_id, home=b, store=journal, env=SECRET)
+    assert requested.returncode == 0, requested.stderr
+    assert "cancellation requested" in requested.stdout
+    ended = cli("resume", "--json", home=a, store=journal, env=SECRET)
+    assert ended.returncode == 0, ended.stderr
+    (line,) = [json.loads(x) for x in ended.stdout.splitlines()]
+    assert line["status"] == "CANCELLED"
+    assert executions(a, "deploy.service") == executions(b, "deploy.service") == 0
+    assert all_violations(a, f"sqlite:{journal}") == []
