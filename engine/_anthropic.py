@@ -3,6 +3,7 @@
 it elsewhere.
 
 The SDK's own retries are off (``max_retries=0``): the engine owns retries.
+The SDK's timeout bounds each read; ``within`` bounds the whole call.
 A stream is trusted only when ``message_stop`` arrived after a
 ``message_delta`` with a ``stop_reason``: a stream that ends before it is an
 incomplete attempt. Stop reasons: ``end_turn`` and ``stop_sequence`` ->
@@ -38,7 +39,7 @@ from ._errors import (
     ModelServerError,
     ModelTimeout,
 )
-from ._model import Finish, ModelRequest, StreamError, StreamEvent, TextDelta, Usage
+from ._model import Finish, ModelRequest, StreamError, StreamEvent, TextDelta, Usage, within
 from ._pricing import cost_usd
 from ._vendor import BY_STATUS, CallAssembler, Rule, call_timeout, resolve_table, stream_error, translate
 
@@ -144,10 +145,16 @@ class AnthropicModel:
         usage: dict[str, int] = {}
         # Tool inputs sent whole in content_block_start (no input_json_delta follows).
         whole_inputs: dict[int, Any] = {}
-        try:
-            events = self.client.messages.create(**body, timeout=call_timeout(request.context, self.timeout_s))
+        timeout = call_timeout(request.context, self.timeout_s)
+
+        def open_stream() -> Any:
+            nonlocal began
+            events = self.client.messages.create(**body, timeout=timeout)
             began = True
-            for event in events:
+            return events
+
+        try:
+            for event in within(timeout, open_stream, provider="anthropic"):
                 kind = getattr(event, "type", None)
                 if kind == "message_start":
                     _add_usage(usage, getattr(event.message, "usage", None))

@@ -17,12 +17,17 @@ adapters (``openai:MODEL``, ``anthropic:MODEL``) live in ``_openai`` and
 from __future__ import annotations
 
 import json
+import queue
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Union
 
 from loopledger.canonical import is_unicode
 
+from ._errors import ModelTimeout
 from ._scenario import ModelEntry, Usage as UsageSpec
 
 TRUSTED_FINISHES = frozenset({"stop", "tool_calls"})
@@ -110,6 +115,55 @@ class ModelAdapter(Protocol):
     route: str
 
     def stream(self, request: ModelRequest) -> Iterator[StreamEvent]: ...
+
+
+def within(seconds: float, open_stream: Callable[[], Any], *, provider: str) -> Iterator[Any]:
+    """The items of the SDK stream (an iterable with ``close()``) that
+    ``open_stream()`` opens, for ``seconds`` of wall time in all, the opening
+    included; past that, :class:`ModelTimeout`.
+
+    A vendor SDK's timeout bounds each read, so a server that sends a little
+    now and then would keep a call going for ever. Here the SDK works in a
+    thread of its own and hands its items over as they come, while the
+    caller waits no longer than the time left. When the time is up, or the
+    caller stops reading, the thread closes the stream at its next item, or
+    when its next read times out: ``open_stream`` must set the SDK's own
+    timeout, so that thread ends too. Closing is left to the thread because
+    an SDK stream is not to be used by two threads at once.
+    """
+    end = time.monotonic() + seconds
+    handed: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def pump() -> None:
+        try:
+            with closing(open_stream()) as stream:
+                for item in stream:
+                    if stop.is_set():
+                        return
+                    handed.put(("item", item))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            handed.put(("raise", exc))
+        else:
+            handed.put(("end", None))
+
+    threading.Thread(target=pump, name="loopledger-model-call", daemon=True).start()
+    try:
+        while True:
+            left = end - time.monotonic()
+            try:
+                if left <= 0:
+                    raise queue.Empty
+                kind, value = handed.get(timeout=left)
+            except queue.Empty:
+                raise ModelTimeout(f"no complete answer within {seconds:g}s", provider=provider) from None
+            if kind == "end":
+                return
+            if kind == "raise":
+                raise value
+            yield value
+    finally:
+        stop.set()
 
 
 class ScriptExhausted(Exception):

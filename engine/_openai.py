@@ -3,7 +3,8 @@
 (vLLM, llama.cpp's server, Ollama) works through ``OPENAI_BASE_URL``.
 
 The SDK's own retries are off (``max_retries=0``): every call is one
-recorded attempt and the engine decides about the next one. Streams are
+recorded attempt and the engine decides about the next one. The SDK's
+timeout bounds each read; ``within`` bounds the whole call. Streams are
 read with ``stream_options.include_usage``, so the last chunk (after the
 one with ``finish_reason``) carries the usage; the finish is therefore
 yielded only when the stream has ended.
@@ -33,7 +34,7 @@ from ._errors import (
     ModelServerError,
     ModelTimeout,
 )
-from ._model import Finish, ModelRequest, StreamError, StreamEvent, TextDelta, Usage
+from ._model import Finish, ModelRequest, StreamError, StreamEvent, TextDelta, Usage, within
 from ._pricing import cost_usd
 from ._vendor import BY_STATUS, CallAssembler, Rule, call_timeout, resolve_table, stream_error, translate
 
@@ -123,11 +124,16 @@ class OpenAIModel:
         finish: str | None = None
         refusal = False
         usage: Any = None
-        try:
-            chunks = self.client.chat.completions.create(**body, timeout=call_timeout(request.context,
-                                                                                       self.timeout_s))
+        timeout = call_timeout(request.context, self.timeout_s)
+
+        def open_stream() -> Any:
+            nonlocal began
+            chunks = self.client.chat.completions.create(**body, timeout=timeout)
             began = True
-            for chunk in chunks:
+            return chunks
+
+        try:
+            for chunk in within(timeout, open_stream, provider="openai"):
                 usage = getattr(chunk, "usage", None) or usage
                 for choice in chunk.choices or ():
                     if choice.index != 0:  # n=1 is asked for; other choices are ignored

@@ -7,14 +7,17 @@ matched by the longest table key its name starts with, so dated snapshots
 price. A model the table does not know costs 0 (a local server is free; an
 unknown hosted model is better reported as 0 than guessed). The file named by
 ``LOOPLEDGER_PRICES`` (JSON: ``{"model-prefix": {"input": .., "cached_input":
-.., "cache_write": .., "output": ..}}``) adds to or overrides the table.
+.., "cache_write": .., "output": ..}}``) adds to or overrides the table; it is
+read and checked whole when a real route is checked (``_routes``), before a
+run is recorded, so a bad file never strands a run after a paid call.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from ._errors import BadInput
@@ -51,24 +54,55 @@ PRICES: dict[str, Price] = {
 }
 
 
+#: The fields of a price in a ``LOOPLEDGER_PRICES`` file; the others may be left out.
+FIELDS = tuple(f.name for f in fields(Price))
+REQUIRED = ("input", "output")
+SHAPE = "{input, output, cached_input?, cache_write?}"
+
+
+def price_table() -> dict[str, Price]:
+    """The table, with the file named by ``LOOPLEDGER_PRICES`` applied.
+    Raises :class:`BadInput` naming the file and the field that is wrong."""
+    return _table(os.environ.get("LOOPLEDGER_PRICES") or None)
+
+
 @lru_cache(maxsize=8)
 def _table(path: str | None) -> dict[str, Price]:
     table = dict(PRICES)
     if not path:
         return table
+    where = f"LOOPLEDGER_PRICES={path}"
     try:
         with open(path, encoding="utf-8") as f:
             extra = json.load(f)
-        for model, fields in extra.items():
-            table[model] = Price(**fields)
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
-        raise BadInput(f"LOOPLEDGER_PRICES={path}", f"expected a JSON object of model -> "
-                       f"{{input, output, cached_input?, cache_write?}}: {exc}") from exc
+    except (OSError, ValueError) as exc:
+        raise BadInput(where, f"expected a JSON object of model -> {SHAPE}: {exc}") from None
+    if not isinstance(extra, dict):
+        raise BadInput(where, f"expected a JSON object of model -> {SHAPE}, got {type(extra).__name__}")
+    for model, given in extra.items():
+        table[model] = _price(given, f"{where}: {model}")
     return table
 
 
+def _price(given: object, where: str) -> Price:
+    if not isinstance(given, dict):
+        raise BadInput(where, f"expected an object {SHAPE}, got {type(given).__name__}")
+    unknown = sorted(set(given) - set(FIELDS))
+    if unknown:
+        raise BadInput(f"{where}.{unknown[0]}", f"unknown field; expected {', '.join(FIELDS)}")
+    for name in FIELDS:
+        value = given.get(name)
+        if value is None and name not in REQUIRED:
+            continue  # as input
+        number = type(value) is int or (type(value) is float and math.isfinite(value))  # not a bool
+        if not number or value < 0:
+            got = f"got {value!r}" if name in given else "it is missing"
+            raise BadInput(f"{where}.{name}", f"expected a number >= 0 (US dollars per million tokens), {got}")
+    return Price(**given)
+
+
 def price_for(model: str) -> Price | None:
-    table = _table(os.environ.get("LOOPLEDGER_PRICES"))
+    table = price_table()
     matches = [key for key in table if model == key or model.startswith(key + "-")]
     return table[max(matches, key=len)] if matches else None
 

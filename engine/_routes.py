@@ -16,6 +16,7 @@ Anthropic, which requires a value, gets 4096).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from urllib.parse import urlparse
 
 from ._errors import BadInput
 from ._model import ModelAdapter
+from ._pricing import price_table
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,9 @@ class Settings:
 
 
 def settings_for(route: str) -> Settings:
-    """Check that a real route can run here: its SDK installed, its key set.
-    Raises :class:`BadInput` naming what to install or which variable to set."""
+    """Check that a real route can run here: its SDK installed, its key set,
+    its settings and price file readable. Raises :class:`BadInput` naming
+    what to install, which variable to set or what in it is wrong."""
     provider, _ = parse_route(route)
     if provider == "scripted":
         return Settings("", None, 0.0, None)
@@ -86,6 +89,7 @@ def settings_for(route: str) -> Settings:
                            f"(or {p.url_env} for a server of your own)")
         key = NO_KEY
     max_tokens = _env_float("LOOPLEDGER_MAX_OUTPUT_TOKENS", 0) or None
+    price_table()  # checked now: otherwise first read to price an answer already paid for
     return Settings(key, base_url, _env_float("LOOPLEDGER_MODEL_TIMEOUT_S", 120.0),
                     int(max_tokens) if max_tokens else None)
 
@@ -98,7 +102,7 @@ def _env_float(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise BadInput(name, f"expected a positive number, got {raw!r}") from None
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:
         raise BadInput(name, f"expected a positive number, got {raw!r}")
     return value
 

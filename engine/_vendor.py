@@ -16,6 +16,7 @@ through) is classified by its class names.
 from __future__ import annotations
 
 import email.utils
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from ._errors import (
     ModelConnectionError,
     ModelError,
     ModelRateLimited,
+    ModelResponseError,
     ModelServerError,
     ModelTimeout,
 )
@@ -68,6 +70,11 @@ BODY_TYPES: dict[str, Rule] = {
     "context_length_exceeded": Rule(ModelBadRequest, "context_length_exceeded"),
     "invalid_api_key": Rule(ModelAuthError),
 }
+
+#: Body types that decide over the exception's class, which an SDK picks by
+#: the HTTP status alone: a 429 saying ``insufficient_quota`` is an account
+#: out of credit, which no wait lifts.
+BODY_OVER_CLASS = frozenset({"insufficient_quota"})
 
 
 def resolve_table(module: ModuleType, rules: Mapping[str, Rule]) -> dict[type, Rule]:
@@ -160,10 +167,15 @@ def translate(exc: BaseException, *, provider: str, table: Mapping[type, Rule]) 
         return exc
     found = nearest_rule(type(exc), table)
     rule = found[1] if found else transport_rule(exc)
+    if isinstance(exc, json.JSONDecodeError):
+        # An event whose data is not JSON: the SDKs let the decoder's error through.
+        rule = Rule(ModelResponseError)
     status = getattr(exc, "status_code", None)
     status = status if isinstance(status, int) else None
     body = getattr(exc, "body", None)
     kind = body_type(body)
+    if kind in BODY_OVER_CLASS:
+        rule = BODY_TYPES[kind]
     if rule is not None and rule.error is None:
         rule = by_status(status) or BODY_TYPES.get(kind or "") or Rule(ModelServerError, "stream_error")
     if rule is None:

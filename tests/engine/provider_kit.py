@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -151,3 +153,17 @@ def run_scenario(tmp_path: Path, route: str, env: dict[str, str], scenario: dict
 
 def items(value: Any) -> list[dict[str, Any]]:
     return json.loads(value) if isinstance(value, str) else value
+
+
+def paced(server: ProviderServer, reply: Reply, every: float) -> Reply:
+    """``reply`` with ``every`` seconds between its frames: each read is quick,
+    the call is not. The client hangs up on it, which ``server`` keeps quiet about."""
+    server.httpd.handle_error = lambda request, address: None  # type: ignore[method-assign]
+    frames = reply.frames
+
+    def slowly() -> Iterator[bytes]:
+        for frame in frames:
+            yield frame
+            time.sleep(every)
+
+    return Reply(frames=slowly())  # type: ignore[arg-type] - the server only iterates them

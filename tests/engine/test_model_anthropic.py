@@ -20,7 +20,7 @@ anthropic = pytest.importorskip("anthropic")
 from loopledger.engine._anthropic import error_table, translate_error  # noqa: E402
 from loopledger.engine._errors import ModelError  # noqa: E402
 from loopledger.engine._vendor import nearest_rule  # noqa: E402
-from provider_kit import SCENARIO, ProviderServer, Reply, items, run_scenario, sse  # noqa: E402
+from provider_kit import SCENARIO, ProviderServer, Reply, items, paced, run_scenario, sse  # noqa: E402
 
 ROUTE = "anthropic:test-model"
 
@@ -276,3 +276,56 @@ def test_spend_limits_are_not_retried_but_ramp_limits_are() -> None:
 def test_missing_key_is_bad_input_naming_the_variable(tmp_path) -> None:
     rec = run_scenario(tmp_path, ROUTE, {"ANTHROPIC_API_KEY": "", "ANTHROPIC_BASE_URL": ""})
     assert rec.exit_code == 2 and "ANTHROPIC_API_KEY" in rec.output
+
+
+# -- slow streams -----------------------------------------------------------------------
+
+#: A scenario a plain text answer completes.
+HELLO = {**SCENARIO, "contract": {"goal": "Say hello.", "allowed_tools": ["orders.get_order"]}}
+
+
+def pings(count: int) -> Reply:
+    return message(*[ev("ping")] * count, *text_block(0, "Hello."), stop_reason="end_turn")
+
+
+def test_a_slow_stream_is_cut_at_the_runs_deadline(tmp_path, server, env) -> None:
+    server.script(paced(server, pings(16), 0.25))  # 4 s in all
+    scenario = {**HELLO, "budgets": {**HELLO["budgets"], "deadline_s": 1.5}}
+    rec = run_scenario(tmp_path, ROUTE, env, scenario)
+    assert (rec.run.state.value, rec.run.reason) == ("BUDGET_EXHAUSTED", "deadline"), rec.output
+    [cut] = rec.candidates
+    assert cut["finish_reason"] == "incomplete" and items(cut["items_json"]) == []
+    assert rec.bodies[0]["error"]["code"] == "timeout" and rec.bodies[0]["error"]["retryable"] is True
+    assert cut["tokens_in"] == 30  # message_start's input was paid for
+    assert len(server.requests) == 1
+
+
+def test_a_slow_stream_is_cut_at_the_model_timeout_and_retried(tmp_path, server, env) -> None:
+    server.script(paced(server, pings(16), 0.25), text("Hello."))
+    rec = run_scenario(tmp_path, ROUTE, {**env, "LOOPLEDGER_MODEL_TIMEOUT_S": "1"}, HELLO)
+    assert (rec.run.state.value, rec.run.reason) == ("SUCCEEDED", "completed"), rec.output
+    assert [c["finish_reason"] for c in rec.candidates] == ["incomplete", "stop"]
+    assert rec.bodies[0]["error"]["code"] == "timeout" and rec.bodies[0]["error"]["retryable"] is True
+    assert len(server.requests) == 2
+
+
+# -- errors on the wire -------------------------------------------------------------------
+
+
+def test_429_spend_limit_fails_the_run_without_a_retry(tmp_path, server, env) -> None:
+    body = {"type": "error", "error": {"type": "rate_limit_error", "message": "Spend limit reached",
+                                       "details": {"error_code": "contract_spend_limit_reached"}}}
+    server.script(Reply(429, body=body), lookup(), text("Paid."))
+    rec = run_scenario(tmp_path, ROUTE, env)
+    assert (rec.run.state.value, rec.run.reason) == ("FAILED", "model_error"), rec.output
+    assert rec.bodies[0]["error"]["code"] == "spend_limit" and rec.bodies[0]["error"]["retryable"] is False
+    assert len(server.requests) == 1
+
+
+def test_an_event_that_is_not_json_is_a_bad_response_and_retried(tmp_path, server, env) -> None:
+    server.script(Reply(frames=[b"event: message_start\ndata: {not json\n\n"]), text("Hello."))
+    rec = run_scenario(tmp_path, ROUTE, env, HELLO)
+    assert (rec.run.state.value, rec.run.reason) == ("SUCCEEDED", "completed"), rec.output
+    assert rec.candidates[0]["finish_reason"] == "error"
+    assert rec.bodies[0]["error"]["code"] == "bad_response" and rec.bodies[0]["error"]["retryable"] is True
+    assert len(server.requests) == 2

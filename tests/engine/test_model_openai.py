@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +18,11 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from loopledger.engine._errors import ModelError  # noqa: E402
+from loopledger.engine._errors import ModelError, ModelTimeout  # noqa: E402
+from loopledger.engine._model import within  # noqa: E402
 from loopledger.engine._openai import error_table, translate_error  # noqa: E402
 from loopledger.engine._vendor import nearest_rule  # noqa: E402
-from provider_kit import SCENARIO, ProviderServer, Reply, items, run_scenario, sse  # noqa: E402
+from provider_kit import SCENARIO, ProviderServer, Reply, items, paced, run_scenario, sse  # noqa: E402
 
 ROUTE = "openai:test-model"
 
@@ -262,3 +266,124 @@ def test_missing_key_and_missing_sdk_are_bad_input(tmp_path, monkeypatch) -> Non
     monkeypatch.setitem(__import__("sys").modules, "openai", None)
     rec = run_scenario(tmp_path, ROUTE, {"OPENAI_API_KEY": "k"})
     assert rec.exit_code == 2 and "pip install 'loopledger[openai]'" in rec.output
+
+
+# -- slow streams, bad settings ---------------------------------------------------------
+
+#: A scenario a plain text answer completes.
+HELLO = {**SCENARIO, "contract": {"goal": "Say hello.", "allowed_tools": ["orders.get_order"]}}
+
+
+def dots(count: int) -> Reply:
+    return text(" ".join("." * count))
+
+
+def test_a_slow_stream_is_cut_at_the_runs_deadline(tmp_path, server, env) -> None:
+    server.script(paced(server, dots(16), 0.25))  # 4 s in all
+    scenario = {**HELLO, "budgets": {**HELLO["budgets"], "deadline_s": 1.5}}
+    rec = run_scenario(tmp_path, ROUTE, env, scenario)
+    assert (rec.run.state.value, rec.run.reason) == ("BUDGET_EXHAUSTED", "deadline"), rec.output
+    [cut] = rec.candidates
+    assert cut["finish_reason"] == "incomplete" and items(cut["items_json"])[0]["text"].count(".") < 16
+    assert rec.bodies[0]["error"]["code"] == "timeout" and rec.bodies[0]["error"]["retryable"] is True
+    assert len(server.requests) == 1
+
+
+def test_a_slow_stream_is_cut_at_the_model_timeout_and_retried(tmp_path, server, env) -> None:
+    server.script(paced(server, dots(16), 0.25), text("Hello."))
+    rec = run_scenario(tmp_path, ROUTE, {**env, "LOOPLEDGER_MODEL_TIMEOUT_S": "1"}, HELLO)
+    assert (rec.run.state.value, rec.run.reason) == ("SUCCEEDED", "completed"), rec.output
+    assert [c["finish_reason"] for c in rec.candidates] == ["incomplete", "stop"]
+    assert rec.bodies[0]["error"]["code"] == "timeout" and rec.bodies[0]["error"]["retryable"] is True
+    assert items(rec.candidates[1]["items_json"]) == [{"type": "text", "text": "Hello. "}]
+    assert len(server.requests) == 2
+
+
+def test_a_call_past_its_time_is_given_up_and_its_stream_closed() -> None:
+    closed = threading.Event()
+
+    class Endless:  # an SDK stream that never ends
+        def __iter__(self) -> Iterator[str]:
+            while True:
+                time.sleep(0.05)
+                yield "."
+
+        def close(self) -> None:
+            closed.set()
+
+    received: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(ModelTimeout, match=r"within 0\.3s"):
+        received.extend(within(0.3, Endless, provider="openai"))
+    assert 0.3 <= time.monotonic() - started < 1 and received
+    assert closed.wait(1)
+
+
+def test_429_insufficient_quota_fails_the_run_without_a_retry(tmp_path, server, env) -> None:
+    body = {"error": {"message": "You exceeded your current quota", "type": "insufficient_quota",
+                      "param": None, "code": "insufficient_quota"}}
+    server.script(Reply(429, body=body), lookup(), text("Paid."))
+    rec = run_scenario(tmp_path, ROUTE, env)
+    assert (rec.run.state.value, rec.run.reason) == ("FAILED", "model_error"), rec.output
+    assert rec.bodies[0]["error"]["code"] == "quota_exhausted" and rec.bodies[0]["error"]["retryable"] is False
+    assert len(server.requests) == 1
+    assert not any(e.payload.get("backoff_s") for e in rec.events if e.kind == "transition")
+
+
+def test_a_chunk_that_is_not_json_is_a_bad_response_and_retried(tmp_path, server, env) -> None:
+    server.script(Reply(frames=[b"data: {not json\n\n"]), text("Hello."))
+    rec = run_scenario(tmp_path, ROUTE, env, HELLO)
+    assert (rec.run.state.value, rec.run.reason) == ("SUCCEEDED", "completed"), rec.output
+    assert rec.candidates[0]["finish_reason"] == "error"
+    assert rec.bodies[0]["error"]["code"] == "bad_response" and rec.bodies[0]["error"]["retryable"] is True
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize(("name", "raw"), [
+    ("LOOPLEDGER_MODEL_TIMEOUT_S", "nan"),
+    ("LOOPLEDGER_MODEL_TIMEOUT_S", "inf"),
+    ("LOOPLEDGER_MODEL_TIMEOUT_S", "abc"),
+    ("LOOPLEDGER_MODEL_TIMEOUT_S", "0"),
+    ("LOOPLEDGER_MODEL_TIMEOUT_S", "-5"),
+    ("LOOPLEDGER_MAX_OUTPUT_TOKENS", "inf"),
+    ("LOOPLEDGER_MAX_OUTPUT_TOKENS", "nan"),
+])
+def test_a_setting_that_is_not_a_positive_number_is_bad_input(tmp_path, server, env, name, raw) -> None:
+    rec = run_scenario(tmp_path, ROUTE, {**env, name: raw})
+    assert rec.exit_code == 2 and f"{name}: expected a positive number, got {raw!r}" in rec.output
+    assert rec.run is None and server.requests == []
+
+
+@pytest.mark.parametrize(("content", "field", "expected"), [
+    pytest.param(None, "", "No such file", id="missing"),
+    pytest.param("not json", "", "expected a JSON object", id="not-json"),
+    pytest.param("[1, 2]", "", "got list", id="list"),
+    pytest.param('{"test-model": 3}', ": test-model", "got int", id="not-an-object"),
+    pytest.param('{"test-model": {"input": "cheap", "output": 1}}', ": test-model.input", "got 'cheap'",
+                 id="string"),
+    pytest.param('{"test-model": {"input": -1, "output": 1}}', ": test-model.input", "got -1", id="negative"),
+    pytest.param('{"test-model": {"input": NaN, "output": 1}}', ": test-model.input", "got nan", id="nan"),
+    pytest.param('{"test-model": {"input": 1, "output": true}}', ": test-model.output", "got True", id="bool"),
+    pytest.param('{"test-model": {"input": 1}}', ": test-model.output", "missing", id="no-output"),
+    pytest.param('{"test-model": {"input": 1, "output": 2, "cached": 0.5}}', ": test-model.cached",
+                 "unknown field", id="unknown-field"),
+])
+def test_a_bad_price_file_is_bad_input_before_any_call(tmp_path, server, env, content, field, expected) -> None:
+    prices = tmp_path / "prices.json"
+    if content is not None:
+        prices.write_text(content)
+    server.script(text("Hello."))
+    rec = run_scenario(tmp_path, ROUTE, {**env, "LOOPLEDGER_PRICES": str(prices)}, HELLO)
+    assert rec.exit_code == 2, rec.output
+    [line] = rec.output.strip().splitlines()
+    assert f"LOOPLEDGER_PRICES={prices}{field}: " in line and expected in line
+    assert rec.run is None and server.requests == []
+
+
+def test_a_price_file_adds_to_the_table(tmp_path, server, env) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text('{"test-model": {"input": 1, "output": 2, "cached_input": 0.5, "cache_write": null}}')
+    server.script(text("Hello."))
+    rec = run_scenario(tmp_path, ROUTE, {**env, "LOOPLEDGER_PRICES": str(prices)}, HELLO)
+    assert (rec.run.state.value, rec.run.reason) == ("SUCCEEDED", "completed"), rec.output
+    assert rec.candidates[0]["cost_usd"] == pytest.approx((40 * 1 + 9 * 2) / 1e6)
