@@ -11,7 +11,7 @@ behaviour is a new version, registered beside the old one, never an edit.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -131,14 +131,60 @@ class ValidatorFactory:
             if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.default is inspect.Parameter.empty:
                 raise RegistryError(name, f"parameter {p.name!r} must be keyword-only with a default")
             self.defaults[p.name] = p.default
+        self._types: dict[str, Any] | None = None  # built on first use: see _check_types
+
+    def _check_types(self, params: dict[str, Any]) -> None:
+        """Each given param against its factory's annotation (``max_amount:
+        float = 100.0``), strictly: ``"ten"``, ``"10"`` or ``true`` for a
+        float is a :class:`ParamError` when the suite is built, not an error
+        in every decision. A param without an annotation, or with one that
+        does not resolve, is the factory's own to check; so are the
+        built-ins' params, whose checks say more (``an integer >= 2``)."""
+        if self._types is None:
+            builtin = self.fn.__module__.startswith("loopledger.")
+            self._types = {} if builtin else _param_types(self.fn, self.defaults)
+        from pydantic import ValidationError
+
+        for name, value in params.items():
+            adapter = self._types.get(name)
+            if adapter is None:
+                continue
+            try:
+                adapter[1].validate_python(value, strict=True)
+            except ValidationError:
+                raise ParamError(name, f"a value of type {adapter[0]}", value) from None
 
     def __call__(self, **params: Any) -> BoundValidator:
         unknown = sorted(set(params) - set(self.defaults))
         if unknown:
             known = ", ".join(sorted(self.defaults)) or "none"
             raise ParamError(unknown[0], f"one of the known params ({known})", params[unknown[0]])
+        self._check_types(params)
         effective = {**self.defaults, **params}
         return BoundValidator(self.name, self.version, effective, self.fn(**effective))
+
+
+def _param_types(fn: Callable[..., Any], names: Iterable[str]) -> dict[str, tuple[str, Any]]:
+    """Each annotated param's type, as written and as a pydantic adapter."""
+    import typing
+
+    from pydantic import TypeAdapter
+
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - an annotation naming what its module cannot resolve: unchecked
+        return {}
+    types = {}
+    for name in names:
+        hint = hints.get(name)
+        if hint is None or hint is Any:
+            continue
+        try:
+            written = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+            types[name] = (written, TypeAdapter(hint))
+        except Exception:  # noqa: BLE001 - a type pydantic cannot check: the factory's own to check
+            continue
+    return types
 
 
 _REGISTRY: dict[str, dict[str, ValidatorFactory]] = {}

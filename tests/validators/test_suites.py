@@ -184,3 +184,32 @@ def test_a_member_that_raises_is_recorded_not_propagated():
     suite = Suite("x", [ValidatorFactory("boom", "1", boom)(), get_factory("structure")()])
     result = suite.evaluate(make_input([call("orders.get_order", {"order_id": "ORD-1042"})]))
     assert [(d.validator, d.code) for d in result.decisions] == [("boom", "validator_error"), ("structure", "ok")]
+
+
+def test_a_users_validator_params_are_checked_against_their_annotations(tmp_path, monkeypatch):
+    """A custom factory's ``max_amount: float`` refuses ``"ten"``, ``"10"``
+    and ``true`` when the suite is built (one SuiteError naming the param),
+    instead of turning every decision into validator_error; a whole number
+    is a float; unannotated params are the factory's own business."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "acme_typed.py").write_text(textwrap.dedent('''
+        from loopledger.validators import validator
+
+        @validator(name="acme.typed_limit", version="1")
+        def typed_limit(*, max_amount: float = 100.0, tools: list[str] = (), note=None):
+            def check(inp):
+                return []
+            return check
+    '''))
+    monkeypatch.chdir(tmp_path)
+    body = "name: s\nimports: [acme_typed]\nvalidators:\n  - acme.typed_limit: {{{params}}}\n"
+    for params, message in (('max_amount: "ten"', "max_amount: expected a value of type float, got 'ten'"),
+                            ('max_amount: "10"', "max_amount: expected a value of type float, got '10'"),
+                            ("max_amount: true", "max_amount: expected a value of type float, got True"),
+                            ("tools: [1, 2]", "tools: expected a value of type list[str], got [1, 2]")):
+        (tmp_path / "s.yaml").write_text(body.format(params=params))
+        with pytest.raises(SuiteError) as caught:
+            load_suite("s.yaml")
+        assert str(caught.value) == f"s.yaml: validators[0].acme.typed_limit.{message}"
+    (tmp_path / "s.yaml").write_text(body.format(params="max_amount: 10, tools: [payments.refund], note: {any: 1}"))
+    assert [m.name for m in load_suite("s.yaml").members] == ["acme.typed_limit"]
