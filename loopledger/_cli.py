@@ -88,11 +88,21 @@ def guarded(fn: F) -> F:
                 raise
             # The journal or a backend database failed under us (disk full,
             # corruption, a lock held too long, a server gone): infrastructure,
-            # not input.
-            _err(f"database: {exc}")
+            # not input. A PostgreSQL journal's failure names its URL.
+            _err(f"{_failed_database(exc, kwargs.get('store'))}: {' '.join(str(exc).split())}")
             raise typer.Exit(EXIT_INFRA) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _failed_database(exc: BaseException, store: str | None) -> str:
+    """Which database an error of :func:`_is_database_error` came from, as
+    far as can be told: PostgreSQL's driver serves only the journal."""
+    if store and not isinstance(exc, sqlite3.Error):
+        from loopledger.engine._postgres import redact
+
+        return f"journal: {redact(store)}"
+    return "database"
 
 
 def _is_database_error(exc: BaseException) -> bool:

@@ -179,3 +179,51 @@ def test_a_database_whose_tables_are_not_a_journal_is_one_line(tmp_path: Path, p
     assert proc.returncode == 3, proc.stderr
     lines_ = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines_) == 1 and "migration 0001_journal failed" in lines_[0], proc.stderr
+
+
+EXPORT_SLOWLY = """\
+id: pg-export-slowly
+contract:
+  goal: Export the monthly report
+  required_evidence: [report_ready]
+  allowed_tools: [reports.export]
+model:
+  - tool_calls: [{name: reports.export, arguments: {query: monthly, delay_s: 20}}]
+  - final: Exported.
+    claims: [{text: exported, evidence: [report_ready]}]
+"""
+
+
+def waiting_for_tool(url: str) -> bool:
+    try:
+        return bool(journal_rows(url, "SELECT 1 FROM runs WHERE state = 'WAITING_TOOL'"))
+    except Exception:  # noqa: BLE001 - the journal's tables are not made yet
+        return False
+
+
+def test_a_connection_lost_mid_command_is_one_line_naming_the_journal(tmp_path: Path, postgres_url: str) -> None:
+    """The server ends the command's connections while it waits for a
+    background export: exit 3 and one line naming the journal's URL, as a
+    failure to open it would (docs/journal.md), not the driver's bare words."""
+    import time
+
+    scenario = tmp_path / "export.yaml"
+    scenario.write_text(EXPORT_SLOWLY)
+    merged = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    proc = subprocess.Popen([*CLI, "run", str(scenario), "--home", str(tmp_path / "home"), "--store", postgres_url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=merged)
+    try:
+        deadline = time.monotonic() + 60
+        while not waiting_for_tool(postgres_url):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        journal_rows(postgres_url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                   " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, stderr
+    lines_ = [x for x in stderr.splitlines() if x.strip()]
+    assert len(lines_) == 1 and "Traceback" not in stderr, stderr
+    database = postgres_url.rsplit("/", 1)[1].split("?")[0]
+    assert lines_[0].startswith("loopledger: journal: postgresql://") and database in lines_[0], lines_[0]
