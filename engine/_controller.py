@@ -146,7 +146,7 @@ class Controller(PeopleMixin):
         view = RunView.from_record(record)
         for event in self.store.events(run_id):
             if event.kind == "run_created":
-                view.backend_id = event.payload.get("backend")
+                view.backend_id, view.batch_id = event.payload.get("backend"), event.payload.get("batch")
                 continue
             view.apply(event.kind, event.to_state, event.step, event.attempt, event.payload)
         view.state, view.state_version = record.state, record.state_version
@@ -211,8 +211,16 @@ class Controller(PeopleMixin):
         finally:
             self.store.release(run_id)
 
+    def _not_started_by_its_maker(self, view: RunView) -> bool:
+        """A run not driven yet whose ``run`` command is alive and will drive
+        it (and deliver its scenario's scripted replies): not for this process."""
+        return view.state_version == 1 and view.batch_id is not None and \
+            self.store.batch_held_elsewhere(view.batch_id)
+
     def _drive(self, run_id: str) -> RunView:
         view, record = self._load(run_id)
+        if self._not_started_by_its_maker(view):
+            return view
         config = self._config_here(view, record)
         # An error leaves the view, and the moves it holds, unwritten: as if
         # the process had died there.

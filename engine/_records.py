@@ -128,6 +128,8 @@ class NewRun:
     #: The tool backend the run acts on (``DemoBackend.identity``), recorded
     #: in its ``run_created`` event; None for a backend without one.
     backend_id: str | None = None
+    #: The batch of the ``run`` command that created it (``SQLRunStore.hold_batch``).
+    batch_id: str | None = None
 
 
 @dataclass(frozen=True)

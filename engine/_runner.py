@@ -198,6 +198,9 @@ class Runner:
         #: The tool backends, made from the data directory (the demo ones by default).
         self.backend = backend(home.root)
         self.controller = Controller(self.store, self.backend, config_for, load_secret(home.root), sleep=sleep)
+        #: The runs this process creates: held as one batch while it lives,
+        #: so that another process's resume leaves them to it.
+        self.batch_id = secrets.token_hex(8)
         # Exports when runs end or wait; ``export=False`` (benchmarks that
         # time the engine alone) switches them off.
         recorder = Recorder(self.store, home.traces) if export else None
@@ -215,6 +218,7 @@ class Runner:
 
     def create(self, scenario: Scenario, prompt_version: str, model_route: str = "scripted") -> str:
         run_id = f"{scenario.id}.{prompt_version}.{secrets.token_hex(4)}"
+        self.store.hold_batch(self.batch_id)
         self.store.create_run(
             NewRun(
                 run_id=run_id,
@@ -225,6 +229,7 @@ class Runner:
                 model_route=model_route,
                 spec=scenario.spec(),
                 backend_id=getattr(self.backend, "identity", None),
+                batch_id=self.batch_id,
             )
         )
         return run_id

@@ -118,6 +118,12 @@ def claim_key(run_id: str) -> int:
     return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big") >> 1
 
 
+def _batch_key(batch_id: str) -> str:
+    """A batch's name among the claims, apart from every run id (which
+    cannot hold a space)."""
+    return f"batch {batch_id}"
+
+
 #: Runs whose head a store remembers (see ``SQLRunStore._remember_head``).
 MAX_HEADS = 100_000
 EVENT_FIELDS = tuple(EventRecord.__dataclass_fields__)
@@ -168,6 +174,10 @@ class RunStore(Protocol):
 
     def claim(self, run_id: str, wait_s: float = 0.0) -> bool: ...
 
+    def hold_batch(self, batch_id: str) -> None: ...
+
+    def batch_held_elsewhere(self, batch_id: str) -> bool: ...
+
     def release(self, run_id: str) -> None: ...
 
     def close(self) -> None: ...
@@ -208,6 +218,8 @@ class SQLRunStore:
         self._stmt["lock_run"] = self._sql(self._lock_run_sql())
         #: Runs this store's threads drive: run_id -> (thread, depth).
         self._claims: dict[str, tuple[int, int]] = {}
+        #: Batches this process holds (:meth:`hold_batch`), until it closes the store.
+        self._batches: set[str] = set()
         self._claims_lock = threading.Lock()
         #: What the dialect keeps its claims among processes in (``_open_drivers``).
         self._drivers: Any = None
@@ -383,7 +395,7 @@ class SQLRunStore:
                 "INSERT INTO run_specs (run_id, spec_json, schema_version) VALUES (?, ?, ?)",
                 (new.run_id, spec_json, SCHEMA_VERSION),
             )
-            created = {"backend": new.backend_id} if new.backend_id else {}
+            created = {key: value for key, value in (("backend", new.backend_id), ("batch", new.batch_id)) if value}
             self._insert_event(conn, new.run_id, 1, now, "run_created", None, INITIAL.value, 0, 0, 1, created)
             self._store_artifacts(conn, new.run_id, 1, now, new.artifacts)
 
@@ -887,15 +899,39 @@ class SQLRunStore:
                 if holder is not None and holder[0] == me:
                     self._claims[run_id] = (me, holder[1] + 1)
                     return True
-                if holder is None:
-                    if self._drivers is None:
-                        self._drivers = self._open_drivers()
-                    if self._claim_outside(run_id):
-                        self._claims[run_id] = (me, 1)
-                        return True
+                if holder is None and self._claim_outside_now(run_id):
+                    self._claims[run_id] = (me, 1)
+                    return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(CLAIM_POLL_S)
+
+    def hold_batch(self, batch_id: str) -> None:
+        """Hold ``batch_id`` for as long as this store is open: the runs a
+        ``run`` command creates name its batch, and a process that finds a
+        run of a batch held elsewhere, not yet started, leaves it to the
+        process that made it (:meth:`batch_held_elsewhere`). One claim per
+        batch, however many runs it has; the operating system, or the server,
+        lets go of it when the process ends."""
+        with self._claims_lock:
+            if batch_id not in self._batches and self._claim_outside_now(_batch_key(batch_id)):
+                self._batches.add(batch_id)
+
+    def batch_held_elsewhere(self, batch_id: str) -> bool:
+        """Whether another process, alive, holds ``batch_id``."""
+        with self._claims_lock:
+            if batch_id in self._batches:
+                return False
+            key = _batch_key(batch_id)
+            if not self._claim_outside_now(key):
+                return True
+            self._release_outside(key)
+            return False
+
+    def _claim_outside_now(self, key: str) -> bool:
+        if self._drivers is None:
+            self._drivers = self._open_drivers()
+        return self._claim_outside(key)
 
     def release(self, run_id: str) -> None:
         with self._claims_lock:
@@ -931,6 +967,7 @@ class SQLRunStore:
                 self._close_drivers(self._drivers)  # lets go of this store's claims
                 self._drivers = None
                 self._claims.clear()
+                self._batches.clear()
 
 
 @dataclass

@@ -119,8 +119,10 @@ class RunView:
     waiting: dict[str, Any] | None = None
     #: Hashes of resume tokens already used: a token is consumed once.
     consumed_tokens: set[str] = field(default_factory=set)
-    #: The tool backend the run acts on, from its ``run_created`` event.
+    #: The tool backend the run acts on, and the batch that created it, from
+    #: its ``run_created`` event.
     backend_id: str | None = None
+    batch_id: str | None = None
     replies: int = 0
     cancel_requested: bool = False
     #: Operations whose background work was accepted and has not completed.

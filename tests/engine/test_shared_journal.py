@@ -99,3 +99,44 @@ def test_a_reply_or_a_cancel_from_another_data_directory_is_left_to_the_runs_own
     assert line["status"] == "CANCELLED"
     assert executions(a, "deploy.service") == executions(b, "deploy.service") == 0
     assert all_violations(a, f"sqlite:{journal}") == []
+
+
+MAKER = """
+import sys
+from pathlib import Path
+from loopledger.engine._home import Home
+from loopledger.engine._runner import Runner
+from loopledger.engine._scenario import load_scenarios
+
+runner = Runner(Home(Path(sys.argv[1])))
+ids = [runner.create(s, "v1") for s in load_scenarios(sys.argv[2:])]
+print(" ".join(ids), flush=True)
+sys.stdin.read()  # holds its batch until the test lets go
+"""
+
+
+def test_a_resume_leaves_runs_a_live_run_command_has_not_started_to_it(tmp_path: Path) -> None:
+    """``run`` creates its whole batch before it drives it. A resume in
+    another process meanwhile leaves the runs not started yet to their
+    maker, which will deliver their scripted replies; once the maker is
+    gone, the same resume takes them."""
+    home = tmp_path / "home"
+    maker = subprocess.Popen([sys.executable, "-c", MAKER, str(home), str(SCENARIOS / "happy-refund.yaml"),
+                              str(SCENARIOS / "approval-waits-for-person.yaml")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        ids = maker.stdout.readline().split()
+        assert len(ids) == 2
+        merged = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+        resume = [*CLI, "resume", "--json", "--home", str(home)]
+        alive = subprocess.run(resume, capture_output=True, text=True, timeout=120, env=merged)
+        assert alive.returncode == 0, alive.stderr
+        assert {json.loads(x)["status"] for x in alive.stdout.splitlines()} == {"READY"}
+        versions = sqlite3.connect(home / "journal.sqlite").execute("SELECT state_version FROM runs").fetchall()
+        assert versions == [(1,), (1,)]
+    finally:
+        maker.communicate("", timeout=60)
+    gone = subprocess.run(resume, capture_output=True, text=True, timeout=120, env=merged)
+    assert gone.returncode == 0, gone.stderr
+    statuses = sorted(json.loads(x)["status"] for x in gone.stdout.splitlines())
+    assert statuses == ["SUCCEEDED", "WAITING_USER"]
