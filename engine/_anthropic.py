@@ -145,7 +145,7 @@ class AnthropicModel:
         usage: dict[str, int] = {}
         # Tool inputs sent whole in content_block_start (no input_json_delta follows).
         whole_inputs: dict[int, Any] = {}
-        timeout = call_timeout(request.context, self.timeout_s)
+        timeout = call_timeout(request, self.timeout_s)
 
         def open_stream() -> Any:
             nonlocal began

@@ -385,6 +385,7 @@ class Controller(PeopleMixin):
             prompt_version=view.prompt_version,
             context=context,
             conversation=lambda: conversation(view.context_id, lambda cid: self._context(cid)[0]),
+            time_left_s=self._deadline_left(view, config) if config.scenario.budgets.deadline_s is not None else None,
         )
         try:
             collected = collect(config.model.stream(request))

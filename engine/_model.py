@@ -104,6 +104,10 @@ class ModelRequest:
     #: first). Called only by adapters that send it, so the scripted model
     #: never pays for walking the chain.
     conversation: Callable[[], list[dict[str, Any]]] | None = None
+    #: Seconds left of the run's deadline when this attempt begins (None:
+    #: no deadline). The context's own ``budget`` was frozen when the step
+    #: began: a retry in the same step has less time than it says.
+    time_left_s: float | None = None
 
     def messages(self) -> list[dict[str, Any]]:
         if self.conversation is None:

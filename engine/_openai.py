@@ -124,7 +124,7 @@ class OpenAIModel:
         finish: str | None = None
         refusal = False
         usage: Any = None
-        timeout = call_timeout(request.context, self.timeout_s)
+        timeout = call_timeout(request, self.timeout_s)
 
         def open_stream() -> Any:
             nonlocal began

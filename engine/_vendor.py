@@ -33,7 +33,7 @@ from ._errors import (
     ModelServerError,
     ModelTimeout,
 )
-from ._model import StreamError, ToolCallDelta
+from ._model import ModelRequest, StreamError, ToolCallDelta
 
 #: A provider's retry-after longer than this is not believed; the deadline
 #: still bounds the wait.
@@ -237,11 +237,15 @@ class CallAssembler:
                 for index, parts in self._names.items() if parts]
 
 
-def call_timeout(context: Mapping[str, Any], default_s: float) -> float:
+def call_timeout(request: ModelRequest, default_s: float) -> float:
     """The client timeout, shortened to what is left of the run's deadline
-    (never below one second, so a nearly spent deadline still gets an answer
-    or a clean timeout)."""
-    left = (context.get("budget") or {}).get("deadline_s")
+    when the attempt begins (never below one second, so a nearly spent
+    deadline still gets an answer or a clean timeout). A request made
+    without that figure falls back on the context's budget, frozen when the
+    step began."""
+    left = request.time_left_s
+    if left is None:
+        left = (request.context.get("budget") or {}).get("deadline_s")
     if isinstance(left, (int, float)):
         return max(min(default_s, float(left)), 1.0)
     return default_s

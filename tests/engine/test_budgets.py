@@ -129,3 +129,53 @@ def test_a_retry_in_a_step_is_a_model_call_no_budget_allows_past_its_end(
         "SELECT model_attempts FROM runs").fetchone()
     assert made == attempts
     assert all_violations(tmp_path / "home") == []
+
+
+RETRY_WITHIN_DEADLINE = """\
+id: retry-within-deadline
+contract: {goal: Say hello}
+budgets: {deadline_s: 30}
+model:
+  - final: Hello.
+"""
+
+
+def test_a_retry_is_given_the_time_left_when_it_begins_not_when_its_step_began(tmp_path: Path) -> None:
+    """A real model's call is bounded by what is left of the deadline. The
+    context's budget is frozen when the step begins; the request of a retry
+    in that step says how much is left now."""
+    import dataclasses
+
+    from loopledger.engine._home import Home
+    from loopledger.engine._model import Finish, StreamError, TextDelta
+    from loopledger.engine._runner import Runner
+    from loopledger.engine._scenario import load_scenario
+    from loopledger.engine._vendor import call_timeout
+
+    seen: list[tuple[float | None, float, float]] = []
+
+    class SlowThenFine:
+        def stream(self, request):  # noqa: ANN001, ANN202 - a model adapter
+            seen.append((request.time_left_s, request.context["budget"]["deadline_s"], call_timeout(request, 120)))
+            if len(seen) == 1:
+                time.sleep(0.4)
+                yield StreamError("the server broke off", "server_error", True, 0.0)
+                return
+            yield TextDelta("Hello.")
+            yield Finish("stop")
+
+    path = tmp_path / "s.yaml"
+    path.write_text(RETRY_WITHIN_DEADLINE)
+    runner = Runner(Home.resolve(tmp_path / "home"))
+    try:
+        config_for = runner.controller.config_for
+        runner.controller.config_for = lambda record: dataclasses.replace(config_for(record), model=SlowThenFine())
+        run_id = runner.create(load_scenario(path), "v1")
+        runner.drive_all([run_id])
+        assert runner.outcome(run_id).status == "SUCCEEDED"
+    finally:
+        runner.close()
+    (first_left, first_budget, first_timeout), (second_left, second_budget, second_timeout) = seen
+    assert first_budget == second_budget, "one context for the step's attempts"
+    assert first_left <= 30 and second_left <= first_left - 0.4
+    assert (first_timeout, second_timeout) == (first_left, second_left)
