@@ -555,6 +555,14 @@ def cancel(
         runner.recorder.flush()
     finally:
         runner.close()
+    from loopledger.engine._states import TERMINAL
+
+    if view.state not in TERMINAL:
+        # Another process holds the run (it drives it, or created it and
+        # has not started it): it meets the request at its next commit.
+        typer.echo(f"{run_id}: cancellation requested; the process that holds the run carries it out "
+                   f"(now {view.state.value})")
+        return
     typer.echo(f"{run_id}: {view.state.value} (cancelled)")
 
 

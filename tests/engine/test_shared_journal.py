@@ -134,9 +134,14 @@ def test_a_resume_leaves_runs_a_live_run_command_has_not_started_to_it(tmp_path:
         assert {json.loads(x)["status"] for x in alive.stdout.splitlines()} == {"READY"}
         versions = sqlite3.connect(home / "journal.sqlite").execute("SELECT state_version FROM runs").fetchall()
         assert versions == [(1,), (1,)]
+        refund = next(r for r in ids if r.startswith("happy-refund"))
+        cancel = subprocess.run([*CLI, "cancel", refund, "--home", str(home)], capture_output=True, text=True,
+                                timeout=120, env=merged)
+        # A cancel is not left to the maker: the run had not started, it ends now.
+        assert cancel.returncode == 0 and "CANCELLED" in cancel.stdout, (cancel.stdout, cancel.stderr)
     finally:
         maker.communicate("", timeout=60)
     gone = subprocess.run(resume, capture_output=True, text=True, timeout=120, env=merged)
     assert gone.returncode == 0, gone.stderr
     statuses = sorted(json.loads(x)["status"] for x in gone.stdout.splitlines())
-    assert statuses == ["SUCCEEDED", "WAITING_USER"]
+    assert statuses == ["WAITING_USER"]
