@@ -195,26 +195,38 @@ def _baseline_files(traces: TraceSet, baseline: str, replays: Path) -> list[Path
 
 
 def _check_overlap(traces: TraceSet, baseline: str, folder: Path, files: Sequence[Path]) -> None:
-    """An earlier replay of other traces shares no run with these: every
-    decision would count as a flip against nothing. Refused, naming the
-    traces it replayed. (Some runs in common is normal: traces grow.)"""
+    """An earlier replay that decided on none of these traces' runs would
+    compare nothing (what it did not decide on is not compared): refused,
+    naming the traces it replayed, or the runs it could not replay. (Some
+    runs in common is normal: traces grow.)"""
     import duckdb
 
     runs, decided = traces.tables["runs"].files, files
     if not runs or not decided:
         return
-    # A baseline that decided nothing (its runs never validated a candidate)
-    # says nothing about which traces it replayed.
     counts = duckdb.sql(
         f"SELECT count(*), count(*) FILTER (WHERE b.run_id IN (SELECT run_id FROM {_files_sql(runs)})) "
         f"FROM (SELECT DISTINCT run_id FROM {_files_sql(decided)}) b").fetchone()
-    if counts is not None and counts[0] > 0 and counts[1] == 0:
+    if counts is None or counts[1] > 0:
+        return
+    refused = f"replay {baseline!r} covers none of the runs in {traces.root}"
+    if counts[0] > 0:
         try:
             other = json.loads((folder / "replay.json").read_text(encoding="utf-8")).get("traces", "?")
         except (OSError, ValueError):
             other = "?"
-        raise BaselineNotFound("baseline", f"replay {baseline!r} shares no run with {traces.root} "
-                                           f"(it replayed {other}); expected a replay of these traces")
+        raise BaselineNotFound("baseline", f"{refused}: it shares no run with them (it replayed {other}); "
+                                           "expected a replay of these traces")
+    # It decided nothing. Its runs never validated a candidate: still a
+    # replay of them. Its runs could not be replayed: a baseline of nothing.
+    try:
+        summary = read_summary(folder)
+    except (OSError, ValueError, IndexError):  # pyarrow's errors are either; IndexError: no row
+        return
+    if summary.get("run_errors"):
+        raise BaselineNotFound("baseline", f"{refused}: it made no decision, {summary['run_errors']} of its "
+                                           f"{summary.get('runs', '?')} run(s) could not be replayed; expected "
+                                           "a replay that decided on these runs")
 
 
 def replay(traces: str | os.PathLike[str], suite: SuiteLike, *, baseline: str = "recorded",
@@ -259,8 +271,7 @@ def _replay(request: _Request) -> dict[str, ReplayResult]:
     trace_set = open_traces(request.traces, need_validations=baseline == "recorded")
     baseline_files = _baseline_files(trace_set, baseline, replays)
     check_verdicts("validations" if baseline == "recorded" else "decisions", baseline_files)
-    if trace_set.has("labels"):
-        check_verdicts("labels", trace_set.tables["labels"].files)
+    check_verdicts("labels", trace_set.tables["labels"].files)
     ids = request.ids
     outputs: list[Path | None] = [replays / f"{rid}.partial" if request.write else None for rid in ids]
     n = trace_set.candidates
@@ -408,6 +419,7 @@ def _summary(replay_id: str, suite: Any, baseline: str, runs: Sequence[RunReplay
         changes=sum(1 for d in diffs if d.kind == "change"),
         flips_across_versions=sum(1 for d in flips if d.across_versions),
         runs_diverged=sum(1 for r in runs if r.diverged),
+        not_in_baseline=sum(r.not_in_baseline for r in runs),
         runs_failed=sum(1 for r in runs if r.run_failed),
         run_errors=sum(1 for r in runs if r.error is not None),
         diagnoses=sum(len(r.diagnoses) for r in runs),

@@ -40,9 +40,32 @@ def _side(verdict: str | None, code: str | None) -> str:
     return "—" if verdict is None else f"{verdict}/{code}"
 
 
+def _versions(d: Diff) -> str:
+    """``1→2`` for a flip across validator versions, else empty."""
+    return f"{d.baseline_validator_version}→{d.replay_validator_version}" if d.across_versions else ""
+
+
+def _version_change(versions: str) -> str:
+    """How every report shows a flip across validator versions."""
+    return f"(versions {versions})"
+
+
+def _not_compared(result: ReplayResult) -> str:
+    """What the baseline replay did not decide on, in words (empty: nothing)."""
+    s = result.summary
+    if not s.not_in_baseline:
+        return ""
+    runs = sum(1 for r in result.runs.values() if r.not_in_baseline)
+    return (f"{s.not_in_baseline:,} candidate(s) in {runs:,} run(s) have no decision in baseline {s.baseline} "
+            "(runs recorded since, outside its traces, or that it could not replay): not compared, never a flip.")
+
+
 def _counts(result: ReplayResult) -> list[tuple[str, str]]:
     s = result.summary
     rate = f"{s.candidates_rerun / s.seconds:,.0f}" if s.seconds else "-"
+    # Against the recorded decisions every candidate is compared.
+    not_compared = [] if s.baseline == "recorded" else [("candidates not compared (not in the baseline replay)",
+                                                          f"{s.not_in_baseline:,}")]
     return [
         ("runs", f"{s.runs:,}"),
         ("candidates recorded", f"{s.candidates:,}"),
@@ -55,6 +78,7 @@ def _counts(result: ReplayResult) -> list[tuple[str, str]]:
         ("changes (no label speaks)", f"{s.changes:,}"),
         ("flips across validator versions", f"{s.flips_across_versions:,}"),
         ("runs diverged", f"{s.runs_diverged:,}"),
+        *not_compared,
         ("recorded runs that did not succeed (data)", f"{s.runs_failed:,}"),
         ("runs whose trace could not be replayed", f"{s.run_errors:,}"),
         ("labelled decisions the replay agrees with", f"{s.labels_agreeing:,} of {s.labels:,}"),
@@ -70,9 +94,8 @@ def flip_groups(diffs: Sequence[Diff]) -> list[tuple[tuple[str, str, str, str, s
     for d in diffs:
         if d.candidate_level:
             continue
-        versions = (f"{d.baseline_validator_version}→{d.replay_validator_version}" if d.across_versions else "")
         key = (d.validator, _side(d.baseline_verdict, d.baseline_code), _side(d.replay_verdict, d.replay_code),
-               versions, "")
+               _versions(d), "")
         groups.setdefault(key, Counter())[d.kind] += 1
     return sorted(groups.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
 
@@ -119,7 +142,7 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
         for name in ("validator", "baseline", "replay", "kinds", "count"):
             flips.add_column(name, justify="right" if name == "count" else "left")
         for (validator, old, new, versions, _), kinds in groups[:SHOWN]:
-            flips.add_row(validator + (f" [yellow](versions {versions})[/]" if versions else ""), old, new,
+            flips.add_row(validator + (f" [yellow]{_version_change(versions)}[/]" if versions else ""), old, new,
                           _kinds(kinds), str(sum(kinds.values())))
         console.print(flips)
     diverged = result.diverged
@@ -136,6 +159,8 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
         if len(diverged) > SHOWN:
             console.print(f"... and {len(diverged) - SHOWN} more (replays/{result.replay_id}/diffs).")
         console.print(DIVERGENCE_NOTE)
+    if note := _not_compared(result):
+        console.print(note)
     if result.summary.flips_across_versions:
         console.print(f"[yellow]{result.summary.flips_across_versions} flip(s) compare different versions of a "
                       "validator: they say what the new version decides, and are kept out of trend figures.[/]")
@@ -172,7 +197,7 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
         lines += ["", "## Flips by validator", "", "| validator | baseline | replay | kinds | count |",
                   "|---|---|---|---|---:|"]
         for (validator, old, new, versions, _), kinds in groups:
-            tag = f" {_cell(f'(versions {versions})')}" if versions else ""
+            tag = f" {_cell(_version_change(versions))}" if versions else ""
             lines.append(f"| {_code(validator)}{tag} | {_cell(old)} | {_cell(new)} | {_kinds(kinds)} | "
                          f"{sum(kinds.values())} |")
     regressions = [d for d in result.diffs if d.kind == "regression"]
@@ -193,6 +218,8 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
             assert d is not None
             lines.append(f"| {_code(r.run_id)} | {_cell(r.status)} {_cell(r.reason or '')} | "
                          f"step {d.step}, attempt {d.attempt} | {_cell(', '.join(d.validators))} |")
+    if note := _not_compared(result):
+        lines += ["", f"> {_cell(note)}"]
     if result.summary.flips_across_versions:
         lines += ["", f"> {result.summary.flips_across_versions} flip(s) compare different versions of one "
                   "validator; they are shown as such and kept out of trend figures."]
@@ -203,39 +230,61 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
 
 def _failure_text(diffs: Sequence[Diff]) -> str:
     return "\n".join(
-        f"step {d.step} attempt {d.attempt} {d.validator or '(candidate)'}: {_side(d.baseline_verdict, d.baseline_code)}"
-        f" -> {_side(d.replay_verdict, d.replay_code)} ({d.kind}"
+        f"step {d.step} attempt {d.attempt} {d.validator or '(candidate)'}"
+        + (f" {_version_change(_versions(d))}" if d.across_versions else "")
+        + f": {_side(d.baseline_verdict, d.baseline_code)} -> {_side(d.replay_verdict, d.replay_code)} ({d.kind}"
         + (f", label {d.expected_verdict} from {d.label_source}" if d.expected_verdict else "") + ")"
         for d in diffs)
 
 
+def _failure_message(run: RunReplay, failing: Sequence[Diff], suite: str) -> str:
+    """The run's divergence point, and the failing flips that compare two
+    versions of one validator, which say what the new version decides."""
+    assert run.divergence is not None
+    message = run.divergence.describe(suite)
+    across = sum(1 for d in failing if d.across_versions)
+    if across:
+        message += (f"; {across} of these flip(s) compare different versions of a validator (a version change, "
+                    "not a change in the data)")
+    return message
+
+
 def junit(result: ReplayResult, fail_on: str) -> str:
     """One test case per run (class: the task), failing when the run has a
-    diff that fails the gate, in error when its trace could not be replayed."""
+    diff that fails the gate, in error when its trace could not be replayed,
+    skipped when the baseline replay decided on none of its candidates."""
     failing = {id(d) for d in result.failures(fail_on)}
     runs: list[RunReplay] = list(result.runs.values())
+    baseline = result.summary.baseline
     suite = ET.Element("testsuite", {
         "name": f"loopledger replay {result.summary.suite_name}",
         "tests": str(len(runs)),
         "failures": str(sum(1 for r in runs if any(id(d) in failing for d in r.diffs))),
         "errors": str(sum(1 for r in runs if r.error is not None)),
+        "skipped": str(sum(1 for r in runs if r.not_compared)),
         "time": f"{result.summary.seconds:.3f}",
     })
     props = ET.SubElement(suite, "properties")
-    for name in ("replay_id", "suite_version", "baseline"):
+    for name in ("replay_id", "suite_version", "baseline", "not_in_baseline"):
         ET.SubElement(props, "property", {"name": name, "value": str(getattr(result.summary, name))})
     for r in runs:
         case = ET.SubElement(suite, "testcase", {"classname": r.task_id or "run", "name": r.run_id})
-        mine = [d for d in r.diffs if id(d) in failing]
         if r.error is not None:
             ET.SubElement(case, "error", {"message": r.error})
-        elif mine:
-            assert r.divergence is not None
-            failure = ET.SubElement(case, "failure", {"message": r.divergence.describe(result.summary.suite_name)})
+            continue
+        not_compared = f"{r.not_in_baseline} candidate(s) not compared: baseline {baseline} made no decision on them"
+        if r.not_compared:
+            ET.SubElement(case, "skipped", {"message": not_compared})
+            continue
+        mine = [d for d in r.diffs if id(d) in failing]
+        if mine:
+            failure = ET.SubElement(case, "failure", {"message": _failure_message(r, mine, result.summary.suite_name)})
             failure.text = _failure_text(mine)
-        elif r.diffs:
-            out = ET.SubElement(case, "system-out")
-            out.text = _failure_text(r.diffs)
+        notes = [_failure_text(r.diffs)] if r.diffs and not mine else []
+        if r.not_in_baseline:
+            notes.append(not_compared)
+        if notes:
+            ET.SubElement(case, "system-out").text = "\n".join(notes)
     # Task ids and error texts come from the traces, which may hold anything.
     for element in suite.iter():
         element.attrib.update({k: _xml_text(v) for k, v in element.attrib.items()})

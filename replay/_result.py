@@ -113,6 +113,9 @@ class RunReplay:
     labels: int = 0
     #: Labelled decisions the replay agrees with.
     labels_agreeing: int = 0
+    #: Candidates re-run that the baseline (an earlier replay) made no
+    #: decision on: not compared, so never a diff.
+    not_in_baseline: int = 0
     #: Set when the trace of this run could not be replayed (a missing artifact).
     error: str | None = None
 
@@ -128,6 +131,11 @@ class RunReplay:
     @property
     def flips(self) -> tuple[Diff, ...]:
         return tuple(d for d in self.diffs if not d.candidate_level)
+
+    @property
+    def not_compared(self) -> bool:
+        """The baseline made no decision on any of the run's re-run candidates."""
+        return 0 < self.not_in_baseline == self.candidates_rerun
 
     @property
     def regressions(self) -> tuple[Diff, ...]:
@@ -165,6 +173,10 @@ class Summary:
     #: Flips that compare two versions of one validator (shown apart).
     flips_across_versions: int
     runs_diverged: int
+    #: Candidates re-run that the baseline replay made no decision on (runs
+    #: recorded since, outside its traces, or that it could not replay):
+    #: not compared. Always 0 against the recorded decisions.
+    not_in_baseline: int
     #: Recorded runs that did not succeed (data about the runs).
     runs_failed: int
     #: Runs whose trace could not be replayed.

@@ -28,8 +28,10 @@ from loopledger._parquet import first_unreadable, one_line
 
 from ._errors import TracesError
 
-#: Columns a replay reads, per table (CONTRACT.md names). ``labels`` and
-#: ``loop_diagnoses`` may be absent: a trace set without labels has none.
+#: Columns a replay reads, per table (CONTRACT.md names). Each table is
+#: required: ``run``, ``export`` and ``import`` write every one (at least an
+#: empty file), so a missing ``labels`` is a lost table, not "no labels" (its
+#: regressions would pass as changes).
 REQUIRED: dict[str, tuple[str, ...]] = {
     "runs": ("run_id", "task_id", "tenant", "prompt_version", "model_route", "status", "reason"),
     "events": ("run_id", "seq", "kind", "to_state", "step", "attempt", "payload_json"),
@@ -39,7 +41,6 @@ REQUIRED: dict[str, tuple[str, ...]] = {
                     "suite_version", "verdict", "code"),
     "labels": ("run_id", "step", "attempt", "candidate_id", "validator", "expected_verdict", "source"),
 }
-OPTIONAL = frozenset({"labels"})
 #: Required columns holding whole numbers; every other required column holds text.
 INTEGER_COLUMNS = frozenset({"seq", "step", "attempt"})
 #: Columns holding a verdict, with the values they may take.
@@ -74,23 +75,16 @@ class TraceSet:
     def candidates(self) -> int:
         return self.tables["candidates"].rows
 
-    def has(self, table: str) -> bool:
-        return table in self.tables and bool(self.tables[table].files)
 
-
-def table_files(folder: Path, name: str, required: Sequence[str], *, optional: bool = False) -> TableFiles:
+def table_files(folder: Path, name: str, required: Sequence[str]) -> TableFiles:
     """Check every Parquet file of one table by its footer (cheap: no data
     pages are read) and return them."""
     import pyarrow.parquet as pq
 
     if not folder.is_dir():
-        if optional:
-            return TableFiles(name, (), frozenset(required), 0)
         raise TracesError(str(folder), f"missing table {name!r}: expected a folder of Parquet files")
     files = tuple(sorted(p for p in folder.rglob("*.parquet") if p.is_file()))
     if not files:
-        if optional:
-            return TableFiles(name, (), frozenset(required), 0)
         raise TracesError(str(folder), f"missing table {name!r}: the folder holds no *.parquet file")
     columns: frozenset[str] | None = None
     rows = 0
@@ -176,7 +170,7 @@ def open_traces(root: str | Path, *, need_validations: bool = True) -> TraceSet:
     for name, required in REQUIRED.items():
         if name == "validations" and not need_validations:
             continue
-        tables[name] = table_files(root / name, name, required, optional=name in OPTIONAL)
+        tables[name] = table_files(root / name, name, required)
     return TraceSet(root, tables)
 
 
@@ -241,13 +235,12 @@ def write_partitions(traces: TraceSet, baseline_files: Sequence[Path] | None, ou
     if baseline_files:
         cols = ", ".join(BASELINE_COLUMNS)
         queries["baseline"] = f"SELECT {cols}, {part} AS part FROM {_files_sql(baseline_files)}"
-    if traces.has("labels"):
-        labels = traces.tables["labels"]
-        order = "label_id" if "label_id" in labels.columns else "0"
-        queries["labels"] = (
-            "SELECT run_id, step, attempt, candidate_id, validator, expected_verdict, source, "
-            f"COALESCE(note, '') AS note, {order} AS label_order, {part} AS part FROM {_files_sql(labels.files)}"
-        )
+    labels = traces.tables["labels"]
+    order = "label_id" if "label_id" in labels.columns else "0"
+    queries["labels"] = (
+        "SELECT run_id, step, attempt, candidate_id, validator, expected_verdict, source, "
+        f"COALESCE(note, '') AS note, {order} AS label_order, {part} AS part FROM {_files_sql(labels.files)}"
+    )
     try:
         for name, query in queries.items():
             target = str(out / name).replace("'", "''")

@@ -179,6 +179,9 @@ class _Partition:
                 base = self.baseline
                 for run_id, cid, validator, *rest in zip(*cols):
                     base[run_id][cid][validator] = tuple(rest)
+        #: The baseline is the traces' own decisions; an earlier replay's
+        #: leaves out what it never decided on (see ``_compare_run``).
+        self.recorded_baseline = recorded_baseline
         self.labels: dict[str, list[dict[str, Any]]] = defaultdict(list)
         labels = _frame(work, "labels", part)
         if labels is not None:
@@ -472,7 +475,7 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
     for (label_cid, validator), label in labels.items():
         by_candidate[label_cid].append((validator, label))
     diffs: list[Diff] = []
-    n_decisions = agreeing = labelled = 0
+    n_decisions = agreeing = labelled = not_in_baseline = 0
     evidence_json = _evidence_json
     for (step, attempt, cid), result in evaluated:
         decisions = result.decisions
@@ -497,6 +500,12 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
         if baseline is None:
             continue
         recorded = baseline.get(cid, _NONE)
+        if not recorded and not data.recorded_baseline:
+            # An earlier replay that made no decision on this candidate (its
+            # run was recorded since, was outside its traces, or could not be
+            # replayed then) has nothing to compare with: not a flip.
+            not_in_baseline += 1
+            continue
         if len(recorded) == len(decisions) and all(
                 (old := recorded.get(d.validator)) is not None and old[0] == _VALUE[d.verdict] and old[1] == d.code
                 for d in decisions):
@@ -538,7 +547,7 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
                      reason=run.get("reason"), candidates=data.recorded_candidates.get(run_id, 0),
                      candidates_rerun=len(evaluated), decisions=n_decisions,
                      diffs=tuple(diffs), divergence=divergence, labels=labelled, labels_agreeing=agreeing,
-                     error=error)
+                     not_in_baseline=not_in_baseline, error=error)
 
 
 _NONE: Mapping[str, Any] = {}

@@ -294,3 +294,38 @@ def test_a_malformed_store_url_is_bad_input_not_a_server_failure(tmp_path: Path,
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert_one_clear_line(result.stderr, "--store", *names)
     assert "s3cr3t" not in result.stderr
+
+
+ODD_VALIDATOR = '''
+import datetime
+
+from loopledger.validators import Issue, Verdict, validator
+
+
+@validator(name="odd.dated", version="1")
+def dated():
+    def check(inp):
+        return [Issue(Verdict.ASK, "dated", "when?", {"t": datetime.date(2024, 1, 1)})]
+    return check
+'''
+
+
+def test_a_live_decision_that_cannot_be_recorded_is_its_validators_error(tmp_path: Path) -> None:
+    """A user's validator whose evidence is not plain JSON (a date) does not
+    stop the run: its decision is recorded as its own reject/validator_error,
+    as a member that raises is (docs/validators.md), and the run goes on."""
+    (tmp_path / "odd_checks.py").write_text(ODD_VALIDATOR)
+    (tmp_path / "odd.yaml").write_text("name: odd\nimports: [odd_checks]\nvalidators:\n  - structure\n"
+                                       "  - odd.dated\n  - completion_gate\n")
+    scenario = (SCENARIOS / "happy-read-file.yaml").read_text() + "suite: odd.yaml\n"
+    (tmp_path / "s.yaml").write_text(scenario)
+    home = tmp_path / "home"
+    result = cli("run", str(tmp_path / "s.yaml"), "--home", str(home), "--json",
+                 env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    (line,) = [json.loads(x) for x in result.stdout.splitlines()]
+    assert line["status"] != "READY" and "Traceback" not in result.stderr
+    rows = sqlite3.connect(home / "journal.sqlite").execute(
+        "SELECT verdict, code, message FROM validations WHERE validator = 'odd.dated'").fetchall()
+    assert rows and all(v == "reject" and c == "validator_error" for v, c, _ in rows)
+    assert "its evidence is not plain JSON ($.t: date is not a JSON value)" in rows[0][2]

@@ -74,12 +74,16 @@ class ValidatorSpec:
 class BoundValidator:
     """A factory with its params bound: a callable ``DecisionInput -> Decision``."""
 
-    __slots__ = ("name", "version", "params", "_check", "_ok")
+    __slots__ = ("name", "version", "params", "trusted", "_check", "_ok")
 
-    def __init__(self, name: str, version: str, params: Mapping[str, Any], check: Check) -> None:
+    def __init__(self, name: str, version: str, params: Mapping[str, Any], check: Check,
+                 trusted: bool = False) -> None:
         self.name = name
         self.version = version
         self.params = dict(params)
+        #: A built-in, whose decisions are recordable by construction (a
+        #: user's are checked: see ``Suite.evaluate``).
+        self.trusted = trusted
         self._check = check
         self._ok = Decision(verdict=Verdict.ACCEPT, code="ok", validator=name, validator_version=version)
 
@@ -161,7 +165,8 @@ class ValidatorFactory:
             raise ParamError(unknown[0], f"one of the known params ({known})", params[unknown[0]])
         self._check_types(params)
         effective = {**self.defaults, **params}
-        return BoundValidator(self.name, self.version, effective, self.fn(**effective))
+        return BoundValidator(self.name, self.version, effective, self.fn(**effective),
+                              trusted=self.fn.__module__.startswith("loopledger."))
 
 
 def _param_types(fn: Callable[..., Any], names: Iterable[str]) -> dict[str, tuple[str, Any]]:

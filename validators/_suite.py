@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from loopledger._yaml import load as load_yaml, not_utf8
-from loopledger.canonical import content_id
+from loopledger.canonical import CanonicalJSONError, canonical_json, content_id, is_unicode
 
 from ._detectors import DETECTORS
 from ._errors import InputError, ParamError, RegistryError, SuiteError
@@ -102,7 +102,8 @@ class Suite:
     def evaluate(self, inp: DecisionInput) -> SuiteResult:
         """Run every member on the input. A member that raises is a bug in
         that member; it is recorded as its own ``reject``/``validator_error``
-        decision so one broken check cannot hide the others' verdicts.
+        decision so one broken check cannot hide the others' verdicts; so
+        is a user's member whose decision cannot be recorded (:func:`recordable`).
         ``inp`` not a :class:`DecisionInput` is :class:`InputError`."""
         if not isinstance(inp, DecisionInput):
             raise InputError("inp", "expected a DecisionInput (DecisionInput.from_json() reads one), "
@@ -110,7 +111,7 @@ class Suite:
         decisions = []
         for m in self.members:
             try:
-                decisions.append(m(inp))
+                decisions.append(m(inp) if m.trusted else recordable(m(inp)))
             except Exception as exc:  # noqa: BLE001 - recorded, see docstring
                 decisions.append(
                     Decision(
@@ -126,6 +127,36 @@ class Suite:
 
     def __repr__(self) -> str:
         return f"Suite({self.name!r}, version={self.version}, members={[m.name for m in self.members]})"
+
+
+def recordable(decision: Decision) -> Decision:
+    """``decision``, if the journal and the trace tables can hold it: a
+    verdict that is one of the four, a code and a message of Unicode text,
+    evidence that is plain JSON (not a set, a date, NaN, a lone surrogate).
+    Otherwise a bug in its validator, recorded as that validator's
+    ``reject``/``validator_error`` decision naming the problem."""
+    if not isinstance(decision.verdict, Verdict):
+        field, problem = "verdict", f"{reprlib.repr(decision.verdict)} is not one of {', '.join(v.value for v in Verdict)}"
+    elif not _is_text(decision.code):
+        field, problem = "code", f"{reprlib.repr(decision.code)} is not Unicode text"
+    elif not _is_text(decision.message):
+        field, problem = "message", f"{reprlib.repr(decision.message)} is not Unicode text"
+    else:
+        try:
+            canonical_json(decision.evidence)
+            return decision
+        except CanonicalJSONError as exc:
+            field, problem = "evidence", f"is not plain JSON ({exc})"
+    message = f"{decision.validator} gave a decision that cannot be recorded: its {field} {problem}"
+    # repr keeps a bad value's lone surrogates out; a key in an evidence path may still hold one.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return Decision(verdict=Verdict.REJECT, code="validator_error", message=message,
+                    evidence={"unrecordable": field}, validator=decision.validator,
+                    validator_version=decision.validator_version)
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) and is_unicode(value)
 
 
 def suite_version(specs: Iterable[ValidatorSpec]) -> str:

@@ -72,11 +72,15 @@ def replay_on(home: Path, *extra: str) -> object:
     return cli("replay", "--suite", "default", "--home", str(home), *extra)
 
 
-def test_missing_table(home_copy: Path) -> None:
-    shutil.rmtree(home_copy / "traces" / "candidates")
+@pytest.mark.parametrize("table", ["candidates", "labels"])
+def test_missing_table(home_copy: Path, table: str) -> None:
+    """``labels`` too: run, export and import always write it (an empty file
+    when there are none), so a missing one is a lost table, and reading it
+    as "no labels" would let regressions pass as changes."""
+    shutil.rmtree(home_copy / "traces" / table)
     out = replay_on(home_copy)
     assert out.returncode == 2
-    one_line(out.stderr, "candidates", "missing table")
+    one_line(out.stderr, str(home_copy / "traces" / table), f"missing table {table!r}")
 
 
 def test_no_traces_at_all(tmp_path: Path) -> None:
@@ -353,7 +357,57 @@ def test_a_baseline_replay_of_other_traces_is_refused(recorded_home: Path, tmp_p
     out = cli("replay", "--suite", "default", "--baseline", first, "--traces", str(other / "traces"),
               "--home", str(tmp_path))
     assert out.returncode == 2, out.stdout
-    one_line(out.stderr, "--baseline", first, "shares no run", str(recorded_home / "traces"))
+    one_line(out.stderr, "--baseline", first, "covers none of the runs", "shares no run", str(recorded_home / "traces"))
+
+
+def test_a_baseline_replay_that_could_replay_none_of_its_runs_is_refused(recorded_home: Path, tmp_path: Path) -> None:
+    """It made no decision at all: it would compare nothing, and the gate
+    would pass on nothing."""
+    from loopledger.replay import replay
+
+    broken = tmp_path / "broken"
+    shutil.copytree(recorded_home / "traces", broken)
+    _rewrite(broken / "runs", lambda t: t.slice(0, 0))
+    first = replay(broken, "default", write_to=tmp_path / "replays").summary
+    assert first.decisions == 0 and first.run_errors == first.runs > 0
+    out = cli("replay", "--suite", "default", "--baseline", first.replay_id, "--traces", str(recorded_home / "traces"),
+              "--home", str(tmp_path))
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, "--baseline", first.replay_id, "covers none of the runs",
+             f"{first.run_errors} of its {first.runs} run(s) could not be replayed")
+
+
+def test_runs_the_baseline_replay_never_decided_on_are_not_compared(home_copy: Path, tmp_path: Path) -> None:
+    """The usual CI case: the traces grew after the baseline replay. What it
+    never decided on is no flip, no divergence and never a failed gate; the
+    summary and every report count it."""
+    import json
+
+    from loopledger.replay import read_summary
+
+    common = ["--suite", "default", "--home", str(home_copy)]
+    assert cli("replay", *common).returncode == 0
+    (baseline,) = [p.name for p in (home_copy / "replays").iterdir()]
+    added = cli("run", *(str(REPO_SCENARIOS / f"{name}.yaml") for name in ("model-unknown-tool",
+                                                                           "permission-forbidden-path")),
+                "--home", str(home_copy), "--json")
+    assert added.returncode == 0, added.stderr
+    new_runs = sorted(json.loads(line)["run_id"] for line in added.stdout.splitlines())
+    out = cli("replay", *common, "--baseline", baseline, "--fail-on", "flips",
+              "--markdown", str(tmp_path / "r.md"), "--junit", str(tmp_path / "r.xml"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Gate: pass" in out.stdout and "not compared, never a flip" in out.stdout
+    (replayed,) = [p for p in (home_copy / "replays").iterdir() if p.name != baseline]
+    summary = read_summary(replayed)
+    assert (summary["flips"], summary["candidate_flips"], summary["changes"], summary["runs_diverged"]) == (0, 0, 0, 0)
+    assert pq.read_table(replayed / "diffs").num_rows == 0
+    rerun = pq.read_table(replayed / "decisions", columns=["run_id", "candidate_id"]).to_pylist()
+    assert summary["not_in_baseline"] == len({r["candidate_id"] for r in rerun if r["run_id"] in new_runs}) > 0
+    assert (f"| candidates not compared (not in the baseline replay) | {summary['not_in_baseline']} |"
+            in (tmp_path / "r.md").read_text())
+    suite = ET.parse(tmp_path / "r.xml").getroot()
+    assert (suite.get("failures"), suite.get("skipped")) == ("0", "2")
+    assert sorted(case.get("name") for case in suite.iter("testcase") if case.find("skipped") is not None) == new_runs
 
 
 def test_an_unfinished_replay_is_never_offered_as_a_baseline(recorded_home: Path, tmp_path: Path) -> None:

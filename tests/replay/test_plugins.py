@@ -113,3 +113,56 @@ def test_a_plugins_decision_can_be_labelled(home_copy: Path, tmp_path: Path) -> 
     labels = duckdb.sql(f"SELECT validator, expected_verdict FROM '{home_copy}/traces/labels/*.parquet' "
                         "WHERE source = 'human'").fetchall()
     assert labels == [("acme.refund_limit", "ask")]
+
+
+UNRECORDABLE = '''
+import datetime
+
+from loopledger.validators import Issue, Verdict, validator
+
+
+def _member(name, verdict=Verdict.REJECT, code="odd", evidence=None):
+    @validator(name=f"odd.{name}", version="1")
+    def factory():
+        def check(inp):
+            return [Issue(verdict, code, "m", evidence or {})]
+        return check
+
+
+_member("date", evidence={"t": datetime.date(2024, 1, 1)})
+_member("set", evidence={"s": {1, 2}})
+_member("nan", evidence={"n": float("nan")})
+_member("surrogate", evidence={"k": "\\ud800"})
+_member("verdict", verdict="maybe")
+_member("code", code=7)
+'''
+#: member -> (the field that cannot be recorded, what is wrong with it)
+ODD_MEMBERS = {"date": ("evidence", "is not plain JSON ($.t: date is not a JSON value)"),
+               "set": ("evidence", "is not plain JSON ($.s: set is not a JSON value)"),
+               "nan": ("evidence", "is not plain JSON ($.n: nan is not a JSON number)"),
+               "surrogate": ("evidence", "is not plain JSON ($: string is not valid Unicode (surrogates not allowed))"),
+               "verdict": ("verdict", "'maybe' is not one of accept, repair, ask, reject"),
+               "code": ("code", "7 is not Unicode text")}
+
+
+def test_a_decision_that_cannot_be_recorded_is_its_validators_error(recorded_home: Path, tmp_path: Path) -> None:
+    """Like a member that raises (docs/validators.md): its decision becomes
+    reject/validator_error naming the problem, and the replay goes on."""
+    site = install(tmp_path / "site", module="odd_checks", body=UNRECORDABLE, entry_point=False)
+    path = tmp_path / "odd.yaml"
+    path.write_text("name: odd\nimports: [odd_checks]\nvalidators:\n  - structure\n"
+                    + "".join(f"  - odd.{name}\n" for name in ODD_MEMBERS))
+    out = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"), "--home",
+              str(tmp_path / "out"), "--fail-on", "never", "--markdown", str(tmp_path / "r.md"),
+              env={"PYTHONPATH": str(site)})
+    assert out.returncode == 0, out.stderr
+    assert "Gate: pass" in out.stdout and (tmp_path / "r.md").is_file()
+    (replay,) = (tmp_path / "out" / "replays").iterdir()
+    rows = duckdb.sql(f"SELECT DISTINCT validator, verdict, code, message, evidence_json "
+                      f"FROM '{replay}/decisions/*.parquet' WHERE validator LIKE 'odd.%'").fetchall()
+    assert sorted(rows) == sorted(
+        (f"odd.{name}", "reject", "validator_error", f"odd.{name} gave a decision that cannot be recorded: its "
+         f"{field} {said}", f'{{"unrecordable":"{field}"}}') for name, (field, said) in ODD_MEMBERS.items())
+    # The other members still decide.
+    assert duckdb.sql(f"SELECT count(*) FROM '{replay}/decisions/*.parquet' "
+                      "WHERE validator = 'structure' AND verdict = 'accept'").fetchone()[0] > 0
