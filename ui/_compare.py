@@ -77,6 +77,7 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
         counts_a = dict(t.rows(f"SELECT verdict, count(*) FROM ({src_a}) GROUP BY verdict", pa, cur))
         (decisions,) = t.one(f"SELECT count(*) FROM ({src_b})", pb, cur)
         confusion = _confusion_from_flips(t, cur, counts_a)
+        not_compared = _summary_count(t, b, "not_in_baseline")
     else:
         # One pass over both sides: the verdict pairs of every decision, and
         # the flipped decisions kept aside for the breakdowns below.
@@ -86,6 +87,20 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
                 FROM ({src_a}) a FULL OUTER JOIN ({src_b}) b USING ({_KEY})""",
             params, cur,
         )
+        # As a replay against an earlier one (docs/replay.md): a candidate a
+        # replay side made no decision on at all (its run was recorded after
+        # that replay, or outside its traces) is not compared. The recorded
+        # side compares every candidate, as a replay against it does.
+        missing = [f"count({v}) = 0" for v, side in (("va", a), ("vb", b)) if side != RECORDED]
+        if missing:
+            t.rows("CREATE TEMP TABLE one_sided AS SELECT run_id, step, attempt, candidate_id FROM joined "
+                   f"GROUP BY ALL HAVING {' OR '.join(missing)}", None, cur)
+            (not_compared,) = t.one("SELECT count(*) FROM one_sided", None, cur)
+            t.rows("DELETE FROM joined WHERE EXISTS (SELECT 1 FROM one_sided o WHERE o.run_id = joined.run_id "
+                   "AND o.step = joined.step AND o.attempt = joined.attempt "
+                   "AND o.candidate_id = joined.candidate_id)", None, cur)
+        else:
+            not_compared = 0
         # As a replay's diffs: a decision one side makes and the other does
         # not is a flip only where it objects (docs/replay.md), so swapping
         # the sides mirrors the flips.
@@ -120,6 +135,7 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
         "a": a, "b": b, "used_diffs": fast,
         "totals": {"decisions": int(decisions), "flips": int(flips), "verdict_flips": int(verdict_flips),
                    "runs_diverged": int(runs_diverged), "candidates_changed": int(candidates),
+                   "not_compared": int(not_compared),
                    "regressions": int((labelled["outcome"] == "regression").sum()),
                    "fixes": int((labelled["outcome"] == "fix").sum())},
         "by_validator": by_validator,
@@ -128,6 +144,16 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
         "divergence": divergence,
         "divergence_by_step": by_step,
     }
+
+
+def _summary_count(t: Traces, replay: str, column: str) -> int:
+    """A count from a replay's summary row; 0 from a replay written before
+    the column existed."""
+    try:
+        rows = t.rows(f"SELECT {column} FROM replay_summary WHERE replay_dir = $r", {"r": replay})
+    except Exception:  # noqa: BLE001 - DuckDB's binder error for a column an older summary lacks
+        return 0
+    return int(rows[0][0] or 0) if rows else 0
 
 
 def _confusion_from_flips(t: Traces, cur: Any, counts_a: dict[str, int]) -> Any:

@@ -57,7 +57,9 @@ def _body() -> None:
     cols[3].metric("Runs diverged", f"{tot['runs_diverged']:,}")
     cols[4].metric("Regressions", f"{tot['regressions']:,}", help="a label agreed with A and disagrees with B")
     cols[5].metric("Fixes", f"{tot['fixes']:,}", help="a label disagreed with A and agrees with B")
-    st.caption(f"A = `{a}`, B = `{b}`" + (" · flips read from B's diffs table" if data["used_diffs"] else ""))
+    st.caption(f"A = `{a}`, B = `{b}`" + (" · flips read from B's diffs table" if data["used_diffs"] else "")
+               + (f" · {tot['not_compared']:,} candidate(s) one replay made no decision on (its run recorded "
+                  "after it, or outside its traces): not compared" if tot["not_compared"] else ""))
 
     st.subheader("Flips by validator and code")
     flips = data["by_validator"]

@@ -350,3 +350,35 @@ def test_a_replay_still_being_written_or_oddly_named_is_not_listed(recorded_home
     traces = Traces(home)
     assert traces.replay_ids() == listed
     assert set(c.replay_summaries(traces)["replay_dir"]) == set(listed)
+
+
+def test_two_replays_over_different_runs_compare_only_what_both_decided_on(recorded_home: Path,
+                                                                           tmp_path: Path) -> None:
+    """One replay over half the runs, one over all, with the same suite:
+    the candidates the first never saw are not compared (as a replay against
+    an earlier one counts them, docs/replay.md), so nothing flips."""
+    import duckdb
+
+    from loopledger.replay import replay
+
+    home = tmp_path / "home"
+    shutil.copytree(recorded_home / "traces", home / "traces")
+    runs = sorted(r for (r,) in duckdb.sql(f"SELECT run_id FROM {table(home, 'runs')}").fetchall())
+    half = tmp_path / "half"
+    for folder in sorted((home / "traces").iterdir()):
+        if folder.is_dir():
+            (half / folder.name).mkdir(parents=True)
+            rows = duckdb.sql(f"SELECT * FROM {table(home, folder.name)}")
+            if "run_id" in rows.columns:
+                rows = rows.filter(f"run_id IN (SELECT unnest({runs[::2]!r}))")
+            pq.write_table(rows.to_arrow_table(), half / folder.name / "part.parquet")
+    replay(half, "default", write_to=home / "replays", replay_id="half")
+    replay(home / "traces", "default", write_to=home / "replays", replay_id="all")
+    got = c.compare_validators(Traces(home), "half", "all")
+    assert not got["used_diffs"]
+    assert got["totals"]["flips"] == got["totals"]["runs_diverged"] == 0
+    missed = scalar(f"SELECT count(DISTINCT candidate_id) FROM read_parquet('{home}/replays/all/decisions/**/*.parquet')"
+                    f" WHERE run_id NOT IN (SELECT unnest({runs[::2]!r}))")
+    assert got["totals"]["not_compared"] == missed > 0
+    swapped = c.compare_validators(Traces(home), "all", "half")["totals"]
+    assert swapped["flips"] == 0 and swapped["not_compared"] == missed
