@@ -41,7 +41,8 @@ from ._errors import (
 )
 from ._model import Finish, ModelRequest, StreamError, StreamEvent, TextDelta, Usage, within
 from ._pricing import cost_usd
-from ._vendor import BY_STATUS, CallAssembler, Rule, call_timeout, resolve_table, stream_error, translate
+from ._vendor import (BY_STATUS, SPEND_LIMIT, CallAssembler, Rule, call_timeout, resolve_table, stream_error,
+                      translate)
 
 STOP_REASONS = {
     "end_turn": "stop",
@@ -76,9 +77,11 @@ ERROR_RULES: dict[str, Rule] = {
     "CredentialsError": Rule(ModelAuthError, "credentials"),
     "WorkloadIdentityError": Rule(ModelAuthError, "credentials"),
     "RateLimitError": Rule(ModelRateLimited),
-    # Spend limits do not lift within a run's deadline: waiting cannot help.
-    "ContractSpendLimitReachedError": Rule(ModelRateLimited, "spend_limit", retryable=False),
-    "EnforcedSpendLimitReachedError": Rule(ModelRateLimited, "spend_limit", retryable=False),
+    # Spend limits do not lift within a run's deadline: waiting cannot help
+    # (the body's error code says so too, for an SDK without these classes).
+    "ContractSpendLimitReachedError": SPEND_LIMIT,
+    "EnforcedSpendLimitReachedError": SPEND_LIMIT,
+    "LinkedOrganizationSpendLimitReachedError": SPEND_LIMIT,
     "RequestTimeoutError": Rule(ModelTimeout),
     "DeadlineExceededError": Rule(ModelTimeout),
     "GatewayTimeoutError": Rule(ModelTimeout),

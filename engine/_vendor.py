@@ -76,6 +76,13 @@ BODY_TYPES: dict[str, Rule] = {
 #: out of credit, which no wait lifts.
 BODY_OVER_CLASS = frozenset({"insufficient_quota"})
 
+#: ``error.details.error_code`` values that decide over the class too: an
+#: Anthropic spend limit, which no wait within a run lifts (an SDK without
+#: a class for it raises a plain rate-limit error).
+SPEND_LIMIT = Rule(ModelRateLimited, "spend_limit", retryable=False)
+DETAIL_CODES: dict[str, Rule] = {code: SPEND_LIMIT for code in (
+    "contract_spend_limit_reached", "enforced_spend_limit_reached", "linked_organization_spend_limit_reached")}
+
 
 def resolve_table(module: ModuleType, rules: Mapping[str, Rule]) -> dict[type, Rule]:
     table: dict[type, Rule] = {}
@@ -127,6 +134,14 @@ def body_type(body: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _detail_code(body: Any) -> str | None:
+    """``error.details.error_code`` of an error body, if it has one."""
+    error = body.get("error", body) if isinstance(body, Mapping) else None
+    details = error.get("details") if isinstance(error, Mapping) else None
+    code = details.get("error_code") if isinstance(details, Mapping) else None
+    return code if isinstance(code, str) else None
+
+
 def retry_after(headers: Any) -> float | None:
     """Seconds to wait from ``retry-after-ms`` or ``retry-after`` (seconds or an HTTP date)."""
     if headers is None:
@@ -176,6 +191,9 @@ def translate(exc: BaseException, *, provider: str, table: Mapping[type, Rule]) 
     kind = body_type(body)
     if kind in BODY_OVER_CLASS:
         rule = BODY_TYPES[kind]
+    detail = DETAIL_CODES.get(_detail_code(body) or "")
+    if detail is not None:
+        rule = detail
     if rule is not None and rule.error is None:
         rule = by_status(status) or BODY_TYPES.get(kind or "") or Rule(ModelServerError, "stream_error")
     if rule is None:

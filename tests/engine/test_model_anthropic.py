@@ -273,6 +273,23 @@ def test_spend_limits_are_not_retried_but_ramp_limits_are() -> None:
         assert nearest_rule(cls, table) is not None
 
 
+@pytest.mark.parametrize("code", ["contract_spend_limit_reached", "enforced_spend_limit_reached",
+                                  "linked_organization_spend_limit_reached"])
+def test_a_spend_limit_is_read_from_the_body_whatever_class_the_sdk_raised(code: str) -> None:
+    """An SDK without the spend-limit classes raises a plain RateLimitError;
+    the body's ``error.details.error_code`` still says that no wait helps."""
+    import httpx
+
+    response = httpx.Response(429, request=httpx.Request("POST", "http://127.0.0.1/v1/messages"))
+    body = {"type": "error", "error": {"type": "rate_limit_error", "message": "Spend limit reached",
+                                       "details": {"error_code": code}}}
+    error = translate_error(anthropic.RateLimitError("Spend limit reached", response=response, body=body))
+    assert (error.code, error.retryable) == ("spend_limit", False)
+    plain = translate_error(anthropic.RateLimitError("Slow down", response=response,
+                                                     body={"type": "error", "error": {"type": "rate_limit_error"}}))
+    assert plain.retryable is True
+
+
 def test_missing_key_is_bad_input_naming_the_variable(tmp_path) -> None:
     rec = run_scenario(tmp_path, ROUTE, {"ANTHROPIC_API_KEY": "", "ANTHROPIC_BASE_URL": ""})
     assert rec.exit_code == 2 and "ANTHROPIC_API_KEY" in rec.output
