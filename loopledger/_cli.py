@@ -460,8 +460,10 @@ def reply(
             view = runner.controller.reply(run_id, token, Reply(approve=True if approve else (False if deny else None),
                                                                 answer=value))
         except ReplyRejected as exc:
-            if exc.reason == "expired":
-                runner.recorder.flush()  # the rejection ended the run EXPIRED
+            # A rejection may have written: an expired wait ends the run, and
+            # a reply that lost the race to another keeps its events as late
+            # events. The traces get them as the journal has them.
+            runner.recorder.flush()
             why = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
             if as_json:
                 typer.echo(json.dumps({**_outcome_json(runner.outcome(run_id)), "rejected": why}))
