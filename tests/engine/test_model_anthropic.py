@@ -278,15 +278,18 @@ def test_spend_limits_are_not_retried_but_ramp_limits_are() -> None:
 def test_a_spend_limit_is_read_from_the_body_whatever_class_the_sdk_raised(code: str) -> None:
     """An SDK without the spend-limit classes raises a plain RateLimitError;
     the body's ``error.details.error_code`` still says that no wait helps."""
-    import httpx
+    def rate_limited(body: dict) -> anthropic.RateLimitError:
+        # Built without its HTTP response (the SDK's own HTTP library differs
+        # between its versions): the translation reads the body and status.
+        exc = anthropic.RateLimitError.__new__(anthropic.RateLimitError)
+        exc.message, exc.body, exc.status_code, exc.response = "rate limited", body, 429, None
+        return exc
 
-    response = httpx.Response(429, request=httpx.Request("POST", "http://127.0.0.1/v1/messages"))
     body = {"type": "error", "error": {"type": "rate_limit_error", "message": "Spend limit reached",
                                        "details": {"error_code": code}}}
-    error = translate_error(anthropic.RateLimitError("Spend limit reached", response=response, body=body))
+    error = translate_error(rate_limited(body))
     assert (error.code, error.retryable) == ("spend_limit", False)
-    plain = translate_error(anthropic.RateLimitError("Slow down", response=response,
-                                                     body={"type": "error", "error": {"type": "rate_limit_error"}}))
+    plain = translate_error(rate_limited({"type": "error", "error": {"type": "rate_limit_error"}}))
     assert plain.retryable is True
 
 
