@@ -39,7 +39,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "candidates": ("run_id", "step", "attempt", "candidate_id", "context_artifact_id"),
     "validations": ("run_id", "step", "attempt", "candidate_id", "validator", "validator_version",
                     "suite_version", "verdict", "code"),
-    "labels": ("run_id", "step", "attempt", "candidate_id", "validator", "expected_verdict", "source"),
+    "labels": ("run_id", "step", "attempt", "candidate_id", "validator", "expected_verdict", "source", "note"),
 }
 #: Required columns holding whole numbers; every other required column holds text.
 INTEGER_COLUMNS = frozenset({"seq", "step", "attempt"})

@@ -119,12 +119,13 @@ def test_corrupt_data_pages_name_the_file(home_copy: Path) -> None:
     one_line(out.stderr, f"candidates/{victim.name}", "not a readable Parquet file")
 
 
-def test_missing_column(home_copy: Path) -> None:
-    (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
-    pq.write_table(pq.read_table(path).drop_columns(["status"]), path)
+@pytest.mark.parametrize(("table", "column"), [("runs", "status"), ("labels", "note")])
+def test_missing_column(home_copy: Path, table: str, column: str) -> None:
+    for path in (home_copy / "traces" / table).glob("*.parquet"):
+        pq.write_table(pq.read_table(path).drop_columns([column]), path)
     out = replay_on(home_copy)
     assert out.returncode == 2
-    one_line(out.stderr, "lacks column(s) status")
+    one_line(out.stderr, f"lacks column(s) {column}")
 
 
 @pytest.mark.parametrize(
