@@ -129,7 +129,7 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
     )
     by_step = t.df("WITH d AS (SELECT run_id, min(step) AS divergence_step FROM flips GROUP BY run_id) "
                    "SELECT divergence_step, count(*) AS runs FROM d GROUP BY ALL ORDER BY 1", None, cur)
-    labelled = _label_outcomes(t, cur, src_a, src_b, params)
+    labelled = _label_outcomes(t, cur, src_a, src_b, params, (a != RECORDED, b != RECORDED))
     cur.close()
     return {
         "a": a, "b": b, "used_diffs": fast,
@@ -181,13 +181,17 @@ def _square(confusion: Any) -> Any:
     return table.reindex(index=order, columns=order, fill_value=0).astype(int)
 
 
-def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[str, Any]) -> Any:
+def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[str, Any],
+                    uncompared: tuple[bool, bool] = (False, False)) -> Any:
     """Each labelled decision with both sides' verdicts and whether ``b``
     is a regression (the label agreed with ``a``, not with ``b``), a fix
     (the reverse), or neither. A label with an empty validator judges the
     candidate as a whole, whose verdict is its worst validator's. Both
     sides are narrowed to the labelled candidates first, by a semi join
-    (a tuple ``IN`` was several times slower on millions of decisions)."""
+    (a tuple ``IN`` was several times slower on millions of decisions).
+    ``uncompared``: for side a, side b, whether a candidate that side made
+    no decision on is not compared (a replay's side, see compare_validators):
+    a label on it is then neither a regression nor a fix."""
     severity = "CASE verdict " + " ".join(f"WHEN '{v}' THEN {i}" for i, v in enumerate(VERDICTS)) + " END"
     worst = "CASE max_s " + " ".join(f"WHEN {i} THEN '{v}'" for i, v in enumerate(VERDICTS)) + " END"
     cand = "run_id, step, attempt, candidate_id"
@@ -207,6 +211,8 @@ def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[st
                va.verdict AS baseline_verdict, vb.verdict AS replay_verdict,
                CASE WHEN (va.verdict IS NULL AND (l.validator = '' OR vb.verdict = 'accept'))
                       OR (vb.verdict IS NULL AND (l.validator = '' OR va.verdict = 'accept'))
+                      OR ({str(uncompared[0]).lower()} AND wa_c.verdict IS NULL)
+                      OR ({str(uncompared[1]).lower()} AND wb_c.verdict IS NULL)
                     -- As the replay compares: a validator on one side only
                     -- that accepts changes nothing, and a candidate one
                     -- side did not decide has no verdict to flip (either
@@ -221,6 +227,8 @@ def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[st
         FROM l
         LEFT JOIN va USING ({_KEY})
         LEFT JOIN vb USING ({_KEY})
+        LEFT JOIN wa wa_c USING ({cand})
+        LEFT JOIN wb wb_c USING ({cand})
         ORDER BY outcome, l.run_id, l.step, l.attempt, l.validator
         """,
         params, cur,

@@ -380,5 +380,10 @@ def test_two_replays_over_different_runs_compare_only_what_both_decided_on(recor
     missed = scalar(f"SELECT count(DISTINCT candidate_id) FROM read_parquet('{home}/replays/all/decisions/**/*.parquet')"
                     f" WHERE run_id NOT IN (SELECT unnest({runs[::2]!r}))")
     assert got["totals"]["not_compared"] == missed > 0
+    # Nor is a label on such a candidate a regression or a fix: one side has
+    # no verdict for it.
+    assert got["totals"]["regressions"] == got["totals"]["fixes"] == 0
+    assert len(got["labels"]) > 0
     swapped = c.compare_validators(Traces(home), "all", "half")["totals"]
     assert swapped["flips"] == 0 and swapped["not_compared"] == missed
+    assert swapped["regressions"] == swapped["fixes"] == 0
