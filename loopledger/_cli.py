@@ -34,6 +34,7 @@ HomeOption = Annotated[
     str | None,
     typer.Option("--home", help="Data directory (default: $LOOPLEDGER_HOME, else ./loopledger-data)."),
 ]
+ConcurrencyOption = Annotated[int, typer.Option("--concurrency", min=1, help="Runs driven at once.")]
 StoreOption = Annotated[
     str | None, typer.Option("--store", help="Journal URL (default: the SQLite journal in --home).")
 ]
@@ -235,7 +236,7 @@ def run(
     model: Annotated[str, typer.Option(
         "--model", help="Model route: scripted (the scenario's script), openai:MODEL or anthropic:MODEL "
                         "(the scenario's model: entries are then ignored).")] = "scripted",
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs driven at once.")] = 8,
+    concurrency: ConcurrencyOption = 8,
     check: Annotated[bool, typer.Option("--check", help="Exit 1 if an outcome differs from its expect.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
     home: HomeOption = None,
@@ -381,7 +382,7 @@ def _print_outcomes(outcomes: list[Any], as_json: bool, title: str) -> None:
 def resume(
     home: HomeOption = None,
     store: StoreOption = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs driven at once.")] = 8,
+    concurrency: ConcurrencyOption = 8,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
 ) -> None:
     """Resume every non-terminal run from its last committed state. Runs that
@@ -573,7 +574,7 @@ def cancel(
 def demo(
     home: HomeOption = None,
     store: StoreOption = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 8,
+    concurrency: ConcurrencyOption = 8,
 ) -> None:
     """The main job on the embedded default: the bundled scenarios under
     prompt versions v1 and v2, recorded, exported and compared."""
