@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from invariants import all_violations
+from journal_kit import raw_connection
 
 CLI = [sys.executable, "-c", "from loopledger._cli import main; main()"]
 SCENARIOS = Path(__file__).resolve().parents[2] / "datasets" / "scenarios"
@@ -108,35 +109,42 @@ from loopledger.engine._home import Home
 from loopledger.engine._runner import Runner
 from loopledger.engine._scenario import load_scenarios
 
-runner = Runner(Home(Path(sys.argv[1])))
-ids = [runner.create(s, "v1") for s in load_scenarios(sys.argv[2:])]
+runner = Runner(Home(Path(sys.argv[1]), sys.argv[2] or None))
+ids = [runner.create(s, "v1") for s in load_scenarios(sys.argv[3:])]
 print(" ".join(ids), flush=True)
 sys.stdin.read()  # holds its batch until the test lets go
 """
 
 
-def test_a_resume_leaves_runs_a_live_run_command_has_not_started_to_it(tmp_path: Path) -> None:
+def test_a_resume_leaves_runs_a_live_run_command_has_not_started_to_it(tmp_path: Path, store_kind: str,
+                                                                       journal_at: str | Path) -> None:
     """``run`` creates its whole batch before it drives it. A resume in
     another process meanwhile leaves the runs not started yet to their
     maker, which will deliver their scripted replies; once the maker is
     gone, the same resume takes them."""
     home = tmp_path / "home"
-    maker = subprocess.Popen([sys.executable, "-c", MAKER, str(home), str(SCENARIOS / "happy-refund.yaml"),
+    url = str(journal_at) if store_kind == "postgresql" else ""
+    on_store = ["--store", url] if url else []
+    maker = subprocess.Popen([sys.executable, "-c", MAKER, str(home), url, str(SCENARIOS / "happy-refund.yaml"),
                               str(SCENARIOS / "approval-waits-for-person.yaml")],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         ids = maker.stdout.readline().split()
         assert len(ids) == 2
         merged = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
-        resume = [*CLI, "resume", "--json", "--home", str(home)]
+        resume = [*CLI, "resume", "--json", "--home", str(home), *on_store]
         alive = subprocess.run(resume, capture_output=True, text=True, timeout=120, env=merged)
         assert alive.returncode == 0, alive.stderr
         assert {json.loads(x)["status"] for x in alive.stdout.splitlines()} == {"READY"}
-        versions = sqlite3.connect(home / "journal.sqlite").execute("SELECT state_version FROM runs").fetchall()
+        conn = raw_connection(store_kind, url or home / "journal.sqlite")
+        try:
+            versions = [tuple(r) for r in conn.execute("SELECT state_version FROM runs").fetchall()]
+        finally:
+            conn.close()
         assert versions == [(1,), (1,)]
         refund = next(r for r in ids if r.startswith("happy-refund"))
-        cancel = subprocess.run([*CLI, "cancel", refund, "--home", str(home)], capture_output=True, text=True,
-                                timeout=120, env=merged)
+        cancel = subprocess.run([*CLI, "cancel", refund, "--home", str(home), *on_store], capture_output=True,
+                                text=True, timeout=120, env=merged)
         # A cancel is not left to the maker: the run had not started, it ends now.
         assert cancel.returncode == 0 and "CANCELLED" in cancel.stdout, (cancel.stdout, cancel.stderr)
     finally:
