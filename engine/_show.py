@@ -40,6 +40,15 @@ class TracedRuns:
             rows += table.to_pylist()
         return rows
 
+    def run_ids(self) -> set[str]:
+        """Every run id the runs table holds (none without the table)."""
+        import pyarrow.parquet as pq
+
+        ids: set[str] = set()
+        for path in sorted((self.traces / "runs").glob("*.parquet")):
+            ids.update(pq.read_table(path, columns=["run_id"]).column(0).to_pylist())
+        return ids
+
     def get_run(self, run_id: str) -> Any:
         from types import SimpleNamespace
 
@@ -212,3 +221,10 @@ def comparison_table(outcomes: Sequence[Any]) -> Any:
     for label, cells in rows:
         table.add_row(label, *cells)
     return table
+
+
+def runs_starting_with(prefix: str, *sources: Any) -> list[str]:
+    """The run ids of ``sources`` (a journal, :class:`TracedRuns`) that
+    begin with ``prefix``, sorted: ``show`` takes a run by a unique start
+    of its id, as git takes a commit."""
+    return sorted({run_id for source in sources for run_id in source.run_ids() if run_id.startswith(prefix)})

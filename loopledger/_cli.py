@@ -299,9 +299,10 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
          store: StoreOption = None,
          as_json: Annotated[bool, typer.Option("--json", help="One JSON object, nothing clipped.")] = False) -> None:
     """Print a run's timeline: states, steps and attempts, candidates,
-    decisions, operations and loop diagnosis."""
+    decisions, operations and loop diagnosis. RUN_ID may be the start of
+    one run's id."""
     from loopledger.engine._errors import UnknownRun
-    from loopledger.engine._show import TracedRuns, render_run, run_document
+    from loopledger.engine._show import TracedRuns, render_run, run_document, runs_starting_with
 
     def render_run_json(source: Any, wanted: str) -> None:
         import json
@@ -312,16 +313,28 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
 
     where = _home(home, store)
     run_store = where.open_store(to_read=True) if where.has_journal else None
-    try:
+    traced = TracedRuns(where.traces)  # an imported run lives in the trace tables only
+
+    def render_either(wanted: str) -> None:
         try:
             if run_store is None:
-                raise UnknownRun(run_id)
-            render(run_store, run_id)
+                raise UnknownRun(wanted)
+            render(run_store, wanted)
         except UnknownRun:
-            render(TracedRuns(where.traces), run_id)  # an imported run lives in the trace tables only
-    except UnknownRun as exc:
-        _err(str(exc))
-        raise typer.Exit(EXIT_FAILED) from None
+            render(traced, wanted)
+
+    try:
+        try:
+            render_either(run_id)
+        except UnknownRun as exc:
+            found = runs_starting_with(run_id, *([run_store] if run_store is not None else []), traced) \
+                if run_id else []
+            if len(found) != 1:
+                more = (f"; {len(found)} runs start with it: {', '.join(found[:5])}"
+                        + (", ..." if len(found) > 5 else "")) if found else ""
+                _err(f"{exc}{more}")
+                raise typer.Exit(EXIT_FAILED) from None
+            render_either(found[0])
     finally:
         if run_store is not None:
             run_store.close()

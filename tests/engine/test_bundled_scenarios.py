@@ -81,6 +81,21 @@ def test_show_prints_a_timeline_and_unknown_runs_exit_1(recorded) -> None:
     assert missing.returncode == 1 and "no-such-run" in missing.stderr and "Traceback" not in missing.stderr
 
 
+def test_show_takes_a_run_by_a_unique_start_of_its_id(recorded) -> None:
+    """As git takes a commit: one run starting with it is shown; several are
+    exit 1, named; an empty id is no start of anything."""
+    home, lines = recorded
+    run_id = next(line["run_id"] for line in lines if line["task_id"] == "fault-timeout-after-commit")
+    shown = loopledger("show", "fault-timeout-after-commit.v1", home=home)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[0].startswith(run_id)
+    several = loopledger("show", "happy-", home=home)
+    assert several.returncode == 1 and "runs start with it: happy-" in several.stderr
+    assert len(several.stderr.strip().splitlines()) == 1
+    empty = loopledger("show", "", home=home)
+    assert empty.returncode == 1 and "start with it" not in empty.stderr
+
+
 def test_show_prints_the_diagnosis_and_the_wait_whole(recorded) -> None:
     home, lines = recorded
     looped = next(line["run_id"] for line in lines if line["task_id"] == "loop-repeated-call")
