@@ -74,10 +74,21 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
                 FROM replay_diffs WHERE replay_dir = $b AND validator <> ''""",
             {"b": b}, cur,
         )
-        counts_a = dict(t.rows(f"SELECT verdict, count(*) FROM ({src_a}) GROUP BY verdict", pa, cur))
         (decisions,) = t.one(f"SELECT count(*) FROM ({src_b})", pb, cur)
+        # B's diffs cover the runs B replayed; A's decisions on runs B never
+        # saw (recorded after it) are not compared. Cheap when B replayed
+        # every run, the usual case: its summary says how many it did.
+        if _summary_count(t, b, "runs") >= int(t.one("SELECT count(*) FROM runs", None, cur)[0]):
+            counts_a = dict(t.rows(f"SELECT verdict, count(*) FROM ({src_a}) GROUP BY verdict", pa, cur))
+            unseen = 0
+        else:
+            t.rows(f"CREATE TEMP TABLE b_runs AS SELECT DISTINCT run_id FROM ({src_b})", pb, cur)
+            counts_a = dict(t.rows(f"SELECT verdict, count(*) FROM ({src_a}) x SEMI JOIN b_runs USING (run_id) "
+                                   "GROUP BY verdict", pa, cur))
+            (unseen,) = t.one(f"SELECT count(DISTINCT (run_id, step, attempt, candidate_id)) FROM ({src_a}) x "
+                              "ANTI JOIN b_runs USING (run_id)", pa, cur)
         confusion = _confusion_from_flips(t, cur, counts_a)
-        not_compared = _summary_count(t, b, "not_in_baseline")
+        not_compared = unseen + _summary_count(t, b, "not_in_baseline")
     else:
         # One pass over both sides: the verdict pairs of every decision, and
         # the flipped decisions kept aside for the breakdowns below.
@@ -191,7 +202,7 @@ def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[st
     (a tuple ``IN`` was several times slower on millions of decisions).
     ``uncompared``: for side a, side b, whether a candidate that side made
     no decision on is not compared (a replay's side, see compare_validators):
-    a label on it is then neither a regression nor a fix."""
+    a label on it is then ``not compared``, whichever side is A."""
     severity = "CASE verdict " + " ".join(f"WHEN '{v}' THEN {i}" for i, v in enumerate(VERDICTS)) + " END"
     worst = "CASE max_s " + " ".join(f"WHEN {i} THEN '{v}'" for i, v in enumerate(VERDICTS)) + " END"
     cand = "run_id, step, attempt, candidate_id"
@@ -209,10 +220,12 @@ def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[st
         vb AS (SELECT {_KEY}, verdict FROM b UNION ALL SELECT * FROM wb)
         SELECT l.run_id, l.step, l.attempt, l.candidate_id, l.validator, l.expected_verdict, l.source,
                va.verdict AS baseline_verdict, vb.verdict AS replay_verdict,
-               CASE WHEN (va.verdict IS NULL AND (l.validator = '' OR vb.verdict = 'accept'))
-                      OR (vb.verdict IS NULL AND (l.validator = '' OR va.verdict = 'accept'))
-                      OR ({str(uncompared[0]).lower()} AND wa_c.verdict IS NULL)
+               CASE WHEN ({str(uncompared[0]).lower()} AND wa_c.verdict IS NULL)
                       OR ({str(uncompared[1]).lower()} AND wb_c.verdict IS NULL)
+                    -- A candidate a replay side made no decision on.
+                    THEN 'not compared'
+                    WHEN (va.verdict IS NULL AND (l.validator = '' OR vb.verdict = 'accept'))
+                      OR (vb.verdict IS NULL AND (l.validator = '' OR va.verdict = 'accept'))
                     -- As the replay compares: a validator on one side only
                     -- that accepts changes nothing, and a candidate one
                     -- side did not decide has no verdict to flip (either

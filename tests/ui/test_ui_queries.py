@@ -387,3 +387,16 @@ def test_two_replays_over_different_runs_compare_only_what_both_decided_on(recor
     swapped = c.compare_validators(Traces(home), "all", "half")["totals"]
     assert swapped["flips"] == 0 and swapped["not_compared"] == missed
     assert swapped["regressions"] == swapped["fixes"] == 0
+    outside = ~got["labels"]["run_id"].isin(runs[::2])
+    assert outside.any() and set(got["labels"][outside]["outcome"]) == {"not compared"}
+
+    # Against the recorded decisions, through the half replay's own diffs:
+    # the runs it never replayed are not compared either, and the verdict
+    # matrix holds the decisions it made, not the recorded ones it never saw.
+    fast = c.compare_validators(Traces(home), "recorded", "half")
+    assert fast["used_diffs"]
+    assert fast["totals"]["not_compared"] == missed
+    decided = scalar(f"SELECT count(*) FROM read_parquet('{home}/replays/half/decisions/**/*.parquet')")
+    assert int(fast["confusion"].to_numpy().sum()) == decided == fast["totals"]["decisions"]
+    outside = ~fast["labels"]["run_id"].isin(runs[::2])
+    assert set(fast["labels"][outside]["outcome"]) == {"not compared"}
