@@ -78,15 +78,19 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
         # B's diffs cover the runs B replayed; A's decisions on runs B never
         # saw (recorded after it) are not compared. Cheap when B replayed
         # every run, the usual case: its summary says how many it did.
-        if _summary_count(t, b, "runs") >= int(t.one("SELECT count(*) FROM runs", None, cur)[0]):
-            counts_a = dict(t.rows(f"SELECT verdict, count(*) FROM ({src_a}) GROUP BY verdict", pa, cur))
-            unseen = 0
-        else:
-            t.rows(f"CREATE TEMP TABLE b_runs AS SELECT DISTINCT run_id FROM ({src_b})", pb, cur)
-            counts_a = dict(t.rows(f"SELECT verdict, count(*) FROM ({src_a}) x SEMI JOIN b_runs USING (run_id) "
-                                   "GROUP BY verdict", pa, cur))
-            (unseen,) = t.one(f"SELECT count(DISTINCT (run_id, step, attempt, candidate_id)) FROM ({src_a}) x "
-                              "ANTI JOIN b_runs USING (run_id)", pa, cur)
+        counts_a = dict(t.rows(f"SELECT verdict, count(*) FROM ({src_a}) GROUP BY verdict", pa, cur))
+        unseen = 0
+        if _summary_count(t, b, "runs") < int(t.one("SELECT count(*) FROM runs", None, cur)[0]):
+            # The few runs B never replayed, then A's decisions on them alone
+            # (a small hash table probed by one scan), taken out of A's counts.
+            t.rows(f"CREATE TEMP TABLE unseen_runs AS SELECT run_id FROM runs "
+                   f"ANTI JOIN (SELECT DISTINCT run_id FROM ({src_b})) USING (run_id)", pb, cur)
+            t.rows(f"CREATE TEMP TABLE unseen AS SELECT x.* FROM ({src_a}) x SEMI JOIN unseen_runs USING (run_id)",
+                   pa, cur)
+            for verdict, n in t.rows("SELECT verdict, count(*) FROM unseen GROUP BY verdict", None, cur):
+                counts_a[verdict] -= n
+            (unseen,) = t.one("SELECT count(*) FROM (SELECT DISTINCT run_id, step, attempt, candidate_id "
+                              "FROM unseen)", None, cur)
         confusion = _confusion_from_flips(t, cur, counts_a)
         not_compared = unseen + _summary_count(t, b, "not_in_baseline")
     else:
@@ -160,11 +164,11 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
 def _summary_count(t: Traces, replay: str, column: str) -> int:
     """A count from a replay's summary row; 0 from a replay written before
     the column existed."""
-    try:
-        rows = t.rows(f"SELECT {column} FROM replay_summary WHERE replay_dir = $r", {"r": replay})
-    except Exception:  # noqa: BLE001 - DuckDB's binder error for a column an older summary lacks
+    summary = t.df("SELECT * FROM replay_summary WHERE replay_dir = $r", {"r": replay})
+    if column not in summary.columns or summary.empty:
         return 0
-    return int(rows[0][0] or 0) if rows else 0
+    value = summary[column].iloc[0]
+    return 0 if value is None or value != value else int(value)  # NaN: a row without it (union by name)
 
 
 def _confusion_from_flips(t: Traces, cur: Any, counts_a: dict[str, int]) -> Any:
