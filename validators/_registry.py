@@ -135,6 +135,9 @@ class ValidatorFactory:
             if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.default is inspect.Parameter.empty:
                 raise RegistryError(name, f"parameter {p.name!r} must be keyword-only with a default")
             self.defaults[p.name] = p.default
+        #: One of the project's own validators: its params are checked by the
+        #: factory itself, and its decisions are recordable by construction.
+        self.builtin = fn.__module__.startswith("loopledger.")
         self._types: dict[str, Any] | None = None  # built on first use: see _check_types
 
     def _check_types(self, params: dict[str, Any]) -> None:
@@ -145,8 +148,7 @@ class ValidatorFactory:
         does not resolve, is the factory's own to check; so are the
         built-ins' params, whose checks say more (``an integer >= 2``)."""
         if self._types is None:
-            builtin = self.fn.__module__.startswith("loopledger.")
-            self._types = {} if builtin else _param_types(self.fn, self.defaults)
+            self._types = {} if self.builtin else _param_types(self.fn, self.defaults)
         from pydantic import ValidationError
 
         for name, value in params.items():
@@ -165,8 +167,7 @@ class ValidatorFactory:
             raise ParamError(unknown[0], f"one of the known params ({known})", params[unknown[0]])
         self._check_types(params)
         effective = {**self.defaults, **params}
-        return BoundValidator(self.name, self.version, effective, self.fn(**effective),
-                              trusted=self.fn.__module__.startswith("loopledger."))
+        return BoundValidator(self.name, self.version, effective, self.fn(**effective), trusted=self.builtin)
 
 
 def _param_types(fn: Callable[..., Any], names: Iterable[str]) -> dict[str, tuple[str, Any]]:
