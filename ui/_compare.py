@@ -13,6 +13,7 @@ decisions of a validator and are left out of the decision counts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ._data import VERDICTS, NoData, Traces
@@ -79,8 +80,9 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
         # saw (recorded after it) are not compared. Cheap when B replayed
         # every run, the usual case: its summary says how many it did.
         counts_a = dict(t.rows(f"SELECT verdict, count(*) FROM ({src_a}) GROUP BY verdict", pa, cur))
+        summary = _summary_counts(t, b, ("runs", "not_in_baseline"))
         unseen = 0
-        if _summary_count(t, b, "runs") < int(t.one("SELECT count(*) FROM runs", None, cur)[0]):
+        if summary["runs"] < int(t.one("SELECT count(*) FROM runs", None, cur)[0]):
             # The few runs B never replayed, then A's decisions on them alone
             # (a small hash table probed by one scan), taken out of A's counts.
             t.rows(f"CREATE TEMP TABLE unseen_runs AS SELECT run_id FROM runs "
@@ -92,7 +94,7 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
             (unseen,) = t.one("SELECT count(*) FROM (SELECT DISTINCT run_id, step, attempt, candidate_id "
                               "FROM unseen)", None, cur)
         confusion = _confusion_from_flips(t, cur, counts_a)
-        not_compared = unseen + _summary_count(t, b, "not_in_baseline")
+        not_compared = unseen + summary["not_in_baseline"]
     else:
         # One pass over both sides: the verdict pairs of every decision, and
         # the flipped decisions kept aside for the breakdowns below.
@@ -161,14 +163,16 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
     }
 
 
-def _summary_count(t: Traces, replay: str, column: str) -> int:
-    """A count from a replay's summary row; 0 from a replay written before
-    the column existed."""
+def _summary_counts(t: Traces, replay: str, columns: Sequence[str]) -> dict[str, int]:
+    """Counts from a replay's summary row, read once; 0 for a column a
+    replay written before it existed lacks (selecting it by name would fail,
+    and a failing query makes the page check every file)."""
     summary = t.df("SELECT * FROM replay_summary WHERE replay_dir = $r", {"r": replay})
-    if column not in summary.columns or summary.empty:
-        return 0
-    value = summary[column].iloc[0]
-    return 0 if value is None or value != value else int(value)  # NaN: a row without it (union by name)
+    counts = {}
+    for column in columns:
+        value = summary[column].iloc[0] if column in summary.columns and not summary.empty else None
+        counts[column] = 0 if value is None or value != value else int(value)  # NaN: a row without it
+    return counts
 
 
 def _confusion_from_flips(t: Traces, cur: Any, counts_a: dict[str, int]) -> Any:
