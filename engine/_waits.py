@@ -54,12 +54,12 @@ def load_secret(home: Path) -> bytes:
     ``LOOPLEDGER_SECRET``. A secret shorter than ``MIN_SECRET_BYTES``, or a
     file that others than its owner may read or write, is refused
     (:class:`BadInput`): tokens signed with it could be forged."""
-    env = os.environ.get("LOOPLEDGER_SECRET")
+    env = os.environ.get("LOOPLEDGER_SECRET", "").encode("utf-8")
     if env:
-        if len(env.encode("utf-8")) < MIN_SECRET_BYTES:
+        if len(env) < MIN_SECRET_BYTES:
             raise BadInput("LOOPLEDGER_SECRET", f"expected a secret of at least {MIN_SECRET_BYTES} bytes, "
-                                                f"got {len(env.encode('utf-8'))}")
-        return env.encode("utf-8")
+                                                f"got {len(env)}")
+        return env
     path = home / SECRET_FILE
     try:
         return _checked_secret(path)

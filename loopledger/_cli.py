@@ -327,8 +327,8 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
         try:
             render_either(run_id)
         except UnknownRun as exc:
-            found = runs_starting_with(run_id, *([run_store] if run_store is not None else []), traced) \
-                if run_id else []
+            sources = [source for source in (run_store, traced) if source is not None]
+            found = runs_starting_with(run_id, *sources) if run_id else []
             if len(found) != 1:
                 more = (f"; {len(found)} runs start with it: {', '.join(found[:5])}"
                         + (", ..." if len(found) > 5 else "")) if found else ""
@@ -448,10 +448,11 @@ def reply(
             raise ValueError(f"{name} is not a JSON number")
 
         def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-            keys = [key for key, _ in pairs]
-            twice = next((key for key in keys if keys.count(key) > 1), None)
-            if twice is not None:  # json.loads would keep the last value silently
-                raise ValueError(f"key {twice!r} given twice in one object")
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen:  # json.loads would keep the last value silently
+                    raise ValueError(f"key {key!r} given twice in one object")
+                seen.add(key)
             return dict(pairs)
 
         try:
@@ -520,8 +521,9 @@ def token(
         try:
             view = runner.controller.reissue_token(run_id)
         except ReplyRejected as exc:
-            if exc.reason == "expired":
-                runner.recorder.flush()  # the wait was over: the run ended EXPIRED
+            # As for reply: an expired wait ends the run, and a reissue that
+            # lost the race keeps its event as a late event.
+            runner.recorder.flush()
             _err(f"rejected: {exc.reason}: {exc.detail}")
             raise typer.Exit(EXIT_FAILED) from None
         except UnknownRun as exc:
