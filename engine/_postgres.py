@@ -223,12 +223,12 @@ class PostgresRunStore(SQLRunStore):
     def _open_drivers(self) -> Any:
         return self._connect()
 
-    def _claim_outside(self, run_id: str) -> bool:
-        (taken,) = self._drivers.execute("SELECT pg_try_advisory_lock(%s)", (claim_key(run_id),)).fetchone()
+    def _claim_outside(self, name: str) -> bool:
+        (taken,) = self._drivers.execute("SELECT pg_try_advisory_lock(%s)", (claim_key(name),)).fetchone()
         return bool(taken)
 
-    def _release_outside(self, run_id: str) -> None:
-        self._drivers.execute("SELECT pg_advisory_unlock(%s)", (claim_key(run_id),))
+    def _release_outside(self, name: str) -> None:
+        self._drivers.execute("SELECT pg_advisory_unlock(%s)", (claim_key(name),))
 
     def _close_drivers(self, drivers: Any) -> None:
         drivers.close()

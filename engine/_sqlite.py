@@ -147,17 +147,17 @@ class SQLiteRunStore(SQLRunStore):
             raise JournalError(f"{self.path}: opened to read only; a run cannot be driven through it")
         return os.open(f"{self.path}-drivers", os.O_RDWR | os.O_CREAT, 0o644)
 
-    def _claim_outside(self, run_id: str) -> bool:
+    def _claim_outside(self, name: str) -> bool:
         try:
-            _byte_lock(self._drivers, fcntl.F_WRLCK, claim_key(run_id))
+            _byte_lock(self._drivers, fcntl.F_WRLCK, claim_key(name))
         except OSError as exc:
             if exc.errno in (errno.EACCES, errno.EAGAIN):
                 return False
             raise
         return True
 
-    def _release_outside(self, run_id: str) -> None:
-        _byte_lock(self._drivers, fcntl.F_UNLCK, claim_key(run_id))
+    def _release_outside(self, name: str) -> None:
+        _byte_lock(self._drivers, fcntl.F_UNLCK, claim_key(name))
 
     def _close_drivers(self, drivers: int) -> None:
         os.close(drivers)

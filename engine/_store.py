@@ -113,12 +113,13 @@ TRANSIENT_RETRIES = 5
 CLAIM_POLL_S = 0.05
 
 
-def claim_key(run_id: str) -> int:
-    """A run's 63-bit key among the claims of one journal's processes."""
-    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big") >> 1
+def claim_key(name: str) -> int:
+    """The 63-bit key of what is claimed (a run id, or a batch's name, see
+    ``_batch_name``) among the claims of one journal's processes."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") >> 1
 
 
-def _batch_key(batch_id: str) -> str:
+def _batch_name(batch_id: str) -> str:
     """A batch's name among the claims, apart from every run id (which
     cannot hold a space)."""
     return f"batch {batch_id}"
@@ -914,7 +915,7 @@ class SQLRunStore:
         batch, however many runs it has; the operating system, or the server,
         lets go of it when the process ends."""
         with self._claims_lock:
-            if batch_id not in self._batches and self._claim_outside_now(_batch_key(batch_id)):
+            if batch_id not in self._batches and self._claim_outside_now(_batch_name(batch_id)):
                 self._batches.add(batch_id)
 
     def batch_held_elsewhere(self, batch_id: str) -> bool:
@@ -922,16 +923,16 @@ class SQLRunStore:
         with self._claims_lock:
             if batch_id in self._batches:
                 return False
-            key = _batch_key(batch_id)
-            if not self._claim_outside_now(key):
+            name = _batch_name(batch_id)
+            if not self._claim_outside_now(name):
                 return True
-            self._release_outside(key)
+            self._release_outside(name)
             return False
 
-    def _claim_outside_now(self, key: str) -> bool:
+    def _claim_outside_now(self, name: str) -> bool:
         if self._drivers is None:
             self._drivers = self._open_drivers()
-        return self._claim_outside(key)
+        return self._claim_outside(name)
 
     def release(self, run_id: str) -> None:
         with self._claims_lock:
@@ -947,11 +948,12 @@ class SQLRunStore:
     def _open_drivers(self) -> Any:
         raise NotImplementedError
 
-    def _claim_outside(self, run_id: str) -> bool:
-        """Claim without waiting; False when another process holds it."""
+    def _claim_outside(self, name: str) -> bool:
+        """Claim ``name`` (a run id, or a batch's name) without waiting;
+        False when another process holds it."""
         raise NotImplementedError
 
-    def _release_outside(self, run_id: str) -> None:
+    def _release_outside(self, name: str) -> None:
         raise NotImplementedError
 
     def _close_drivers(self, drivers: Any) -> None:
