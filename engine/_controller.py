@@ -125,6 +125,11 @@ class Controller(PeopleMixin):
         self.backend = backend
         self.config_for = config_for
         self.sleep = sleep
+        #: Called with the run's view in FINALIZING, just before the terminal
+        #: state is committed (and again if a crash comes between the two):
+        #: the last moment at which what belongs with the run can be written
+        #: and found again by a resume. The runner writes scenario labels here.
+        self.before_terminal: Callable[[RunView], None] | None = None
         self._handlers = {
             State.READY: self._ready,
             State.MODEL_RUNNING: self._model_running,
@@ -978,4 +983,6 @@ class Controller(PeopleMixin):
             # Completion invariant: every side effect settled. The gate
             # should have caught this; the terminal state never lies.
             status, reason = "FAILED", "tool_failed"
+        if self.before_terminal is not None:
+            self.before_terminal(view)
         self._move(view, State(status), payload={"reason": reason}, set_fields={"reason": reason})

@@ -198,6 +198,10 @@ class Runner:
         #: The tool backends, made from the data directory (the demo ones by default).
         self.backend = backend(home.root)
         self.controller = Controller(self.store, self.backend, config_for, load_secret(home.root), sleep=sleep)
+        # Written before the terminal state, so a crash right after it
+        # cannot lose them (a run in FINALIZING is resumed; a terminal one
+        # is not).
+        self.controller.before_terminal = self._labels_of
         #: The runs this process creates: held as one batch while it lives,
         #: so that another process's resume leaves them to it.
         self.batch_id = secrets.token_hex(8)
@@ -299,9 +303,12 @@ class Runner:
         through (token, state version, expiry, schema). Then record its
         scenario labels."""
         view = self._drive_and_reply(run_id)
-        if view.spec.get("expect", {}).get("decisions"):  # most runs expect none: no read
-            self.record_scenario_labels(run_id)
+        self._labels_of(view)
         return view
+
+    def _labels_of(self, view: Any) -> None:
+        if view.spec.get("expect", {}).get("decisions"):  # most runs expect none: no read
+            self.record_scenario_labels(view.run_id)
 
     def record_scenario_labels(self, run_id: str) -> None:
         """Write the run's scenario's ``expect.decisions`` as ``scenario``

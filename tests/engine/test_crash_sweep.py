@@ -103,7 +103,16 @@ def crash_point(home: Path, scenario: Scenario, n: int, known: set[str]) -> dict
         if record.state is State.WAITING_USER and waiting.get("schema") == CONFIRM_SCHEMA:
             op = ops[waiting["operation_id"]]
             confirm_executions = runner.backend.execution_count(op["idempotency_key"])
+        # The scenario's expect.decisions, as labels on the candidates the
+        # run reached (written before the terminal state: a crash just after
+        # it must not lose them).
+        reached = {(int(c["step"]), int(c["attempt"])) for c in runner.store.facts("candidates", run_id)}
+        labelled = {(lb["step"], lb["attempt"], lb["validator"]) for lb in runner.store.labels(run_id)
+                    if lb["source"] == "scenario"}
+        missing_labels = [(d.step, d.attempt, d.validator) for d in scenario.expect.decisions
+                          if (d.step, d.attempt) in reached and (d.step, d.attempt, d.validator) not in labelled]
         point.update(
+            missing_labels=missing_labels,
             run_id=run_id, state=record.state.value, reason=record.reason, mismatches=outcome.mismatches,
             displaced=displaced, confirm_question=confirm_executions is not None,
             confirm_executions=confirm_executions,
@@ -173,6 +182,7 @@ def test_a_crash_after_any_commit_then_resume_keeps_the_hard_rules(swept: dict[s
         assert len(p["new_runs"]) == 1, f"{where}: {p['new_runs']}"
         assert p["violations"] == [], f"{where}: {p['violations']}"
         if p["state"] in TERMINAL_NAMES:
+            assert p["missing_labels"] == [], f"{where}: scenario labels lost: {p['missing_labels']}"
             if not p["displaced"]:
                 assert p["mismatches"] == [], f"{where}: {p['mismatches']}"
             continue
