@@ -67,6 +67,7 @@ def guarded(fn: F) -> F:
             from loopledger.engine._faults import check_hooks
 
             check_hooks()
+            _check_text(fn, kwargs)
             return fn(*args, **kwargs)
         except BadInput as exc:
             _err(f"bad input: {exc}")
@@ -94,6 +95,35 @@ def guarded(fn: F) -> F:
             raise typer.Exit(EXIT_INFRA) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _check_text(fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Refuse a text argument holding bytes that are not UTF-8 (the shell
+    passes them through as lone surrogates, which no journal can store). A
+    path (``--home``, files) may hold such bytes: Linux allows them."""
+    from loopledger.engine._errors import BadInput
+
+    for name, value in kwargs.items():
+        if name == "home" or not isinstance(value, str):
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadInput(_param_label(fn, name), "expected UTF-8 text; it holds bytes that are not") from None
+
+
+def _param_label(fn: Callable[..., Any], name: str) -> str:
+    """How the user writes a parameter of a command: its option (``--note``)
+    or its argument's name (``RUN_ID``)."""
+    import typing
+
+    hint = typing.get_type_hints(fn, include_extras=True).get(name)
+    for info in getattr(hint, "__metadata__", ()):
+        if isinstance(info, typer.models.OptionInfo):
+            return next((d for d in info.param_decls if d.startswith("--")), "--" + name.replace("_", "-"))
+        if isinstance(info, typer.models.ArgumentInfo):
+            return info.metavar or name.upper()
+    return name
 
 
 def _failed_database(exc: BaseException, store: str | None) -> str:
@@ -329,10 +359,14 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
         except UnknownRun as exc:
             sources = [source for source in (run_store, traced) if source is not None]
             found = runs_starting_with(run_id, *sources) if run_id else []
-            if len(found) != 1:
-                more = (f"; {len(found)} runs start with it: {', '.join(found[:5])}"
-                        + (", ..." if len(found) > 5 else "")) if found else ""
-                _err(f"{exc}{more}")
+            if len(found) > 1:
+                shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+                _err(f"{run_id!r} is ambiguous: {len(found)} runs start with it: {shown}")
+                raise typer.Exit(EXIT_FAILED) from None
+            if not found:
+                where = f"neither in the journal nor in {where.traces}" if run_store is not None else (
+                    f"not in {where.traces}, and there is no journal ({where.journal_path})")
+                _err(f"unknown run {exc.run_id!r}: {where}")
                 raise typer.Exit(EXIT_FAILED) from None
             render_either(found[0])
     finally:
@@ -690,23 +724,26 @@ def label(
     validator: Annotated[str, typer.Option("--validator", help="Validator; empty: the candidate as a whole.")] = "",
     note: Annotated[str, typer.Option("--note", help="Why.")] = "",
     source: Annotated[str, typer.Option("--source", help="human | import | scenario.")] = "human",
+    suite: Annotated[str | None, typer.Option("--suite", help=(
+        "A suite whose validators --validator may name besides those recorded and registered (its imports "
+        "are loaded): a validator a replay will run, not yet in the traces."))] = None,
     home: HomeOption = None,
     store: StoreOption = None,
 ) -> None:
     """Add a label (what a decision should have been) and export it to the
     traces; replays then call diffs that agree or disagree with it fixes or
-    regressions."""
+    regressions. RUN_ID may be the start of one run's id."""
     from loopledger.replay import ReplayInputError
     from loopledger.replay._commands import label_command
 
     try:
         added = label_command(home=_home(home, store), run_id=run_id, step=step, attempt=attempt,
-                              validator=validator, expect=expect, note=note, source=source)
+                              validator=validator, expect=expect, note=note, source=source, suite=suite)
     except ReplayInputError as exc:
         _err(f"bad input: {exc}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
     who = added["validator"] or "the candidate as a whole"
-    typer.echo(f"label {added['label_id']}: {run_id} step {step} attempt {attempt} ({who}) "
+    typer.echo(f"label {added['label_id']}: {added['run_id']} step {step} attempt {attempt} ({who}) "
                f"should be {expect} [{source}]")
 
 

@@ -66,62 +66,111 @@ def replay_command(*, home: Any, suite: str, baseline: str, traces: Path | None,
     return EXIT_OK if result.ok(fail_on) else EXIT_FAILED
 
 
-def _recorded_run(home: Any, run_id: str) -> Any:
-    """Where ``run_id`` is recorded: the journal (the engine's runs) or the
-    trace tables (imported runs, which never were in the journal). Creates
-    nothing."""
+def _recorded_run(home: Any, run_id: str) -> tuple[Any, str]:
+    """Where ``run_id`` (or the one run whose id begins with it, as ``show``
+    takes it) is recorded: the journal (the engine's runs) or the trace
+    tables (imported runs, which never were in the journal); and the whole
+    id. Creates nothing."""
     from loopledger.engine import UnknownRun
-    from loopledger.engine._show import TracedRuns
+    from loopledger.engine._show import TracedRuns, runs_starting_with
 
-    if home.has_journal:
-        store = home.open_store()
-        try:
-            store.get_run(run_id)
-            return store
-        except UnknownRun:
-            store.close()
+    store = home.open_store() if home.has_journal else None
     traced = TracedRuns(home.traces)
     try:
-        traced.get_run(run_id)
-    except UnknownRun:
-        raise ReplayInputError("RUN_ID", f"unknown run {run_id!r}: neither in the journal nor in "
-                                         f"{home.traces}") from None
-    return traced
+        sources = [source for source in (store, traced) if source is not None]
+        for wanted in (run_id, None):
+            if wanted is None:
+                found = runs_starting_with(run_id, *sources) if run_id else []
+                if len(found) > 1:
+                    shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+                    raise ReplayInputError("RUN_ID", f"{run_id!r} is the start of {len(found)} runs' ids ({shown}); "
+                                                     f"expected one run")
+                if not found:
+                    break
+                wanted = found[0]
+            for source in sources:
+                try:
+                    source.get_run(wanted)
+                except UnknownRun:
+                    continue
+                if source is store:
+                    store = None  # handed to the caller
+                return source, wanted
+    finally:
+        if store is not None:
+            store.close()
+    raise ReplayInputError("RUN_ID", f"unknown run {run_id!r}: neither in the journal nor in {home.traces}")
+
+
+def _traces_take_labels(home: Any, store: Any) -> None:
+    """Refuse, before a label is written, a home whose traces belong to
+    another journal (copied from elsewhere): the label could never be
+    exported to them, so a replay would never see it."""
+    from loopledger.engine import JournalError, Recorder
+
+    try:
+        Recorder(store, home.traces).claim()
+    except JournalError as exc:
+        raise ReplayInputError("--home", f"{exc}; a label goes to the journal the traces were exported from "
+                                         f"(its --home or --store)") from None
+
+
+def _validated(runs: Any, run_id: str, step: int, attempt: int) -> tuple[str, set[str]]:
+    """The candidate at ``step``/``attempt`` and the validators recorded as
+    deciding on it. A candidate that never entered VALIDATING (a cut stream,
+    an error, a length finish: the engine made a new attempt) is refused: no
+    replay decides on it, so a label on it would never count."""
+    candidates = {(int(c["step"]), int(c["attempt"])): c for c in runs.facts("candidates", run_id)}
+    entered = {(int(e.step), int(e.attempt)) for e in runs.events(run_id)
+               if e.kind == "transition" and getattr(e.to_state, "value", e.to_state) == "VALIDATING"}
+    candidate = candidates.get((step, attempt))
+    if candidate is None or (step, attempt) not in entered:
+        known = ", ".join(f"{s}/{a}" for s, a in sorted(candidates) if (s, a) in entered)
+        why = (f"has no candidate at step {step} attempt {attempt}" if candidate is None else
+               f"never validated its candidate at step {step} attempt {attempt} (finish_reason "
+               f"{candidate.get('finish_reason')}: a new attempt followed), so no replay decides on it")
+        raise ReplayInputError("--step/--attempt", f"run {run_id} {why}; validated step/attempt: {known or 'none'}")
+    candidate_id = candidate["candidate_id"]
+    return candidate_id, {v["validator"] for v in runs.facts("validations", run_id)
+                          if v["candidate_id"] == candidate_id}
 
 
 def label_command(*, home: Any, run_id: str, step: int, attempt: int, validator: str, expect: str, note: str,
-                  source: str) -> dict[str, Any]:
+                  source: str, suite: str | None = None) -> dict[str, Any]:
     """Record a label in the journal and export it to ``traces/labels``. The
     run may be the engine's or an imported one (labels name a run, they do
-    not need it in the journal)."""
+    not need it in the journal). ``suite``: a suite whose validators (its
+    ``imports`` loaded) may be named besides those recorded and registered."""
     from loopledger.engine import Recorder
+    from loopledger.engine._recorder import OWNER_FILE
     from loopledger.engine._show import TracedRuns
 
     if expect not in VERDICTS:
         raise ReplayInputError("--expect", f"expected one of {', '.join(VERDICTS)}, got {expect!r}")
     if source not in SOURCES:
         raise ReplayInputError("--source", f"expected one of {', '.join(SOURCES)}, got {source!r}")
-    runs = _recorded_run(home, run_id)
+    members = _suite_members(suite) if suite is not None else set()
+    if not home.has_journal and (home.traces / OWNER_FILE).exists():
+        # Traces another journal exported, and no journal here: a new one
+        # could never export to them. Refused before one is made.
+        raise ReplayInputError("--home", f"{home.traces} holds traces exported from another journal and {home.root} "
+                                         f"has none; a label goes to the journal the traces were exported from "
+                                         f"(its --home or --store)")
+    runs, run_id = _recorded_run(home, run_id)
     # The label goes to the journal: the one just read, or, for an imported
     # run, the home's own (made if the home has none yet).
     store = home.open_store() if isinstance(runs, TracedRuns) else runs
     try:
-        candidates = {(int(c["step"]), int(c["attempt"])): c["candidate_id"]
-                      for c in runs.facts("candidates", run_id)}
-        candidate_id = candidates.get((step, attempt))
-        if candidate_id is None:
-            known = ", ".join(f"{s}/{a}" for s, a in sorted(candidates)) or "none"
-            raise ReplayInputError("--step/--attempt",
-                                   f"run {run_id} has no candidate at step {step} attempt {attempt}; "
-                                   f"step/attempt with candidates: {known}")
+        candidate_id, decided = _validated(runs, run_id, step, attempt)
         if validator:
-            recorded = {v["validator"] for v in runs.facts("validations", run_id)
-                        if v["candidate_id"] == candidate_id}
             from loopledger.validators import registered
 
-            if validator not in recorded and validator not in registered():
-                raise ReplayInputError("--validator", f"unknown validator {validator!r}; recorded for this "
-                                       f"candidate: {', '.join(sorted(recorded)) or 'none'}")
+            if validator not in decided and validator not in registered() and validator not in members:
+                hint = "" if suite is not None else "; a validator of a suite's imports: add --suite SUITE"
+                raise ReplayInputError("--validator", f"unknown validator {validator!r}; expected one recorded for "
+                                       f"this candidate ({', '.join(sorted(decided)) or 'none'}) or a registered "
+                                       f"one{hint}")
+        _traces_take_labels(home, store)
         label = {"run_id": run_id, "step": step, "attempt": attempt, "candidate_id": candidate_id,
                  "validator": validator, "expected_verdict": expect, "source": source, "note": note}
         label["label_id"] = store.add_label(label)
@@ -129,3 +178,14 @@ def label_command(*, home: Any, run_id: str, step: int, attempt: int, validator:
     finally:
         store.close()
     return label
+
+
+def _suite_members(suite: str) -> set[str]:
+    """The validator names of ``suite`` (loading it runs its ``imports``)."""
+    from loopledger.validators import SuiteError, load_suite
+
+    try:
+        loaded = load_suite(suite)
+    except SuiteError as exc:
+        raise ReplayInputError("--suite", str(exc)) from None
+    return {member.name for member in loaded.members}

@@ -78,7 +78,8 @@ def test_show_prints_a_timeline_and_unknown_runs_exit_1(recorded) -> None:
     shown = loopledger("show", rejected, home=home).stdout
     assert "11 of 12 validators" in shown and "missing_evidence" in shown
     missing = loopledger("show", "no-such-run", home=home)
-    assert missing.returncode == 1 and "no-such-run" in missing.stderr and "Traceback" not in missing.stderr
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert "unknown run 'no-such-run': neither in the journal nor in" in missing.stderr
 
 
 def test_show_takes_a_run_by_a_unique_start_of_its_id(recorded) -> None:
@@ -90,7 +91,8 @@ def test_show_takes_a_run_by_a_unique_start_of_its_id(recorded) -> None:
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[0].startswith(run_id)
     several = loopledger("show", "happy-", home=home)
-    assert several.returncode == 1 and "runs start with it: happy-" in several.stderr
+    assert several.returncode == 1 and "'happy-' is ambiguous" in several.stderr
+    assert "runs start with it: happy-" in several.stderr
     assert len(several.stderr.strip().splitlines()) == 1
     empty = loopledger("show", "", home=home)
     assert empty.returncode == 1 and "start with it" not in empty.stderr

@@ -213,6 +213,64 @@ def test_label_rejects_bad_input(home_copy: Path) -> None:
     one_line(out.stderr, "--expect", "maybe")
 
 
+def _run_of(home: Path, task_id: str) -> str:
+    import duckdb
+
+    return duckdb.sql(f"SELECT run_id FROM '{home}/traces/runs/*.parquet' WHERE task_id = '{task_id}'").fetchone()[0]
+
+
+def test_label_on_a_candidate_that_never_reached_validation_is_refused(home_copy: Path) -> None:
+    run_id = _run_of(home_copy, "model-truncated-then-ok")  # step 1: attempt 1 cut off, attempt 2 validated
+    out = cli("label", run_id, "--step", "1", "--expect", "reject", "--home", str(home_copy))
+    assert out.returncode == 2
+    one_line(out.stderr, "--step/--attempt", "never validated its candidate at step 1 attempt 1",
+             "finish_reason incomplete", "validated step/attempt: 1/2")
+    out = cli("label", run_id, "--step", "1", "--attempt", "2", "--expect", "reject", "--home", str(home_copy))
+    assert out.returncode == 0, out.stderr
+
+
+def test_label_takes_a_unique_start_of_a_run_id(home_copy: Path) -> None:
+    run_id = _run_of(home_copy, "happy-refund")
+    out = cli("label", run_id[:-4], "--step", "1", "--expect", "accept", "--home", str(home_copy))
+    assert out.returncode == 0, out.stderr
+    assert run_id in out.stdout
+    assert pq.read_table(home_copy / "traces" / "labels", filters=[("source", "=", "human")]).column(
+        "run_id").to_pylist() == [run_id]
+    out = cli("label", "happy-", "--step", "1", "--expect", "accept", "--home", str(home_copy))
+    assert out.returncode == 2
+    one_line(out.stderr, "RUN_ID", "'happy-' is the start of", "expected one run")
+
+
+def test_label_in_a_home_holding_another_journals_traces_writes_nothing(recorded_home: Path, tmp_path: Path) -> None:
+    home = tmp_path / "copy"
+    shutil.copytree(recorded_home / "traces", home / "traces")
+    run_id = _run_of(home, "happy-refund")
+    for _ in range(2):
+        out = cli("label", run_id, "--step", "1", "--expect", "accept", "--home", str(home))
+        assert out.returncode == 2
+        one_line(out.stderr, "--home", "exported from another journal")
+    assert not (home / "journal.sqlite").exists()
+    # With a journal of its own (another one), the same: refused before the label is written.
+    import sqlite3
+
+    cli("export", "--home", str(tmp_path / "other"))
+    shutil.copy(tmp_path / "other" / "journal.sqlite", home / "journal.sqlite")
+    out = cli("label", run_id, "--step", "1", "--expect", "accept", "--home", str(home))
+    assert out.returncode == 2
+    one_line(out.stderr, "--home", "exported from another journal")
+    assert sqlite3.connect(home / "journal.sqlite").execute("SELECT count(*) FROM labels").fetchone() == (0,)
+
+
+def test_text_that_is_not_utf8_is_bad_input(home_copy: Path) -> None:
+    run_id = _run_of(home_copy, "happy-refund")
+    for args, name in [(["label", "run\udcff", "--step", "1", "--expect", "accept"], "RUN_ID"),
+                       (["label", run_id, "--step", "1", "--expect", "accept", "--note", "\udcff\udcfe"], "--note"),
+                       (["show", "run\udcff"], "RUN_ID")]:
+        out = cli(*args, "--home", str(home_copy))
+        assert out.returncode == 2, out.stderr
+        one_line(out.stderr, name, "expected UTF-8 text")
+
+
 CONVERSATION = {
     "messages": [
         {"role": "user", "content": "Cancel order A"},

@@ -115,6 +115,22 @@ def test_a_plugins_decision_can_be_labelled(home_copy: Path, tmp_path: Path) -> 
     assert labels == [("acme.refund_limit", "ask")]
 
 
+def test_a_validator_of_a_suites_imports_is_labelled_with_the_suite(home_copy: Path, tmp_path: Path) -> None:
+    site = install(tmp_path / "site", entry_point=False)  # known only through the suite's imports
+    run_id, step = duckdb.sql(f"SELECT run_id, step FROM '{home_copy}/traces/candidates/*.parquet' "
+                              "WHERE items_json LIKE '%payments.refund%' ORDER BY run_id, step LIMIT 1").fetchone()
+    args = ["label", run_id, "--step", str(step), "--validator", "acme.refund_limit", "--expect", "ask",
+            "--home", str(home_copy)]
+    refused = cli(*args, env={"PYTHONPATH": str(site)})
+    assert refused.returncode == 2
+    assert "unknown validator 'acme.refund_limit'" in refused.stderr and "--suite" in refused.stderr
+    out = cli(*args, "--suite", str(suite(tmp_path, "imports: [acme_checks]\n")), env={"PYTHONPATH": str(site)})
+    assert out.returncode == 0, out.stderr
+    labels = duckdb.sql(f"SELECT validator, expected_verdict FROM '{home_copy}/traces/labels/*.parquet' "
+                        "WHERE source = 'human'").fetchall()
+    assert labels == [("acme.refund_limit", "ask")]
+
+
 UNRECORDABLE = '''
 import datetime
 
