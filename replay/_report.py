@@ -75,7 +75,7 @@ def _counts(result: ReplayResult) -> list[tuple[str, str]]:
         ("candidates whose verdict flipped", f"{s.candidate_flips:,}"),
         ("regressions", f"{s.regressions:,}"),
         ("fixes", f"{s.fixes:,}"),
-        ("changes (no label speaks)", f"{s.changes:,}"),
+        ("changes (no label tells the sides apart)", f"{s.changes:,}"),
         ("flips across validator versions", f"{s.flips_across_versions:,}"),
         ("runs diverged", f"{s.runs_diverged:,}"),
         *not_compared,
@@ -109,7 +109,7 @@ def _title(result: ReplayResult) -> str:
     return f"Replay {s.replay_id}: suite {s.suite_name} ({s.suite_version}) against baseline {s.baseline}"
 
 
-def gate(result: ReplayResult, fail_on: str, rich: bool = False) -> str:
+def gate(result: ReplayResult, fail_on: str, rich: bool = False, name_option: bool = True) -> str:
     """The gate's verdict in words: pass, fail with the failures' count, or
     incomplete when some runs could not be replayed (the command then exits
     2 whatever the comparison of the others says)."""
@@ -118,8 +118,9 @@ def gate(result: ReplayResult, fail_on: str, rich: bool = False) -> str:
         return f"[red]{text}[/]" if rich else text
     failures = result.failures(fail_on)
     if not failures:
-        return "[green]pass[/]" if rich else "pass"
-    text = f"fail, {len(failures)} failure(s) under --fail-on {fail_on}"
+        text = "pass (report only)" if fail_on == "never" else "pass"
+        return f"[green]{text}[/]" if rich else text
+    text = f"fail, {len(failures)} failure(s)" + (f" under --fail-on {fail_on}" if name_option else "")
     return f"[red]{text}[/]" if rich else text
 
 
@@ -189,7 +190,7 @@ def _code(text: object) -> str:
 
 def markdown(result: ReplayResult, fail_on: str) -> str:
     lines = [f"# {_title(result)}", ""]
-    lines += [f"**Gate (`--fail-on {fail_on}`): {gate(result, fail_on)}**",
+    lines += [f"**Gate (`--fail-on {fail_on}`): {gate(result, fail_on, name_option=False)}**",
               "", "| | |", "|---|---:|"]
     lines += [f"| {name} | {value} |" for name, value in _counts(result)]
     groups = flip_groups(result.diffs)
@@ -200,24 +201,18 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
             tag = f" {_cell(_version_change(versions))}" if versions else ""
             lines.append(f"| {_code(validator)}{tag} | {_cell(old)} | {_cell(new)} | {_kinds(kinds)} | "
                          f"{sum(kinds.values())} |")
-    regressions = [d for d in result.diffs if d.kind == "regression"]
-    if regressions:
-        lines += ["", "## Regressions", "", "| run | step | attempt | validator | label | baseline | replay |",
-                  "|---|---:|---:|---|---|---|---|"]
-        for d in regressions[:100]:
-            lines.append(f"| {_code(d.run_id)} | {d.step} | {d.attempt} | {_code(d.validator or '(candidate)')} | "
-                         f"{_cell(d.expected_verdict)} ({_cell(d.label_source)}) | "
-                         f"{_cell(_side(d.baseline_verdict, d.baseline_code))} | "
-                         f"{_cell(_side(d.replay_verdict, d.replay_code))} |")
+    for kind, title in (("regression", "Regressions"), ("fix", "Fixes")):
+        lines += _labelled_diffs([d for d in result.diffs if d.kind == kind], title)
     diverged = result.diverged
     if diverged:
         lines += ["", f"## Runs diverged ({len(diverged)})", "", DIVERGENCE_NOTE, "",
-                  "| run | recorded outcome | divergence point | validators |", "|---|---|---|---|"]
+                  "| run | recorded outcome | divergence point | validators | regressions |", "|---|---|---|---|---:|"]
         for r in diverged[:100]:
             d = r.divergence
             assert d is not None
             lines.append(f"| {_code(r.run_id)} | {_cell(r.status)} {_cell(r.reason or '')} | "
-                         f"step {d.step}, attempt {d.attempt} | {_cell(', '.join(d.validators))} |")
+                         f"step {d.step}, attempt {d.attempt} | {_cell(', '.join(d.validators))} | "
+                         f"{len(r.regressions)} |")
     if note := _not_compared(result):
         lines += ["", f"> {_cell(note)}"]
     if result.summary.flips_across_versions:
@@ -228,12 +223,29 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _labelled_diffs(diffs: Sequence[Diff], title: str) -> list[str]:
+    """A section listing diffs a label classified (the first 100)."""
+    if not diffs:
+        return []
+    lines = ["", f"## {title} ({len(diffs)})", "",
+             "| run | step | attempt | validator | label | baseline | replay | past the divergence point |",
+             "|---|---:|---:|---|---|---|---|---|"]
+    for d in diffs[:100]:
+        lines.append(f"| {_code(d.run_id)} | {d.step} | {d.attempt} | {_code(d.validator or '(candidate)')} | "
+                     f"{_cell(d.expected_verdict)} ({_cell(d.label_source)}) | "
+                     f"{_cell(_side(d.baseline_verdict, d.baseline_code))} | "
+                     f"{_cell(_side(d.replay_verdict, d.replay_code))} | {'yes' if d.after_divergence else ''} |")
+    return lines
+
+
 def _failure_text(diffs: Sequence[Diff]) -> str:
     return "\n".join(
         f"step {d.step} attempt {d.attempt} {d.validator or '(candidate)'}"
         + (f" {_version_change(_versions(d))}" if d.across_versions else "")
         + f": {_side(d.baseline_verdict, d.baseline_code)} -> {_side(d.replay_verdict, d.replay_code)} ({d.kind}"
-        + (f", label {d.expected_verdict} from {d.label_source}" if d.expected_verdict else "") + ")"
+        + (f", label {d.expected_verdict} from {d.label_source}" if d.expected_verdict else "")
+        + (", past the divergence point: judged on a path the suite would not have produced"
+           if d.after_divergence else "") + ")"
         for d in diffs)
 
 
@@ -280,7 +292,9 @@ def junit(result: ReplayResult, fail_on: str) -> str:
         if mine:
             failure = ET.SubElement(case, "failure", {"message": _failure_message(r, mine, result.summary.suite_name)})
             failure.text = _failure_text(mine)
-        notes = [_failure_text(r.diffs)] if r.diffs and not mine else []
+        # Every other diff of the run too: a failing case shows no less than a passing one.
+        others = [d for d in r.diffs if id(d) not in failing]
+        notes = [("other diffs:\n" if mine else "") + _failure_text(others)] if others else []
         if r.not_in_baseline:
             notes.append(not_compared)
         if notes:

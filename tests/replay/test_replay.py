@@ -88,6 +88,17 @@ def test_diffs_past_the_divergence_point_are_marked(recorded_home: Path) -> None
     at = (run.divergence.step, run.divergence.attempt)
     assert run.diffs and all(d.after_divergence == ((d.step, d.attempt) > at) for d in run.diffs)
     assert any(d.after_divergence for d in run.diffs)
+    # So do the reports, on each such diff.
+    from xml.etree import ElementTree as ET
+
+    from loopledger.replay._report import junit
+
+    (case,) = [c for c in ET.fromstring(junit(result, "flips")).iter("testcase") if c.get("name") == run.run_id]
+    (failure,) = case.iter("failure")
+    (others,) = case.iter("system-out")  # the candidate-level diffs, which --fail-on flips does not count
+    lines = failure.text.splitlines() + others.text.splitlines()[1:]
+    assert len(lines) == len(run.diffs)
+    assert sum("past the divergence point" in line for line in lines) == sum(d.after_divergence for d in run.diffs)
 
 
 def test_a_scenario_label_makes_a_missed_loop_a_regression(recorded_home: Path, suite_file) -> None:
@@ -118,6 +129,20 @@ def test_human_labels_make_regressions_and_fixes(home_copy: Path, suite_file) ->
     # candidate as a whole agrees with the recorded accept: a regression.
     assert kinds == {("loop.repeated_call", "fix", "human"), ("", "regression", "human")}
     assert (result.summary.fixes, result.summary.regressions) == (1, 1)
+
+    # The reports list both; a failing JUnit case shows the run's other diffs too.
+    from xml.etree import ElementTree as ET
+
+    from loopledger.replay._report import junit, markdown
+
+    report = markdown(result, "regressions")
+    assert "## Regressions (1)" in report and "## Fixes (1)" in report
+    (case,) = [c for c in ET.fromstring(junit(result, "regressions")).iter("testcase") if c.get("name") == run_id]
+    (failure,) = case.iter("failure")
+    assert "(candidate): accept/ok -> " in failure.text and "regression, label accept from human" in failure.text
+    assert "loop.repeated_call" not in failure.text
+    (out,) = case.iter("system-out")
+    assert out.text.startswith("other diffs:") and "loop.repeated_call" in out.text and "(fix, label reject" in out.text
 
 
 def test_an_earlier_replay_is_a_baseline(home_copy: Path) -> None:
