@@ -69,6 +69,11 @@ class TracedRuns:
     def facts(self, table: str, run_id: str) -> list[dict[str, Any]]:
         return sorted(self._rows(table, run_id), key=lambda r: r["seq"])
 
+    def labels(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's labels in the trace tables (an importer's, and those
+        given since and exported), oldest first."""
+        return sorted(self._rows("labels", run_id), key=lambda r: (r.get("created_at") or 0, r.get("label_id") or 0))
+
     def operations(self, run_id: str) -> list[dict[str, Any]]:
         return sorted(self._rows("operations", run_id), key=lambda o: (o["created_seq"], o["operation_id"]))
 
@@ -93,6 +98,10 @@ def _decoded(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: A label's fields in ``show --json``.
+LABEL_FIELDS = ("step", "attempt", "candidate_id", "validator", "expected_verdict", "source", "note", "created_at")
+
+
 def run_document(store: SQLRunStore | TracedRuns, run_id: str) -> dict[str, Any]:
     """Everything ``show`` prints, whole (nothing clipped), as one JSON-ready
     object: the run's fields and status, its events, candidates, decisions,
@@ -112,6 +121,7 @@ def run_document(store: SQLRunStore | TracedRuns, run_id: str) -> dict[str, Any]
     document["decisions"] = [_decoded(d) for d in store.facts("validations", run_id)]
     document["operations"] = [_decoded(op) for op in store.operations(run_id)]
     document["loop_diagnoses"] = [_decoded(d) for d in store.facts("loop_diagnoses", run_id)]
+    document["labels"] = [{k: lb.get(k) for k in LABEL_FIELDS} for lb in store.labels(run_id)]
     return document
 
 
@@ -127,9 +137,12 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     run = store.get_run(run_id)
     console.print(f"[bold]{run.run_id}[/]  task {run.task_id}  tenant {run.tenant}  "
                   f"prompt {run.prompt_version}  model {run.model_route}")
+    reward = getattr(run, "reward", None)  # an imported run's outcome score
+    cost = "-" if run.cost_usd is None else f"{run.cost_usd:.4f}"
     console.print(f"status [bold]{run.state.value}[/]  reason {run.reason}  steps {run.step}  "
                   f"model attempts {run.model_attempts}  tool calls {run.tool_calls}  "
-                  f"tokens {run.tokens_in}+{run.tokens_out}  cost {run.cost_usd:.4f}")
+                  f"tokens {_or_dash(run.tokens_in)}+{_or_dash(run.tokens_out)}  cost {cost}"
+                  + ("" if reward is None else f"  reward {reward:g}"))
 
     timeline = Table(title="timeline")
     for name in ("seq", "time", "step", "att", "event", "detail"):
@@ -183,12 +196,25 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
         console.print(f"[bold red]loop diagnosis[/] step {diagnosis['step']}: {diagnosis['detector']} "
                       f"v{diagnosis['detector_version']} {diagnosis['pattern']} "
                       f"{evidence if isinstance(evidence, str) else canonical_json(evidence)}", soft_wrap=True)
+    labels = store.labels(run_id)
+    if labels:
+        table = Table(title="labels")
+        for name in ("step", "att", "validator", "should be", "source", "note"):
+            table.add_column(name)
+        for lb in labels:
+            table.add_row(str(lb["step"]), str(lb["attempt"]), lb["validator"] or "(candidate)",
+                          lb["expected_verdict"], lb["source"], _short(lb["note"] or "", 60))
+        console.print(table)
     if run.waiting_json:
         waiting = json.loads(run.waiting_json)
         text = (f"for {waiting.get('kind')}: {waiting.get('question') or ''}  expires {waiting.get('expires_at', '')}"
                 f"  wait {waiting.get('wait_id', '')}"
                 + (f"  answer schema {canonical_json(waiting['schema'])}" if waiting.get("schema") else ""))
         console.print(f"[bold]waiting[/] {escape(text)}", soft_wrap=True)
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 def comparison_table(outcomes: Sequence[Any]) -> Any:
