@@ -8,6 +8,7 @@ are imported inside the commands that need them, so ``--help`` is instant.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sqlite3
 import sys
@@ -225,16 +226,55 @@ def _drive(runner: Any, scenarios: list[Any], versions: list[str], model: str, c
     return created
 
 
-def _drive_ids(runner: Any, ids: list[str], concurrency: int, show_progress: bool) -> None:
+def _drive_ids(runner: Any, ids: list[str], concurrency: int, show_progress: bool,
+               on_settled: Callable[[str], None] | None = None) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if not show_progress:
-        runner.drive_all(ids, concurrency)
+        runner.drive_all(ids, concurrency, on_settled=on_settled)
         return
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=True) as progress:
         task = progress.add_task("runs", total=len(ids))
-        runner.drive_all(ids, concurrency, on_settled=lambda _: progress.advance(task))
+
+        def settled(run_id: str) -> None:
+            progress.advance(task)
+            if on_settled is not None:
+                on_settled(run_id)
+
+        runner.drive_all(ids, concurrency, on_settled=settled)
+
+
+class _JsonLines:
+    """``--json`` output: a run's line is written (and flushed) as soon as
+    the run ends or starts waiting, so a process killed later has already
+    handed over what it printed (a resume token is shown once); the runs
+    never settled are written at the end."""
+
+    def __init__(self, line: Callable[[str], dict[str, Any]]) -> None:
+        self.line = line
+        self.written: set[str] = set()
+        self.closed = False
+
+    def settled(self, run_id: str) -> None:
+        import json
+
+        self.written.add(run_id)
+        if self.closed:
+            return
+        try:
+            sys.stdout.write(json.dumps(self.line(run_id)) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader went away (``| head``): the runs are the work, the
+            # lines only news of it. Drive on; write nowhere.
+            self.closed = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+    def rest(self, run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            if run_id not in self.written:
+                self.settled(run_id)
 
 
 def _stopped(drive: Any) -> Any:
@@ -273,7 +313,6 @@ def run(
     store: StoreOption = None,
 ) -> None:
     """Run scenarios through the engine, record them, export the traces."""
-    import json
 
     from loopledger.engine._errors import BadInput
     from loopledger.engine._runner import Runner, check_script, check_tools
@@ -294,19 +333,25 @@ def run(
     runner = Runner(_home(home, store))
     try:
         created = [(runner.create(s, prompt_version, model), s) for s in scenarios]
-        stopped = _stopped(lambda: _drive_ids(runner, [run_id for run_id, _ in created], concurrency,
-                                              show_progress=not as_json))
+        scenario_of = dict(created)
+
+        def line(run_id: str) -> dict[str, Any]:
+            outcome = runner.outcome(run_id, scenario_of[run_id])
+            out = _outcome_json(outcome)
+            if check:
+                out["check"] = "ok" if outcome.ok else outcome.mismatches
+            return out
+
+        lines = _JsonLines(line) if as_json else None
+        stopped = _stopped(lambda: _drive_ids(runner, list(scenario_of), concurrency, show_progress=not as_json,
+                                              on_settled=lines.settled if lines else None))
+        if lines is not None:
+            lines.rest(list(scenario_of))
         outcomes = [runner.outcome(run_id, scenario) for run_id, scenario in created]
     finally:
         runner.close()
     failed = [o for o in outcomes if not o.ok]
-    if as_json:
-        for outcome in outcomes:
-            line = _outcome_json(outcome)
-            if check:
-                line["check"] = "ok" if outcome.ok else outcome.mismatches
-            typer.echo(json.dumps(line))
-    else:
+    if not as_json:
         table = _runs_table(f"{len(outcomes)} run(s), prompt version {prompt_version}", outcomes,
                             ("status", "reason", "steps", "tool calls") + (("check",) if check else ()))
         for o in outcomes:
@@ -447,11 +492,16 @@ def resume(
         # A run this process cannot drive (its model's key missing here, its
         # tools another data directory's) stays where it is; the others are
         # driven on, and all are printed before the error.
-        stopped = _stopped(lambda: runner.drive_all(ids, concurrency, leave_waiting=waiting))
+        lines = _JsonLines(lambda run_id: _outcome_json(runner.outcome(run_id))) if as_json else None
+        stopped = _stopped(lambda: runner.drive_all(ids, concurrency, leave_waiting=waiting,
+                                                    on_settled=lines.settled if lines else None))
+        if lines is not None:
+            lines.rest(ids)
         outcomes = [runner.outcome(run_id) for run_id in ids]
     finally:
         runner.close()
-    _print_outcomes(outcomes, as_json, f"{len(outcomes)} run(s) resumed")
+    if not as_json:
+        _print_outcomes(outcomes, False, f"{len(outcomes)} run(s) resumed")
     if stopped is not None:
         raise stopped
 
@@ -755,7 +805,6 @@ def ui(
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port on 127.0.0.1.")] = 8501,
 ) -> None:
     """Serve the Streamlit workbench on 127.0.0.1 over HOME's traces and replays."""
-    import os
     from importlib import resources
 
     from loopledger.engine._errors import BadInput

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
 LOOPLEDGER = str(Path(sys.executable).with_name("loopledger"))
 HEAVY = ("pyarrow", "duckdb", "polars", "streamlit")
 
@@ -329,3 +330,32 @@ def test_a_live_decision_that_cannot_be_recorded_is_its_validators_error(tmp_pat
         "SELECT verdict, code, message FROM validations WHERE validator = 'odd.dated'").fetchall()
     assert rows and all(v == "reject" and c == "validator_error" for v, c, _ in rows)
     assert "its evidence is not plain JSON ($.t: date is not a JSON value)" in rows[0][2]
+
+
+def test_run_json_writes_each_runs_line_when_it_settles(tmp_path: Path) -> None:
+    """A resume token is shown once: a process killed later in its batch has
+    already written the lines (and tokens) of the runs that settled."""
+    scenarios = REPO / "datasets" / "scenarios"
+    home = tmp_path / "home"
+    died = cli("run", str(scenarios / "approval-waits-for-person.yaml"), str(scenarios / "happy-refund.yaml"),
+               "--json", "--concurrency", "1", "--home", str(home), env={"LOOPLEDGER_CRASH_AT": "before_terminal"})
+    assert died.returncode == -9, died.stderr
+    (line,) = [json.loads(x) for x in died.stdout.splitlines()]
+    assert line["task_id"] == "approval-waits-for-person" and line["waiting"]["resume_token"]
+    states = dict(sqlite3.connect(home / "journal.sqlite").execute("SELECT task_id, state FROM runs"))
+    assert states == {"approval-waits-for-person": "WAITING_USER", "happy-refund": "FINALIZING"}
+
+
+def test_run_json_into_a_closed_pipe_finishes_its_runs(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    reader = subprocess.Popen(["head", "-c", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    writer = subprocess.run([LOOPLEDGER, "run", str(REPO / "datasets" / "scenarios"), "--json", "--home", str(home)],
+                            stdout=reader.stdin, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+    reader.stdin.close()
+    reader.wait()
+    assert writer.returncode == 0, writer.stderr
+    left = sqlite3.connect(home / "journal.sqlite").execute(
+        "SELECT count(*) FROM runs WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'BUDGET_EXHAUSTED', 'POLICY_STOPPED', "
+        "'CANCELLED', 'CANCEL_UNKNOWN', 'EXPIRED', 'WAITING_USER')").fetchone()
+    assert left == (0,)
