@@ -6,8 +6,9 @@ importers of external trace formats.
     result = import_traces("tau2", ["runs/"], home="loopledger-data")
     result.runs, result.skipped
 
-Formats: ``tau-bench``, ``tau2`` (gzipped too), ``openai-jsonl``,
-``toolbench``; see docs/importers.md for how each maps onto the trace tables.
+Formats: ``tau-bench``, ``tau2``, ``openai-jsonl``, ``toolbench`` (each
+gzipped too); see docs/importers.md for how each maps onto the trace tables
+and what identifies a run.
 """
 
 from ._import_model import ERROR_CODES, Conversation, ImportInputError, Message, ToolCall, ToolResult, error_code

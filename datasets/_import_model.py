@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from functools import cached_property
 from typing import Any, overload
 
 import orjson
@@ -228,6 +229,10 @@ class Message:
     cost_usd: float = 0.0
     #: When the source says the message was made (:func:`optional_time`), None if it does not.
     time: int | None = None
+    #: ToolBench's ``Finish`` pseudo-tool: the agent's answer (a text item after ``content``)
+    #: and how it finished (``give_answer``, ``give_up_and_restart``); None for other messages.
+    answer: str | None = None
+    finish: str | None = None
 
     def context_form(self) -> dict[str, Any]:
         """The message as a context artifact holds it (plain JSON, small:
@@ -247,6 +252,8 @@ class Message:
                 out["error"] = self.result.error
         if self.requestor != "assistant":
             out["requestor"] = self.requestor
+        if self.finish is not None:
+            out["finish"] = {"return_type": self.finish, "final_answer": self.answer}
         return out
 
 
@@ -255,9 +262,9 @@ class Conversation:
     """One run of an external agent, ready to be written as a journal run."""
 
     source: str  # the format: tau-bench, tau2, openai-jsonl, toolbench
-    file: str  # the file's name (not its path: the run id must not depend on where it lies)
-    record: str  # where in the file: "record 3", "simulations[12]", "line 7"
-    source_id: str  # the source's own id of the run (unique within the source)
+    file: str  # the file's name (kept in the run's spec; never part of its id)
+    record: str  # where in the file: "record 3", "simulations[12]", "line 7" (never part of the run's id)
+    source_id: str  # the source's own name of the run (tau2's simulation id, openai-jsonl's metadata.id, ...)
     task_id: str
     model: str
     system_prompt: str  # the policy/system text; its hash is the prompt_version
@@ -274,20 +281,29 @@ class Conversation:
     ended_at: int | None = None
     #: The importer's format when ``source`` names something else (openai-jsonl's ``metadata.source``).
     format: str = ""
+    #: What identifies the run (docs/importers.md): ``id:<id>`` where the format has a real run id
+    #: (tau2's simulation UUID), else empty: the record's content (``sha256:<content>``).
+    identity: str = ""
+    #: The source id earlier versions put in the run id with the file's name (tau-bench's
+    #: ``task:trial:index``, openai-jsonl's ``line N``); empty: ``source_id``.
+    legacy_source_id: str = ""
 
-    @property
+    @cached_property
     def run_id(self) -> str:
-        # Deterministic, so importing the same file twice finds the runs
-        # already there instead of duplicating them; the record's content
-        # is part of it, so two different runs that share a file name and a
-        # source id (two experiments' gpt-4o-airline.json) are both kept.
-        return self._id_of(f"{self.source}|{self.file}|{self.source_id}|{self.content}")
+        # Deterministic, so importing the same record again finds the run
+        # already there instead of duplicating it, and independent of where
+        # the record lies: neither the file's name (a gzipped copy, a renamed
+        # file) nor the record's position (a record added in front) changes it.
+        return self._id_of(f"{self.source}|{self.identity or 'sha256:' + self.content}")
 
     @property
-    def legacy_run_id(self) -> str:
-        """The id an import gave this run before ids held the content: a
-        trace folder that has it imported the run already."""
-        return self._id_of(f"{self.source}|{self.file}|{self.source_id}")
+    def legacy_run_ids(self) -> tuple[str, str]:
+        """The ids earlier versions gave this run (from the file's name, the
+        record's position and, later, its content): a trace folder holding
+        one imported the run already."""
+        old = self.legacy_source_id or self.source_id
+        return (self._id_of(f"{self.source}|{self.file}|{old}|{self.content}"),
+                self._id_of(f"{self.source}|{self.file}|{old}"))
 
     def _id_of(self, key: str) -> str:
         return f"{self.source}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
@@ -300,11 +316,14 @@ class Conversation:
 class Runs(Sequence[Conversation]):
     """A file's runs, each converted from its record (and checked) when it is
     asked for: a process that imports part of a file (see ``_import_run``)
-    converts that part only. Asking twice converts twice."""
+    converts that part only. Asking twice converts twice. ``invalid``: runs
+    the file holds that its source marks as not usable (ToolBench's
+    ``valid_data: false``), skipped and counted apart."""
 
-    def __init__(self, count: int, convert: Callable[[int], Conversation]) -> None:
+    def __init__(self, count: int, convert: Callable[[int], Conversation], invalid: int = 0) -> None:
         self._count = count
         self._convert = convert
+        self.invalid = invalid
 
     def __len__(self) -> int:
         return self._count
@@ -337,10 +356,12 @@ def tool_specs(entries: Sequence[Any], read_only: Mapping[str, bool] | None = No
     path in ``file``."""
     specs = []
     for i, entry in enumerate(entries):
-        at = f"{where}[{i}]"
+        # Named where it is: an OpenAI tool's fields are under its ``function``.
+        at = f"{where}[{i}].function" if isinstance(entry, dict) and "function" in entry else f"{where}[{i}]"
         fn = entry.get("function", entry) if isinstance(entry, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"].strip():
-            raise ImportInputError(file, at, "a tool needs a name (OpenAI tools or functions format)")
+            raise ImportInputError(file, at if isinstance(fn, dict) else f"{where}[{i}]",
+                                   "a tool needs a name (OpenAI tools or functions format)")
         name = text(fn["name"], file, f"{at}.name")
         schema = fn.get("parameters")
         if schema is not None and not isinstance(schema, dict):
@@ -445,24 +466,35 @@ def outcome_of(call: ToolCall, result: ToolResult) -> Outcome:
     result whose ``error`` field is not empty, is a failure."""
     failed = result.error
     text = result.content
+    message = text
     if failed is None:
-        failed = text.lstrip().startswith("Error") or _toolbench_error(text) is not None
+        toolbench = _toolbench_error(text)
+        failed = text.lstrip().startswith("Error") or toolbench is not None
+        message = toolbench or text
     if failed:
-        return Outcome("validation_failed", "failed", error_code(_toolbench_error(text) or text), ())
+        return Outcome("validation_failed", "failed", error_code(message), ())
     subject = evidence_subject(call.arguments)
     return Outcome("success", "succeeded", None, ({"kind": call.name, "subject": subject},))
 
 
-def _toolbench_error(text: str) -> str | None:
-    """ToolBench results are ``{"error": "...", "response": "..."}``; a
-    non-empty ``error`` is the failure's message."""
-    if not text.startswith('{"error": "') or text.startswith('{"error": ""'):
-        return None
-    import json
+#: The start of a ToolBench result, ``{"error": ...``, whatever the spacing.
+_TOOLBENCH_RESULT = re.compile(r'\s*\{\s*"error"\s*:')
 
+
+def _toolbench_error(text: str) -> str | None:
+    """ToolBench results are ``{"error": ..., "response": ...}``: the
+    failure's message when ``error`` is not empty, else None. Not empty: a
+    non-empty string, or any other value but null, false, 0, ``{}`` and
+    ``[]`` (``{"code": 5}`` is a failure too, its message that JSON)."""
+    if not text.startswith('{"error": ') and not _TOOLBENCH_RESULT.match(text):
+        return None
+    if text.startswith('{"error": ""'):
+        return None  # ToolBench's success, by far the most common: not parsed
     try:
         value = json.loads(text)
     except ValueError:
         return None
     error = value.get("error") if isinstance(value, dict) else None
-    return str(error) if error else None
+    if not error:
+        return None
+    return error if isinstance(error, str) else json.dumps(error, sort_keys=True, ensure_ascii=False)

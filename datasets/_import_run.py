@@ -3,13 +3,15 @@ trace-table rows, then publish those.
 
 A bad file (another format, a truncated file, an unknown role) stops the
 import with nothing recorded: rows are only published once every file has
-been read and checked and every run written. Every run becomes rows of the
-trace tables (:mod:`._import_tables`: imported runs are over, so they go
-straight to the tables rather than through the journal), and the recorder
-publishes them as one segment per table: the whole import lands, or none of
-it. Runs already in the trace tables or the journal (same source, file name
-and source id: the run id is derived from them) are skipped, so importing a
-file twice adds nothing.
+been read and checked and every run written, and a data folder that does not
+exist yet is not created. Every run becomes rows of the trace tables
+(:mod:`._import_tables`: imported runs are over, so they go straight to the
+tables rather than through the journal), and the recorder publishes them as
+one segment per table: the whole import lands, or none of it. Runs already in
+the trace tables or the journal (the run id is derived from the source and
+the run's own id or its record's content, never from the file's name or the
+record's position) are skipped, so importing a file twice, a gzipped copy of
+it, or the file with records added adds only what is new.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import os
 import reprlib
 import signal
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,11 +38,13 @@ from ._import_tau import expand, read_tau2, read_tau_bench
 Reader = Callable[[Path, "Path | None"], Sequence[Conversation]]
 
 #: Format name → (reader, file patterns a folder is searched for).
+#: Every format reads its files gzipped too (by their magic bytes), and a
+#: folder search finds both forms.
 FORMATS: dict[str, tuple[Reader, tuple[str, ...]]] = {
-    "tau-bench": (read_tau_bench, ("*.json",)),
+    "tau-bench": (read_tau_bench, ("*.json", "*.json.gz")),
     "tau2": (read_tau2, ("*.json", "*.json.gz")),
-    "openai-jsonl": (read_openai_jsonl, ("*.jsonl",)),
-    "toolbench": (read_toolbench, ("*.json",)),
+    "openai-jsonl": (read_openai_jsonl, ("*.jsonl", "*.jsonl.gz")),
+    "toolbench": (read_toolbench, ("*.json", "*.json.gz")),
 }
 
 
@@ -49,12 +54,13 @@ class FileImport:
 
     path: str
     runs: int  # runs written
-    skipped: int  # runs already in the journal
+    skipped: int  # runs already recorded (trace tables or journal), or repeated in this import
     candidates: int
     operations: int
     user_tool_calls: int
     failed_operations: int
     unanswered_operations: int = 0  # calls the source shows no result for (unknown_outcome)
+    invalid: int = 0  # runs the source marks as not usable (ToolBench's valid_data: false), skipped
 
 
 @dataclass
@@ -68,7 +74,12 @@ class ImportResult:
 
     @property
     def skipped(self) -> int:
-        return sum(f.skipped for f in self.files)
+        """Runs not imported: already recorded, or marked not valid by their source."""
+        return sum(f.skipped + f.invalid for f in self.files)
+
+    @property
+    def invalid(self) -> int:
+        return sum(f.invalid for f in self.files)
 
 
 @dataclass(frozen=True)
@@ -117,20 +128,22 @@ def _sources(fmt: Any, paths: Any, tools: Any) -> _Source:
     return _Source(fmt, reader, list(expand(given, patterns)), tools_path)
 
 
-def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) -> tuple[int, list[Conversation]]:
-    """How many runs one file holds, and those of the fraction ``[lo, hi)``
-    of them, converted and checked; :class:`ImportInputError` if the file,
-    or a record of that part, is bad."""
+def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) -> tuple[int, list[Conversation], int]:
+    """How many runs one file holds, those of the fraction ``[lo, hi)`` of
+    them, converted and checked, and how many runs its source marks as not
+    valid (skipped); :class:`ImportInputError` if the file, or a record of
+    that part, is bad."""
     from loopledger.canonical import CanonicalJSONError, is_unicode
 
     fmt = source.fmt
     if not is_unicode(path.name):
-        # The name is part of each run's id and of the trace tables.
+        # The name is kept in each run's spec and shown in the trace tables.
         raise ImportInputError(str(path), None, "the file's name is not valid UTF-8; rename the file")
     try:
         runs = source.reader(path, source.tools)
         n = len(runs)
-        if not n and fmt != "toolbench":  # toolbench: see read_toolbench
+        invalid = getattr(runs, "invalid", 0)
+        if not n and not invalid:
             raise ImportInputError(str(path), None, f"no runs in this file; is it {fmt}?")
         conversations = []
         for index in range(int(lo * n), int(hi * n)):  # the first bad record is the one named, in any part
@@ -142,7 +155,8 @@ def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) ->
         # The readers check every field they keep; should one still hold a
         # value JSON cannot carry, it is bad input all the same.
         raise ImportInputError(str(path), None, f"a value cannot be stored as JSON ({exc})") from None
-    return n, conversations
+    # A file's invalid runs are counted once, by the share that reads its start.
+    return n, conversations, invalid if lo == 0.0 else 0
 
 
 def read_conversations(fmt: str, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
@@ -177,12 +191,20 @@ def import_traces(fmt: str, paths: str | os.PathLike[str] | Sequence[str | os.Pa
             # suite file's own place follows the argument's name.
             raise _refused("decide", exc.reason, None if exc.where == "suite" else exc.where) from None
     where = Home.resolve(home_path)
+    done: tuple[list[FileImport], dict[str, Any]] | None = None
+    if not where.journal_path.exists() and not where.traces.exists():
+        # A new data folder: nothing to skip, so every file is read, checked
+        # and converted before anything is made; bad input leaves no folder,
+        # journal or traces behind.
+        done = _write_all(_Job(source, suite, set(), set()))
     store = where.open_store()
     result = ImportResult()
 
     def build(known: Callable[[str, str], set[Any]]) -> dict[str, Any]:
-        job = _Job(source, suite, known("runs", "run_id") | store.run_ids(), known("artifacts", "artifact_id"))
-        files_written, tables = _write_all(job)
+        existing, artifacts = known("runs", "run_id") | store.run_ids(), known("artifacts", "artifact_id")
+        # Done already, unless another process recorded something meanwhile.
+        files_written, tables = done if done is not None and not existing and not artifacts \
+            else _write_all(_Job(source, suite, existing, artifacts))
         result.files.extend(files_written)
         return tables
 
@@ -223,11 +245,11 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
     cut, which a single process imports once), the import is redone in one
     process."""
     import multiprocessing
-    import tempfile
     from concurrent.futures import ProcessPoolExecutor
 
     from ._import_tables import concat_tables, load_tables
 
+    _sweep_scratch()  # what killed imports left
     files = job.source.files
     sizes = [max(1, path.stat().st_size) for path in files]
     workers = min(os.cpu_count() or 1, len(files) * 4)
@@ -237,7 +259,7 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
     # Each process hands its tables back as Arrow files in a scratch folder,
     # which this one maps into memory: pickled through a pipe, a share's 30 MB
     # of tables cost ~0.1 s of copying after the share was done.
-    with tempfile.TemporaryDirectory(prefix="loopledger-import-") as scratch:
+    with _scratch_folder() as scratch:
         _SHARES[:] = [job, shares, scratch]
         # The forked processes share this one's objects until they write to
         # them, and a full collection there writes to every one it visits
@@ -264,6 +286,48 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
             counts[index].update(counted)
         totals.update(share_totals)
     return _file_imports(files, counts, totals), concat_tables(parts)
+
+
+#: The shares' scratch folders: ``<temp>/loopledger-import-<pid>-<random>``,
+#: the pid of the import that made it.
+SCRATCH_PREFIX = "loopledger-import-"
+
+
+@contextmanager
+def _scratch_folder() -> Iterator[str]:
+    """A scratch folder for the shares' tables, removed when the import is
+    done. An import killed on the way (SIGKILL, a crash) cannot remove its
+    own: the folder's name holds the import's pid, and the next import
+    removes every such folder whose process is gone."""
+    import shutil
+    import tempfile
+
+    scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _sweep_scratch() -> None:
+    """Remove the scratch folders left by imports whose process is gone."""
+    import shutil
+    import tempfile
+
+    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = folder.name[len(SCRATCH_PREFIX):].partition("-")[0]
+        if pid.isdigit() and folder.is_dir() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process (PermissionError): alive
+    return True
 
 
 def _die_with_parent(parent: int) -> None:
@@ -348,16 +412,19 @@ def _write_pieces(job: _Job, pieces: Sequence[Piece], rows: Any) -> tuple[Any, d
     counts: defaultdict[int, Counter[str]] = defaultdict(Counter)
     totals: dict[int, int] = {}
     seen: set[str] = set()
+    existing = job.existing
     for index, lo, hi in pieces:
         # Only this piece's runs are converted and checked: those of a file
         # cut between shares are checked by one share or the other.
-        totals[index], conversations = _read_file(job.source, job.source.files[index], lo, hi)
+        totals[index], conversations, invalid = _read_file(job.source, job.source.files[index], lo, hi)
+        counts[index]["invalid"] += invalid
         for conv in conversations:
-            if conv.run_id in job.existing or conv.run_id in seen or conv.legacy_run_id in job.existing:
+            run_id = conv.run_id
+            if run_id in existing or run_id in seen or (existing and not existing.isdisjoint(conv.legacy_run_ids)):
                 # A run repeated (in a file or across files) is imported once;
-                # one imported before run ids held the content is known by its old id.
+                # one imported by an earlier version is known by its old id.
                 continue
-            seen.add(conv.run_id)
+            seen.add(run_id)
             counts[index]["runs"] += 1
             try:
                 counts[index].update(RunWriter(rows, conv, job.suite).write())
@@ -373,5 +440,5 @@ def _file_imports(files: list[Path], counts: Any, totals: dict[int, int]) -> lis
     for index, path in enumerate(files):
         c = counts[index]
         out.append(FileImport(str(path), c["runs"], totals[index] - c["runs"], c["candidates"], c["operations"],
-                              c["user_tool_calls"], c["failed"], c["unanswered"]))
+                              c["user_tool_calls"], c["failed"], c["unanswered"], c["invalid"]))
     return out

@@ -54,26 +54,38 @@ from ._import_model import (
 )
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+#: Roles read as another: the legacy ``function`` result is a tool's, and
+#: OpenAI's ``developer`` messages (its newer name for system instructions)
+#: are the system's.
+ROLE_ALIASES = {"function": "tool", "developer": "system"}
 #: Who made a tau2 tool call (and so whose result it is).
 REQUESTORS = frozenset({"assistant", "user"})
 
 
-def read_json(path: Path) -> Any:
-    """A JSON file, gzipped or not (by its magic bytes, not its name)."""
+def read_bytes(path: Path) -> bytes:
+    """A file's bytes, gunzipped when it is a gzip file (by its magic bytes,
+    not its name), without a leading UTF-8 byte-order mark (as Windows tools
+    write). A truncated gzip stream or an unreadable file is bad input."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(2)
         opener = gzip.open if head == b"\x1f\x8b" else open
         with opener(path, "rb") as handle:
             data = handle.read()
-        data = data.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark, as Windows tools write
+    except (OSError, EOFError) as exc:
+        # A truncated gzip stream raises EOFError (or a BadGzipFile, an OSError); a missing file OSError.
+        raise ImportInputError(str(path), None, f"cannot read: {exc}") from None
+    return data.removeprefix(b"\xef\xbb\xbf")
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file, gzipped or not."""
+    data = read_bytes(path)
+    try:
         try:
             return orjson.loads(data)  # twice as fast as json
         except orjson.JSONDecodeError:
             return json.loads(data)  # what orjson refuses and json reads (integers beyond 64 bits), or json's message
-    except (OSError, EOFError) as exc:
-        # A truncated gzip stream raises EOFError; a missing file OSError.
-        raise ImportInputError(str(path), None, f"cannot read: {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ImportInputError(str(path), None, f"not valid JSON ({exc}); truncated or another format?") from None
 
@@ -116,9 +128,16 @@ def pair_results(calls: tuple[ToolCall, ...], results: list[ToolResult]) -> list
     return [results[i] if i < len(results) else None for i in range(len(calls))]
 
 
+#: What stands in the text for a content part that is not text, by its ``type``.
+PLACEHOLDERS = {"image_url": "[image]", "image": "[image]", "input_image": "[image]",
+                "input_audio": "[audio]", "audio": "[audio]", "file": "[file]", "input_file": "[file]"}
+
+
 def _content(value: Any, where: str, file: str) -> str | None:
-    """A message's content: a string, null, or a list of content parts
-    (whose ``text`` parts are joined)."""
+    """A message's content: a string, null, or a list of content parts,
+    joined: a part's ``text`` (a ``refusal`` part's ``refusal``), and for a
+    part that holds no text (an image, audio, a file) a placeholder naming
+    it, ``[image]``, so that the transcript still shows it was there."""
     if value is None or isinstance(value, str):
         return optional_text(value, file, where)
     if not isinstance(value, list):
@@ -127,8 +146,15 @@ def _content(value: Any, where: str, file: str) -> str | None:
     for i, part in enumerate(value):
         if not isinstance(part, dict):
             raise bad(file, f"{where}[{i}]", "a content part (an object)", part)
+        kind_of = part.get("type")
+        if kind_of is not None and not isinstance(kind_of, str):
+            raise bad(file, f"{where}[{i}].type", "a content part type (a string)", kind_of)
         if part.get("text") is not None:
             texts.append(text(part["text"], file, f"{where}[{i}].text"))
+        elif kind_of == "refusal" and part.get("refusal") is not None:
+            texts.append(text(part["refusal"], file, f"{where}[{i}].refusal"))
+        elif kind_of is not None and kind_of != "text":
+            texts.append(PLACEHOLDERS.get(kind_of) or f"[{kind_of}]")
     return "".join(texts)
 
 
@@ -158,20 +184,23 @@ def _call_id(value: Any, where: str, file: str) -> str | None:
     return None if value is None else text(value, file, where)
 
 
-def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Message:
+def openai_message(m: Any, where: str, file: str, *, tau2: bool = False, position: int = 0) -> Message:
     """One OpenAI chat message (tau-bench, tau2 and openai-jsonl share it;
-    tau2 puts ``name``/``arguments`` on the call itself and ``id`` on the
-    result, and has a ``timestamp``; the legacy ``function_call``/``function``
-    role is read too).
+    tau2 puts ``name``/``arguments`` (and its ``requestor``) on the call
+    itself and ``id`` on the result, and has a ``timestamp``; the legacy
+    ``function_call``/``function`` role is read too, and ``developer`` as
+    ``system``). ``position``: the message's index in its transcript (the
+    legacy call's id).
     Every field read is checked (docs/importers.md, "What is checked")."""
     if not isinstance(m, dict):
         raise bad(file, where, "a message (an object)", m)
     role = m.get("role")
-    if role == "function":  # legacy: a function's result
-        role = "tool"
+    if isinstance(role, str):
+        role = ROLE_ALIASES.get(role, role)
     if not isinstance(role, str) or role not in ROLES:
         shown = repr(role) if role is None or isinstance(role, str) else kind(role)
-        raise ImportInputError(file, f"{where}.role", f"unknown role {shown}; expected one of {sorted(ROLES)}")
+        raise ImportInputError(file, f"{where}.role", f"unknown role {shown}; expected one of "
+                                                     f"{sorted(ROLES | ROLE_ALIASES.keys())}")
     content = _content(m.get("content"), f"{where}.content", file)
     requestor = m.get("requestor")
     if requestor is not None and (not isinstance(requestor, str) or requestor not in REQUESTORS):
@@ -190,6 +219,10 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Mess
         return Message("tool", content, result=result, requestor=requestor, time=time)
     tokens: dict[str, Any] = {}
     if role == "assistant":
+        refusal = optional_text(m.get("refusal"), file, f"{where}.refusal")
+        if refusal:
+            # OpenAI's refusal: what the model said instead of an answer, its text.
+            content = f"{content}\n\n{refusal}" if content and content.strip() else refusal
         usage = mapping(m.get("usage"), file, f"{where}.usage")
         prompt, completion, cost = usage.get("prompt_tokens"), usage.get("completion_tokens"), m.get("cost")
         tokens = {"tokens_in": 0 if prompt is None else integer(prompt, file, f"{where}.usage.prompt_tokens"),
@@ -210,6 +243,15 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Mess
             raise bad(file, fn_at, "an object with name and arguments", fn)
         if not isinstance(fn.get("name"), str) or not fn["name"].strip():
             raise ImportInputError(file, f"{fn_at}.name", "a tool call needs a function name (a non-empty string)")
+        if tau2 and call.get("requestor") is not None:
+            # Whose call it is: the message's side (a user's call on the
+            # agent's message would make it an operation of the agent).
+            side = "user" if role == "user" else "assistant"
+            if call["requestor"] != side:
+                got = repr(call["requestor"]) if isinstance(call["requestor"], str) else kind(call["requestor"])
+                raise ImportInputError(file, f"{at}.requestor",
+                                       f"expected {side!r} (the call is on {'an' if role[0] in 'aeiou' else 'a'} "
+                                       f"{role} message), got {got}")
         arguments, raw = _arguments(fn.get("arguments", {}), f"{fn_at}.arguments", file)
         call_id = _call_id(call.get("id"), f"{at}.id", file)
         calls.append(ToolCall(call_id or f"call-{i + 1}", text(fn["name"], file, f"{fn_at}.name"), arguments, raw))
@@ -222,13 +264,37 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False) -> Mess
             raise ImportInputError(file, f"{at}.name", "a function call needs a name (a non-empty string)")
         arguments, raw = _arguments(legacy.get("arguments", {}), f"{at}.arguments", file)
         # The legacy format has no call ids: the result is the next
-        # ``function`` message, so a positional id is exact.
-        calls.append(ToolCall(f"{where}.function_call", text(legacy["name"], file, f"{at}.name"), arguments, raw))
+        # ``function`` message, so an id from the message's place in its
+        # transcript is exact (and stays the same wherever the record lies).
+        calls.append(ToolCall(f"function_call-{position}", text(legacy["name"], file, f"{at}.name"), arguments,
+                              raw))
     return Message(role, content, tuple(calls), requestor=requestor if role == "user" else "assistant", time=time,
                    **tokens)
 
 
 # --- tau-bench -----------------------------------------------------------------------
+
+#: tau-bench's ``terminate_tools``: a call to one ends the episode (the agent
+#: handed the user over), as the user's ``###STOP###`` does.
+TERMINATE_TOOLS = frozenset({"transfer_to_human_agents"})
+
+
+def _tau_bench_termination(messages: list[Message]) -> str:
+    """How a tau-bench episode ended, which the source does not record: the
+    user's ``###STOP###`` (``user_stop``), the result of a terminate tool
+    the agent called last (``agent_stop``), else the step limit cut it
+    (``max_steps``: a transcript that ends anywhere else, on another tool's
+    result, a user's message or the agent's text)."""
+    if not messages:
+        return "max_steps"
+    last = messages[-1]
+    if last.role == "user":
+        return "user_stop" if "###STOP###" in (last.content or "") else "max_steps"
+    at = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), None)
+    if last.role == "tool" and at is not None and all(m.role == "tool" for m in messages[at + 1:]) \
+            and any(c.name in TERMINATE_TOOLS for c in messages[at].tool_calls):
+        return "agent_stop"
+    return "max_steps"
 
 
 def _task_and_trial(record: dict[str, Any], file: str, where: str) -> tuple[str, int | None]:
@@ -256,7 +322,7 @@ def read_tau_bench(path: Path, tools: Path | None = None) -> Runs:
 
     def convert(index: int) -> Conversation:
         record = data[index]
-        where = f"record {index}"
+        where = f"record {index + 1}"  # counted from 1, as openai-jsonl's lines are
         if not isinstance(record, dict):
             raise bad(file, where, "a record {task_id, trial, reward, info, traj} (an object)", record)
         if not isinstance(record.get("traj"), list):
@@ -266,20 +332,17 @@ def read_tau_bench(path: Path, tools: Path | None = None) -> Runs:
         info = mapping(record.get("info"), file, f"{where}.info")
         task = mapping(info.get("task"), file, f"{where}.info.task")
         user_id = optional_text(task.get("user_id"), file, f"{where}.info.task.user_id")
-        messages = [openai_message(m, f"{where}.traj[{i}]", file) for i, m in enumerate(record["traj"])]
+        messages = [openai_message(m, f"{where}.traj[{i}]", file, position=i) for i, m in enumerate(record["traj"])]
         catalogue = read_catalogue()
         system = next((m.content or "" for m in messages if m.role == "system"), "")
-        last = messages[-1] if messages else None
-        stopped = last is not None and last.role == "user" and "###STOP###" in (last.content or "")
         return Conversation(
-            source="tau-bench", file=path.name, record=where,
-            source_id=f"{task_id}:{trial}:{index}", content=fingerprint(record),
+            # No run id in the source: the run is its record's content.
+            source="tau-bench", file=path.name, record=where, source_id=f"{task_id}:{trial}",
+            legacy_source_id=f"{task_id}:{trial}:{index}", content=fingerprint(record),
             task_id=f"{domain or 'tau-bench'}/{task_id}", model=model or "unknown",
             system_prompt=system, messages=tuple(messages), tools=catalogue,
             reward=reward,
-            # tau-bench records no termination; a transcript that ends on a
-            # tool result instead of the user's ###STOP### ran out of steps.
-            termination="user_stop" if stopped else "max_steps",
+            termination=_tau_bench_termination(messages),
             metadata={"trial": trial, "domain": domain, "user_id": user_id, "termination_inferred": True},
         )
 
@@ -336,11 +399,13 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
         ended_at = optional_time(sim.get("end_time"), file, f"{where}.end_time")
         reward_info = mapping(sim.get("reward_info"), file, f"{where}.reward_info")
         reward = optional_number(reward_info.get("reward"), file, f"{where}.reward_info.reward")
-        messages = [openai_message(m, f"{where}.messages[{i}]", file, tau2=True)
+        messages = [openai_message(m, f"{where}.messages[{i}]", file, tau2=True, position=i)
                     for i, m in enumerate(sim["messages"])]
         catalogue = read_catalogue()
         return Conversation(
-            source="tau2", file=path.name, record=where, source_id=sim_id, content=fingerprint(sim),
+            # tau2 names each simulation with a UUID: that is the run.
+            source="tau2", file=path.name, record=where, source_id=sim_id, identity=f"id:{sim_id}",
+            content=fingerprint(sim),
             task_id=f"{domain}/{task_id}", model=model,
             # The agent's system prompt is tau2's fixed wrapper around the
             # domain policy: the policy is what varies between files.
@@ -355,10 +420,13 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
 
 
 def expand(paths: list[Path], patterns: tuple[str, ...]) -> Iterator[Path]:
-    """Files as given; a folder gives its files matching ``patterns``, sorted."""
+    """Files as given; a folder gives its files matching ``patterns``,
+    sorted, leaving out hidden ones (a name starting with ``.``, or inside
+    such a folder: an editor's backup, ``.git``)."""
     for path in paths:
         if path.is_dir():
-            found = sorted(p for pattern in patterns for p in path.rglob(pattern) if p.is_file())
+            found = sorted({p for pattern in patterns for p in path.rglob(pattern)
+                            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)})
             if not found:
                 raise ImportInputError(str(path), None, f"no {' or '.join(patterns)} file in this folder")
             yield from found

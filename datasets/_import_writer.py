@@ -23,6 +23,11 @@ assistant message is one step (attempt 1):
                  engine's own waits, this step has no ``step_closed``.
     text, then the agent again
                  VALIDATING -> READY, step closed
+    tool calls, then the user spoke (unasked)
+                 the step closes as above; the user's messages (and
+                 user-side tool calls) are ``reply_accepted`` (no wait) and
+                 ``user_tool_call`` events in a commit of their own, the
+                 run staying READY
     the last message
                  ... -> FINALIZING (step closed) -> the terminal state, with
                  the reward set and an ``import`` label on this candidate
@@ -222,6 +227,8 @@ class RunWriter:
         items: list[dict[str, Any]] = []
         if msg.content and msg.content.strip():
             items.append({"type": "text", "text": msg.content})
+        if msg.answer is not None:  # ToolBench's Finish: the final answer
+            items.append({"type": "text", "text": msg.answer})
         for call in msg.tool_calls:
             item: dict[str, Any] = {"type": "tool_call", "call_id": call.call_id, "name": call.name, "version": None}
             if call.arguments is not None:
@@ -335,6 +342,22 @@ class RunWriter:
                 self._commit(State.READY, events=events, artifacts=artifacts, operation_updates=(update,))
         if last:
             self._tail(step.after)
+        elif any(m.role == "user" for m in step.after):
+            self._user_turn(step.after)
+
+    def _user_turn(self, after: tuple[Message, ...]) -> None:
+        """The user spoke after a tool step, unasked (the run did not wait
+        for them): the same ``reply_accepted`` (with no wait) and
+        ``user_tool_call`` events as a reply to a wait, in a commit of its
+        own, the run staying ``READY``."""
+        turn = f"{self.run_id}.u{self.version + 1}"
+        said = "\n".join(m.content for m in after if m.role == "user" and m.content)
+        events = [NewEvent("reply_accepted", {"wait_id": None, "kind": "user", "token_hash": f"import:{turn}",
+                                              "operation_id": None, "actor": "user", "message": said,
+                                              "imported": True, "unprompted": True})]
+        events += self._user_tool_events(after)
+        self._advance(*(m.time for m in after))
+        self._commit(None, events=events)
 
     def _wait_and_reply(self, msg: Message, after: tuple[Message, ...], recorded: dict[str, Any]) -> None:
         wait_id = f"{self.run_id}.w{self.version + 1}"

@@ -869,7 +869,8 @@ def import_cmd(
             raise
         raise ImportInputError(option, exc.record, exc.reason) from None
     for f in result.files:
-        typer.echo(f"{f.path}: {f.runs} runs ({f.skipped} already imported), {f.candidates} candidates, "
+        invalid = f", {f.invalid} marked not valid by the source" if f.invalid else ""
+        typer.echo(f"{f.path}: {f.runs} runs ({f.skipped} already imported{invalid}), {f.candidates} candidates, "
                    f"{f.operations} tool calls ({f.failed_operations} failed"
                    + (f", {f.unanswered_operations} without a result" if f.unanswered_operations else "")
                    + f"), {f.user_tool_calls} user tool calls")

@@ -162,11 +162,11 @@ def test_openai_jsonl_bad_field_is_named(tmp_path: Path, change: Callable[[dict[
 
 
 @pytest.mark.parametrize("change, field, reason", [
-    (lambda r: r.update(reward=NAN), "record 0.reward", "expected a finite number, got nan"),
-    (lambda r: r.update(trial=[0]), "record 0.trial", "expected an integer, got a list"),
-    (lambda r: r.update(info="str"), "record 0.info", "expected an object, got a string"),
-    (lambda r: r["info"].update(task=[]), "record 0.info.task", "expected an object, got a list"),
-    (lambda r: r.update(task_id=1.5), "record 0.task_id", "expected a string or an integer, got a number"),
+    (lambda r: r.update(reward=NAN), "record 1.reward", "expected a finite number, got nan"),
+    (lambda r: r.update(trial=[0]), "record 1.trial", "expected an integer, got a list"),
+    (lambda r: r.update(info="str"), "record 1.info", "expected an object, got a string"),
+    (lambda r: r["info"].update(task=[]), "record 1.info.task", "expected an object, got a list"),
+    (lambda r: r.update(task_id=1.5), "record 1.task_id", "expected a string or an integer, got a number"),
 ], ids=["reward-nan", "trial-list", "info-string", "task-list", "task-id-float"])
 def test_tau_bench_bad_field_is_named(tmp_path: Path, change: Callable[[dict[str, Any]], None], field: str,
                                       reason: str) -> None:
@@ -224,9 +224,9 @@ OPENAI_CASES = [
     (lambda r: r.update(metadata=[]), "metadata", "expected an object, got a list"),
     (lambda r: r.update(tools="x"), "tools", "expected a list of tools, got a string"),
     (lambda r: r.update(tools=None, functions={"name": "f"}), "functions", "expected a list of tools, got an object"),
-    (lambda r: r["tools"][0]["function"].update(parameters="x"), "tools[0].parameters",
+    (lambda r: r["tools"][0]["function"].update(parameters="x"), "tools[0].function.parameters",
      "expected a JSON Schema object, got a string"),
-    (lambda r: r["tools"][0]["function"]["parameters"].update(minimum=NAN), "tools[0].parameters.minimum",
+    (lambda r: r["tools"][0]["function"]["parameters"].update(minimum=NAN), "tools[0].function.parameters.minimum",
      "expected a finite number, got nan"),
     (_msg(1, content=5), "messages[1].content", "expected a string, a list of content parts or null, got an integer"),
     (_msg(1, content=["hi"]), "messages[1].content[0]", "expected a content part (an object), got a string"),
@@ -293,6 +293,15 @@ TAU2_CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
      "expected true or false, got a string"),
     (lambda d: d["simulations"][0]["messages"][3].update(requestor="bot"), "simulations[0].messages[3].requestor",
      "expected 'assistant' or 'user', got 'bot'"),
+    (lambda d: d["simulations"][0]["messages"][2]["tool_calls"][0].update(requestor=5),
+     "simulations[0].messages[2].tool_calls[0].requestor",
+     "expected 'assistant' (the call is on an assistant message), got an integer"),
+    (lambda d: d["simulations"][0]["messages"][2]["tool_calls"][0].update(requestor="bot"),
+     "simulations[0].messages[2].tool_calls[0].requestor",
+     "expected 'assistant' (the call is on an assistant message), got 'bot'"),
+    (lambda d: d["simulations"][0]["messages"][2]["tool_calls"][0].update(requestor="user"),
+     "simulations[0].messages[2].tool_calls[0].requestor",
+     "expected 'assistant' (the call is on an assistant message), got 'user'"),
     (lambda d: d["simulations"][0]["messages"][2]["tool_calls"][0].update(arguments=5),
      "simulations[0].messages[2].tool_calls[0].arguments", "expected a JSON string or an object, got an integer"),
     (lambda d: d["simulations"][0]["messages"][2]["tool_calls"][0].update(name=None),
@@ -313,14 +322,14 @@ def test_tau2_fields(tmp_path: Path, change: Callable[[dict[str, Any]], None], f
 
 
 TAU_BENCH_CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
-    (lambda r: r.pop("task_id"), "record 0.task_id", "missing; expected a string or an integer"),
-    (lambda r: r.update(trial=True), "record 0.trial", "expected an integer, got a boolean"),
-    (lambda r: r.update(reward="1.0"), "record 0.reward", "expected a number, got a string"),
-    (lambda r: r.update(reward=True), "record 0.reward", "expected a number, got a boolean"),
-    (lambda r: r.update(traj="x"), "record 0.traj", "expected a list of messages, got a string"),
-    (lambda r: r["info"]["task"].update(user_id=5), "record 0.info.task.user_id", "expected a string, got an integer"),
+    (lambda r: r.pop("task_id"), "record 1.task_id", "missing; expected a string or an integer"),
+    (lambda r: r.update(trial=True), "record 1.trial", "expected an integer, got a boolean"),
+    (lambda r: r.update(reward="1.0"), "record 1.reward", "expected a number, got a string"),
+    (lambda r: r.update(reward=True), "record 1.reward", "expected a number, got a boolean"),
+    (lambda r: r.update(traj="x"), "record 1.traj", "expected a list of messages, got a string"),
+    (lambda r: r["info"]["task"].update(user_id=5), "record 1.info.task.user_id", "expected a string, got an integer"),
     (lambda r: r["traj"][2]["tool_calls"][0]["function"].update(arguments=[]),
-     "record 0.traj[2].tool_calls[0].function.arguments", "expected a JSON string or an object, got a list"),
+     "record 1.traj[2].tool_calls[0].function.arguments", "expected a JSON string or an object, got a list"),
 ]
 
 
@@ -346,7 +355,8 @@ TOOLBENCH_CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
     (lambda d: d["answer_generation"].update(finish_type=["give_answer"]), "answer_generation.finish_type",
      "expected a string, got a list"),
     (lambda d: d["answer_generation"]["train_messages"][-1][2].update(function_call="get_order"),
-     "train_messages[-1][2].function_call", "expected an object with name and arguments, got a string"),
+     "answer_generation.train_messages[0][2].function_call",
+     "expected an object with name and arguments, got a string"),
 ]
 
 
@@ -359,11 +369,44 @@ def test_toolbench_fields(tmp_path: Path, change: Callable[[dict[str, Any]], Non
     assert str(_refusal("toolbench", path)).startswith(f"{path}: {field}: {reason}")
 
 
+def test_toolbench_names_the_message_path_it_reads(tmp_path: Path) -> None:
+    """The last of ``train_messages`` is read, and named by its index."""
+    data = toolbench_answer()
+    path_messages = data["answer_generation"]["train_messages"][0]
+    broken = copy.deepcopy(path_messages)
+    broken[2]["function_call"] = "get_order"
+    data["answer_generation"]["train_messages"] = [path_messages[:2], broken]
+    path = _write(tmp_path / "G1_answer", "toolbench", data, name="7_ChatGPT_DFS_woFilter_w2.json")
+    assert str(_refusal("toolbench", path)) == (
+        f"{path}: answer_generation.train_messages[1][2].function_call: "
+        "expected an object with name and arguments, got a string")
+
+
+def test_a_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "chats.jsonl"
+    good = json.dumps(openai_record()).encode()
+    path.write_bytes(good + b"\n" + good.replace(b'"get A"', b'"caf\xe9"') + b"\n")
+    error = _refusal("openai-jsonl", path)
+    column = good.replace(b'"get A"', b'"caf\xe9"').index(b"\xe9") + 1
+    assert (error.file, error.record) == (str(path), "line 2")
+    assert error.reason == f"not UTF-8 text (byte 0xe9 at column {column}); expected JSON lines in UTF-8"
+
+
+def test_a_line_separator_inside_a_string_does_not_cut_the_line(tmp_path: Path) -> None:
+    """JSON strings may hold U+2028 and U+2029 as they are; only "\\n" ends a line."""
+    record = openai_record()
+    record["messages"][1]["content"] = "get\u2028A\u2029now\x85"
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
+    ((_, (conv,)),) = read_conversations("openai-jsonl", [path])
+    assert conv.messages[1].content == "get\u2028A\u2029now\x85"
+
+
 @pytest.mark.parametrize("catalogue, field, reason", [
     ({**TOOLS, "tool_types": "read"}, "tool_types", "expected an object mapping tool names to read, write or generic"),
     ({**TOOLS, "tool_types": {"get_order": 1}}, "tool_types.get_order", "expected read, write or generic, got an integer"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"default": INF}}}]},
-     "tools[0].parameters.default", "expected a finite number, got inf"),
+     "tools[0].function.parameters.default", "expected a finite number, got inf"),
     ([{"name": "f", "parameters": 3}], "[0].parameters", "expected a JSON Schema object, got an integer"),
 ])
 def test_tool_catalogue_fields(tmp_path: Path, catalogue: Any, field: str, reason: str) -> None:
@@ -421,7 +464,7 @@ def test_lenient_where_the_sources_are(tmp_path: Path) -> None:
                                  tool_calls=[_call(arguments='{"order_id": NaN}'), {**_call(arguments="5"), "id": "c2"}])
     (conv,) = read_conversations("openai-jsonl", [_write(tmp_path, "openai-jsonl", [record])])[0][1]
     assert (conv.source_id, conv.task_id, conv.reward) == ("17", "4", 0.0)
-    assert conv.messages[1].content == "get A"
+    assert conv.messages[1].content == "get [image]A"  # the image is not text, but it was there
     assert [(c.arguments, c.raw_arguments) for c in conv.messages[2].tool_calls] == [
         (None, '{"order_id": NaN}'), (None, "5")]
     assert (conv.messages[2].tokens_in, conv.messages[2].cost_usd) == (0, 0.0)

@@ -102,7 +102,7 @@ def test_reused_tool_call_ids_in_tau_bench_are_matched_by_position(real_home: Pa
                                 "validation_failed" if answer["content"].startswith("Error") else "success")
     runs = {(r["task_id"], json.loads(r["spec_json"])["imported"]["source_id"]): r["run_id"]
             for r in table(real_home, "runs") if r["tenant"] == "tau-bench"}
-    wanted = [runs[(f"airline/{r['task_id']}", f"{r['task_id']}:{r['trial']}:{records.index(r)}")] for r in reused]
+    wanted = [runs[(f"airline/{r['task_id']}", f"{r['task_id']}:{r['trial']}")] for r in reused]
     ops = [o for o in table(real_home, "operations") if o["run_id"] in set(wanted)]
     ops.sort(key=lambda o: (wanted.index(o["run_id"]), o["step"], o["operation_id"]))
     assert [o["outcome"] for o in ops] == expected
@@ -134,15 +134,22 @@ def test_toolbench_legacy_function_calls(external: Path, tmp_path: Path) -> None
     result = import_traces("toolbench", [folder], home=tmp_path)
     # 2 of the 15 answers have no message path (valid_data false): skipped.
     assert result.runs == 13
-    expected_calls = 0
+    expected_calls = finishes = 0
     wins = 0
     for path in sorted(folder.rglob("*.json")):
         data = load(path)
         if "train_messages" not in data["answer_generation"]:
             continue
         wins += bool(data["win"])
+        # ToolBench's Finish is the agent's answer, not a tool call.
         expected_calls += sum(1 for m in data["answer_generation"]["train_messages"][-1]
-                              if m.get("role") == "assistant" and m.get("function_call"))
+                              if m.get("role") == "assistant" and m.get("function_call")
+                              and m["function_call"]["name"] != "Finish")
+        finishes += sum(1 for m in data["answer_generation"]["train_messages"][-1]
+                        if m.get("role") == "assistant" and (m.get("function_call") or {}).get("name") == "Finish")
     runs = table(tmp_path, "runs")
     assert sum(r["reward"] for r in runs) == wins == 9
-    assert len(table(tmp_path, "operations")) == expected_calls > 0
+    operations = table(tmp_path, "operations")
+    assert len(operations) == expected_calls > 0
+    assert "Finish" not in {o["tool"] for o in operations} and finishes > 0
+    assert (result.invalid, result.skipped) == (2, 2)

@@ -38,7 +38,9 @@ def _traced(home: Path) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def _chats(tmp: Path, n: int, name: str = "chats.jsonl") -> Path:
-    """``n`` small conversations with tool calls, a failure, a user turn and a final answer."""
+    """``n`` small conversations with tool calls, a failure, a user turn and a
+    final answer; files of different names hold different conversations (a
+    run is its record's content: the same record in two files is one run)."""
     lines = []
     for i in range(n):
         call = {"id": f"c{i}", "type": "function",
@@ -52,7 +54,7 @@ def _chats(tmp: Path, n: int, name: str = "chats.jsonl") -> Path:
             {"role": "user", "content": "the other one"},
             {"role": "assistant", "content": f"Order A{i} is on its way."},
         ]
-        lines.append(json.dumps({"messages": messages, "metadata": {"id": f"r{i}", "reward": i % 2}}))
+        lines.append(json.dumps({"messages": messages, "metadata": {"id": f"{name}:r{i}", "reward": i % 2}}))
     path = tmp / name
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -293,8 +295,11 @@ def test_a_killed_imports_share_processes_end_with_it_and_leave_the_home_usable(
     big = _chats(tmp_path, 6000, "big.jsonl")
     assert big.stat().st_size > _import_run.PARALLEL_FROM_BYTES
     home = tmp_path / "home"
+    scratch = tmp_path / "tmp"  # the import's temporary folder (TMPDIR), to see what it leaves there
+    scratch.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if k != "LOOPLEDGER_HOME"}, "TMPDIR": str(scratch)}
     importer = subprocess.Popen([LOOPLEDGER, "import", "openai-jsonl", str(big), "--home", str(home)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 60
     while not (shares := _children(importer.pid)) and importer.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -307,6 +312,36 @@ def test_a_killed_imports_share_processes_end_with_it_and_leave_the_home_usable(
     while any(map(_running, shares)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(map(_running, shares))
-    # The traces' lock is free: another import of the home finishes.
-    again = cli("import", "openai-jsonl", str(_chats(tmp_path, 3)), "--home", str(home))
+    # The killed import's scratch folder is left behind, named with its pid...
+    assert [p.name for p in scratch.iterdir()] and all(
+        p.name.startswith(f"loopledger-import-{importer.pid}-") for p in scratch.iterdir())
+    # ... the traces' lock is free: another import of the home finishes, and removes it.
+    again = subprocess.run([LOOPLEDGER, "import", "openai-jsonl", str(_chats(tmp_path, 3)), "--home", str(home)],
+                           capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stderr
+    assert list(scratch.iterdir()) == []
+
+
+def test_an_import_sweeps_scratch_folders_whose_import_is_gone(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import tempfile
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid whose process has ended
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    left = scratch / f"loopledger-import-{gone.pid}-abc123"
+    (left / "0").mkdir(parents=True)
+    (left / "0" / "runs").write_bytes(b"arrow")
+    live = scratch / f"loopledger-import-{os.getpid()}-def456"  # an import under way: kept
+    live.mkdir()
+    other = scratch / "loopledger-import-xyz"  # not named with a pid: not ours to judge
+    other.mkdir()
+    import_traces("openai-jsonl", [_chats(tmp_path, 2)], home=tmp_path / "home")
+    assert sorted(p.name for p in scratch.iterdir()) == sorted([live.name, other.name])
+    # A large import's own folder goes when it is done.
+    _in_parallel(monkeypatch, 2)
+    import_traces("openai-jsonl", [_chats(tmp_path, 20, "more.jsonl")], home=tmp_path / "home")
+    assert sorted(p.name for p in scratch.iterdir()) == sorted([live.name, other.name])
