@@ -12,8 +12,11 @@ per-run window (which would cost a hash partition per run):
 All detectors are lazy queries over one shared prepared table, collected
 together so polars shares the preparation and runs them in parallel. Only
 the (few) finding rows leave polars; their evidence JSON is written by the
-same canonical serialiser as the streaming findings, so both forms give
-byte-identical ``evidence_json``.
+same canonical form as the streaming findings: polars' JSON encoding of a
+struct whose fields are in sorted order is byte-identical to
+``canonical_json`` of the same dict (sorted keys, no whitespace, UTF-8
+kept, the same escapes; the tests compare them over every code point), so
+the findings are written, sorted and framed without a Python object per row.
 """
 
 from __future__ import annotations
@@ -24,8 +27,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import polars as pl
-
-from loopledger.canonical import canonical_json
 
 from ._detectors import DIAGNOSIS_COLUMNS, make_detector
 from ._errors import InputError
@@ -41,10 +42,9 @@ _IDX = pl.col("_idx")
 # polars accepts it) keeps the future-default warning quiet.
 _EXPLODE_KW = {"empty_as_null": True} if "empty_as_null" in inspect.signature(pl.LazyFrame.explode).parameters else {}
 
-#: A finding before serialisation: run, step, pattern, evidence.
-Raw = tuple[str, int, str, dict[str, Any]]
-#: A detector's batch plan: lazy queries and how to turn their results into findings.
-Plan = list[tuple[pl.LazyFrame, Callable[[pl.DataFrame], list[Raw]]]]
+#: A detector's batch plan: lazy queries of its findings, each with the
+#: columns run_id, step, pattern, evidence_json.
+Plan = list[pl.LazyFrame]
 
 
 def empty_diagnoses() -> pl.DataFrame:
@@ -102,6 +102,13 @@ def _hashed_token(col: str) -> pl.Expr:
     return pl.when(pl.col(col).list.len() > 0).then(pl.col(col).hash())
 
 
+def _finding(pattern: str, **evidence: pl.Expr | Any) -> list[pl.Expr]:
+    """A finding's pattern and evidence JSON, its fields in sorted order (the
+    canonical form); a plain value is a literal."""
+    fields = [(v if isinstance(v, pl.Expr) else pl.lit(v)).alias(k) for k, v in sorted(evidence.items())]
+    return [pl.lit(pattern).alias("pattern"), pl.struct(fields).struct.json_encode().alias("evidence_json")]
+
+
 def _same_as_previous(col: str) -> pl.Expr:
     # null (a step without a token) never equals anything, as in streaming.
     return ((pl.col(col) == pl.col(col).shift(1)) & ~pl.col("_new_run")).fill_null(False)
@@ -118,16 +125,9 @@ def _repeated_call(lf: pl.LazyFrame, threshold: int) -> Plan:
         lf.select(_RUN, "step", "_idx", "_new_run", _token("calls").alias("_calls"))
         .select(_RUN, "step", "_calls", run_len.alias("_n"), pl.col("step").shift(threshold - 1).alias("_first"))
         .filter(pl.col("_calls").is_not_null() & (pl.col("_n") == threshold))
-        .select(_RUN, "step", "_calls", "_first")
+        .select(_RUN, "step", *_finding("repeated_call", call=pl.col("_calls"), count=threshold, first_step=pl.col("_first")))
     )
-
-    def rows(df: pl.DataFrame) -> list[Raw]:
-        return [
-            (run, step, "repeated_call", {"call": call, "count": threshold, "first_step": first})
-            for run, step, call, first in df.iter_rows()
-        ]
-
-    return [(query, rows)]
+    return [query]
 
 
 def _repeated_error(lf: pl.LazyFrame, threshold: int) -> Plan:
@@ -141,16 +141,9 @@ def _repeated_error(lf: pl.LazyFrame, threshold: int) -> Plan:
         .group_by([_RUN, "_code"], maintain_order=True)
         .agg(pl.col("step").slice(threshold - 1, 1).first().alias("step"), pl.col("step").first().alias("_first"))
         .filter(pl.col("step").is_not_null())
-        .select(_RUN, "step", "_code", "_first")
+        .select(_RUN, "step", *_finding("repeated_error", code=pl.col("_code"), count=threshold, first_step=pl.col("_first")))
     )
-
-    def rows(df: pl.DataFrame) -> list[Raw]:
-        return [
-            (run, step, "repeated_error", {"code": code, "count": threshold, "first_step": first})
-            for run, step, code, first in df.iter_rows()
-        ]
-
-    return [(query, rows)]
+    return [query]
 
 
 def _no_progress(lf: pl.LazyFrame, window: int) -> Plan:
@@ -169,13 +162,9 @@ def _no_progress(lf: pl.LazyFrame, window: int) -> Plan:
         lf.select(_RUN, "step", "_idx", "_new_run", progress.alias("_p"), pl.col("step").shift(window - 1).alias("_first"))
         .with_columns((_IDX - base).alias("_n"))
         .filter(~pl.col("_p") & (pl.col("_n") == window))
-        .select(_RUN, "step", "_first")
+        .select(_RUN, "step", *_finding("no_progress", window=window, first_step=pl.col("_first")))
     )
-
-    def rows(df: pl.DataFrame) -> list[Raw]:
-        return [(run, step, "no_progress", {"window": window, "first_step": first}) for run, step, first in df.iter_rows()]
-
-    return [(query, rows)]
+    return [query]
 
 
 def _oscillation(lf: pl.LazyFrame, period: int, cycles: int, channels: Iterable[str]) -> Plan:
@@ -194,24 +183,17 @@ def _oscillation(lf: pl.LazyFrame, period: int, cycles: int, channels: Iterable[
         token = _hashed_token(channel) if hashed else _token(channel)
         source = pl.col(channel) if hashed else tok
         cycle = [source.shift(period - 1 - j).alias(f"_c{j}") for j in range(period)]
+        parts = [pl.col(f"_c{j}").list.join("|") if hashed else pl.col(f"_c{j}") for j in range(period)]
         query = (
             lf.select(_RUN, "step", "_idx", "_new_run", "_run_start", channel, token.alias("_tok"))
             .with_columns(match.alias("_match"))
             .with_columns(holds.alias("_holds"))
             .with_columns(was.alias("_was"), *cycle)
             .filter(pl.col("_holds") & ~pl.col("_was"))
-            .select(_RUN, "step", *[f"_c{j}" for j in range(period)])
+            .select(_RUN, "step", *_finding(f"oscillation_{channel}", channel=channel, period=period, cycles=cycles,
+                                            cycle=pl.concat_list(parts)))
         )
-        if hashed:
-            query = query.with_columns(pl.col(f"_c{j}").list.join("|") for j in range(period))
-
-        def rows(df: pl.DataFrame, channel: str = channel) -> list[Raw]:
-            return [
-                (r[0], r[1], f"oscillation_{channel}", {"channel": channel, "period": period, "cycles": cycles, "cycle": list(r[2:])})
-                for r in df.iter_rows()
-            ]
-
-        plan.append((query, rows))
+        plan.append(query)
     return plan
 
 
@@ -251,12 +233,13 @@ def detect_batch(steps: pl.DataFrame, detectors: Iterable[tuple[str, Mapping[str
         return empty_diagnoses()
     # Shared by every query: collect_all evaluates the cached plan once.
     lf = _prepare(steps).cache()
-    jobs = [(name, det.version, query, rows) for name, det in specs for query, rows in _BATCH[name](lf, det.params)]
-    results = pl.collect_all([query for _, _, query, _ in jobs])
-    out: list[tuple[str, int, str, str, str, str]] = []
-    for (name, version, _, rows), df in zip(jobs, results):
-        out.extend((run, step, name, version, pattern, canonical_json(ev)) for run, step, pattern, ev in rows(df))
-    if not out:
-        return empty_diagnoses()
-    out.sort()
-    return pl.DataFrame(out, schema=empty_diagnoses().schema, orient="row").select(DIAGNOSIS_COLUMNS)
+    schema = empty_diagnoses().schema
+    queries = [
+        query.select(_RUN, "step", pl.lit(name).alias("detector"), pl.lit(det.version).alias("detector_version"),
+                     "pattern", "evidence_json").cast(schema)
+        for name, det in specs
+        for query in _BATCH[name](lf, det.params)
+    ]
+    # One plan: the queries run in parallel over the cached table, and their
+    # few finding rows are sorted as one frame.
+    return pl.concat(queries).sort(DIAGNOSIS_COLUMNS).collect().select(DIAGNOSIS_COLUMNS)

@@ -139,7 +139,9 @@ def test_batch_arguments_of_the_wrong_shape_are_input_errors(steps_arg, detector
 
 # --- streaming == batch -----------------------------------------------------
 
-_tokens = st.sampled_from(["t.a:1", "t.b:2", "t.c:3"])
+# Mostly a few tokens, so that patterns form; sometimes any text, so that
+# the batch form's evidence JSON meets every escape the canonical form makes.
+_tokens = st.sampled_from(["t.a:1", "t.b:2", "t.c:3"]) | st.text(max_size=4)
 _record = st.fixed_dictionaries({
     "states": st.sampled_from([(), ("READY", "MODEL_RUNNING"), ("READY", "MODEL_RUNNING", "VALIDATING", "TOOL_RUNNING")]),
     "calls": st.lists(_tokens, max_size=2).map(tuple),
@@ -175,6 +177,22 @@ def test_streaming_equals_batch(name, data, runs, interleave):
     streamed = sorted(f.key() for f in detect_stream(fed, [(name, params)]))
     batch = detect_batch(steps_frame(fed), [(name, params)])
     assert sorted(batch.rows()) == streamed
+
+
+def test_batch_evidence_is_the_canonical_json_of_the_streaming_evidence_for_any_text():
+    # Every character below U+0800 (controls, quotes, backslash, DEL, the
+    # Latin and Greek ranges) and the awkward ones above it, in calls,
+    # errors and states: the batch form writes its JSON in polars.
+    odd = [chr(c) for c in range(0x800)] + ["\u2028", "\u2029", "\ufeff", "\uffff", "\U0001F600", "\U0010FFFF"]
+    records = []
+    for i, ch in enumerate(odd):
+        token = f"t{ch}:{ch}|"
+        records += steps(*[{"calls": (token,), "errors": (ch,), "states": (ch, "B") if k % 2 else ("A", ch)}
+                           for k in range(4)], run=f"r{i:05d}")
+    streamed = sorted(f.key() for f in detect_stream(records, ALL + [("loop.oscillation", {"channels": ["states"]})]))
+    batch = detect_batch(steps_frame(records), ALL + [("loop.oscillation", {"channels": ["states"]})])
+    assert len(streamed) >= 3 * len(odd)
+    assert batch.rows() == streamed
 
 
 def test_property_generator_produces_findings_for_every_detector():
