@@ -226,7 +226,14 @@ class Controller(PeopleMixin):
         view, record = self._load(run_id)
         if self._not_started_by_its_maker(view):
             return view
-        config = self._config_here(view, record)
+        try:
+            config = self._config_here(view, record)
+        except NotDrivableHere:
+            # Another data directory's run whose maker is alive and drives
+            # it: not this process's to drive, nor to report as left behind.
+            if view.batch_id is not None and self.store.batch_held_elsewhere(view.batch_id):
+                return view
+            raise
         # An error leaves the view, and the moves it holds, unwritten: as if
         # the process had died there.
         while view.state not in TERMINAL:

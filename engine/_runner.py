@@ -238,6 +238,15 @@ class Runner:
         )
         return run_id
 
+    def create_all(self, batch: Sequence[tuple[Scenario, str]], model_route: str = "scripted") -> list[str]:
+        """Create a batch of runs (scenario, prompt version) in one
+        transaction: a process killed while making them leaves all of them
+        or none, never a part that a resume would drive while the rest is
+        silently never run."""
+        self.store.hold_batch(self.batch_id)
+        with self.store.batch():
+            return [self.create(scenario, version, model_route) for scenario, version in batch]
+
     def drive_all(self, run_ids: Sequence[str], concurrency: int = 1,
                   on_settled: Callable[[str], None] | None = None, wait_for_tools: bool = True,
                   leave_waiting: Mapping[str, int] | None = None) -> None:

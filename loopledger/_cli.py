@@ -221,7 +221,8 @@ def _bundled_scenarios() -> Path:
 def _drive(runner: Any, scenarios: list[Any], versions: list[str], model: str, concurrency: int,
            show_progress: bool) -> list[tuple[str, Any]]:
     """Create a run per scenario and prompt version, drive them all; return (run_id, scenario)."""
-    created = [(runner.create(s, v, model), s) for v in versions for s in scenarios]
+    batch = [(s, v) for v in versions for s in scenarios]
+    created = list(zip(runner.create_all(batch, model), (s for s, _ in batch)))
     _drive_ids(runner, [run_id for run_id, _ in created], concurrency, show_progress)
     return created
 
@@ -332,7 +333,7 @@ def run(
             check_script(scenario, prompt_version)
     runner = Runner(_home(home, store))
     try:
-        created = [(runner.create(s, prompt_version, model), s) for s in scenarios]
+        created = list(zip(runner.create_all([(s, prompt_version) for s in scenarios], model), scenarios))
         scenario_of = dict(created)
 
         def line(run_id: str) -> dict[str, Any]:

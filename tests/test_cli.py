@@ -359,3 +359,14 @@ def test_run_json_into_a_closed_pipe_finishes_its_runs(tmp_path: Path) -> None:
         "SELECT count(*) FROM runs WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'BUDGET_EXHAUSTED', 'POLICY_STOPPED', "
         "'CANCELLED', 'CANCEL_UNKNOWN', 'EXPIRED', 'WAITING_USER')").fetchone()
     assert left == (0,)
+
+
+def test_run_creates_its_batch_in_one_commit(tmp_path: Path) -> None:
+    """Killed while making its runs, ``run`` leaves all of them or none: a
+    part would be driven by a resume while the rest were never run."""
+    home = tmp_path / "home"
+    died = cli("run", str(REPO / "datasets" / "scenarios"), "--home", str(home), "--concurrency", "1",
+               env={"LOOPLEDGER_CRASH_AFTER_COMMITS": "1"})
+    assert died.returncode == -9, died.stderr
+    made = sqlite3.connect(home / "journal.sqlite").execute("SELECT count(*), max(state_version) FROM runs").fetchone()
+    assert made == (len(list((REPO / "datasets" / "scenarios").glob("*.yaml"))), 1)

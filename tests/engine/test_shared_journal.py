@@ -153,3 +153,40 @@ def test_a_resume_leaves_runs_a_live_run_command_has_not_started_to_it(tmp_path:
     assert gone.returncode == 0, gone.stderr
     statuses = sorted(json.loads(x)["status"] for x in gone.stdout.splitlines())
     assert statuses == ["WAITING_USER"]
+
+
+DRIVER = """
+import sys
+from pathlib import Path
+from loopledger.engine._home import Home
+from loopledger.engine._runner import Runner
+from loopledger.engine._scenario import load_scenarios
+
+runner = Runner(Home(Path(sys.argv[1]), sys.argv[2]))
+(run_id,) = runner.create_all([(s, "v1") for s in load_scenarios(sys.argv[3:])])
+view = runner.controller.drive(run_id)  # to its wait for a person, and let go of it
+print(run_id, view.state.value, flush=True)
+sys.stdin.read()  # alive, holding its batch, until the test lets go
+"""
+
+
+def test_a_resume_from_another_data_directory_passes_over_runs_their_live_maker_drives(tmp_path: Path) -> None:
+    """A scheduled resume on a shared journal meets the other directories'
+    runs: those whose ``run`` process is alive are theirs, not failures of
+    this resume; once that process is gone they are named (exit 3)."""
+    journal, a, b = tmp_path / "journal.sqlite", tmp_path / "a", tmp_path / "b"
+    maker = subprocess.Popen([sys.executable, "-c", DRIVER, str(a), f"sqlite:{journal}",
+                              str(SCENARIOS / "approval-waits-for-person.yaml")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        run_id, state = maker.stdout.readline().split()
+        assert state == "WAITING_USER"
+        alive = cli("resume", "--json", home=b, store=journal)
+        assert alive.returncode == 0, alive.stderr
+        assert [(x["run_id"], x["status"]) for x in map(json.loads, alive.stdout.splitlines())] == [
+            (run_id, "WAITING_USER")]
+    finally:
+        maker.communicate("", timeout=60)
+    gone = cli("resume", "--json", home=b, store=journal)
+    assert gone.returncode == 3
+    assert run_id in gone.stderr and "another data directory" in gone.stderr
