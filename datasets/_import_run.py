@@ -288,46 +288,53 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
     return _file_imports(files, counts, totals), concat_tables(parts)
 
 
-#: The shares' scratch folders: ``<temp>/loopledger-import-<pid>-<random>``,
-#: the pid of the import that made it.
+#: The shares' scratch folders: ``<temp>/loopledger-import-<random>``, each
+#: holding a lock file its import keeps locked while it lives.
 SCRATCH_PREFIX = "loopledger-import-"
+_SCRATCH_LOCK = ".owner.lock"
 
 
 @contextmanager
 def _scratch_folder() -> Iterator[str]:
     """A scratch folder for the shares' tables, removed when the import is
     done. An import killed on the way (SIGKILL, a crash) cannot remove its
-    own: the folder's name holds the import's pid, and the next import
-    removes every such folder whose process is gone."""
+    own: it holds a lock on a file inside while it lives, and the next
+    import removes every such folder whose lock it can take (the operating
+    system lets go of a dead process's locks, whatever its pid and however
+    processes see each other)."""
+    import fcntl
     import shutil
     import tempfile
 
-    scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+    scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+    lock = os.open(os.path.join(scratch, _SCRATCH_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
     try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         yield scratch
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        os.close(lock)
 
 
 def _sweep_scratch() -> None:
-    """Remove the scratch folders left by imports whose process is gone."""
+    """Remove the scratch folders left by imports that are gone: those whose
+    lock file nobody holds. A folder without one is being made: left alone."""
+    import fcntl
     import shutil
     import tempfile
 
-    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
-        pid = folder.name[len(SCRATCH_PREFIX):].partition("-")[0]
-        if pid.isdigit() and folder.is_dir() and not _alive(int(pid)):
+    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*"):
+        try:
+            lock = os.open(folder / _SCRATCH_LOCK, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's process (PermissionError): alive
-    return True
+        except OSError:
+            pass  # held: its import is alive
+        finally:
+            os.close(lock)
 
 
 def _die_with_parent(parent: int) -> None:

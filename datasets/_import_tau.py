@@ -336,9 +336,12 @@ def read_tau_bench(path: Path, tools: Path | None = None) -> Runs:
         catalogue = read_catalogue()
         system = next((m.content or "" for m in messages if m.role == "system"), "")
         return Conversation(
-            # No run id in the source: the run is its record's content.
+            # No run id in the source: the run is its record's content, with
+            # the model and domain its file's name gives it (identical records
+            # of two models are two runs).
             source="tau-bench", file=path.name, record=where, source_id=f"{task_id}:{trial}",
-            legacy_source_id=f"{task_id}:{trial}:{index}", content=fingerprint(record),
+            legacy_source_id=f"{task_id}:{trial}:{index}",
+            content=fingerprint({"model": model, "domain": domain, "record": record}),
             task_id=f"{domain or 'tau-bench'}/{task_id}", model=model or "unknown",
             system_prompt=system, messages=tuple(messages), tools=catalogue,
             reward=reward,

@@ -33,7 +33,11 @@ class Home:
     def has_journal(self) -> bool:
         """Whether there is a journal to read: commands that only look at
         runs must not create one by opening it."""
-        return self.store_url is not None or self.journal_path.exists()
+        if self.store_url is None:
+            return self.journal_path.exists()
+        if self.store_url.startswith("sqlite:"):
+            return Path(self.store_url.removeprefix("sqlite:")).exists()
+        return True  # a server's database: opening it makes nothing a reader would not
 
     @property
     def traces(self) -> Path:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ._clock import from_us
+from ._errors import UnknownRun
 from ._store import SQLRunStore
 
 
@@ -247,6 +248,46 @@ def comparison_table(outcomes: Sequence[Any]) -> Any:
     for label, cells in rows:
         table.add_row(label, *cells)
     return table
+
+
+class RunNotFound(UnknownRun):
+    """No run has this id, and it is the start of none or of several runs'
+    ids (``matches``: those, sorted)."""
+
+    def __init__(self, run_id: str, matches: list[str], where: str) -> None:
+        if len(matches) > 1:
+            shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+            text = f"{run_id!r} is ambiguous: {len(matches)} runs start with it: {shown}"
+        else:
+            text = f"unknown run {run_id!r}: {where}"
+        Exception.__init__(self, text)
+        self.run_id = run_id
+        self.matches = matches
+
+
+def resolve_run(run_id: str, sources: Sequence[Any], where: str) -> tuple[Any, str]:
+    """The source (a journal, :class:`TracedRuns`) holding ``run_id``, or
+    the one run whose id begins with it (as git takes a commit), and that
+    run's whole id; :class:`RunNotFound` otherwise (``where``: where the
+    run was looked for, for its message)."""
+    holder = _holder(run_id, sources)
+    if holder is not None:
+        return holder, run_id
+    matches = runs_starting_with(run_id, *sources) if run_id else []
+    if len(matches) == 1 and (holder := _holder(matches[0], sources)) is not None:
+        return holder, matches[0]
+    raise RunNotFound(run_id, matches, where)
+
+
+def _holder(run_id: str, sources: Sequence[Any]) -> Any:
+    """The first of ``sources`` that holds ``run_id``, else None."""
+    for source in sources:
+        try:
+            source.get_run(run_id)
+        except UnknownRun:
+            continue
+        return source
+    return None
 
 
 def runs_starting_with(prefix: str, *sources: Any) -> list[str]:

@@ -101,16 +101,22 @@ def guarded(fn: F) -> F:
 def _check_text(fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
     """Refuse a text argument holding bytes that are not UTF-8 (the shell
     passes them through as lone surrogates, which no journal can store). A
-    path (``--home``, files) may hold such bytes: Linux allows them."""
+    path may hold such bytes (Linux allows them): those typed as paths are
+    not text here, nor are the text options that may name a file."""
     from loopledger.engine._errors import BadInput
 
     for name, value in kwargs.items():
-        if name == "home" or not isinstance(value, str):
+        if name in _MAY_NAME_A_FILE or not isinstance(value, str):
             continue
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise BadInput(_param_label(fn, name), "expected UTF-8 text; it holds bytes that are not") from None
+
+
+#: Text options that may be a file's path: --home, --store (sqlite:PATH),
+#: --suite and --decide (a suite's .yaml).
+_MAY_NAME_A_FILE = frozenset({"home", "store", "suite", "decide"})
 
 
 def _param_label(fn: Callable[..., Any], name: str) -> str:
@@ -121,7 +127,9 @@ def _param_label(fn: Callable[..., Any], name: str) -> str:
     hint = typing.get_type_hints(fn, include_extras=True).get(name)
     for info in getattr(hint, "__metadata__", ()):
         if isinstance(info, typer.models.OptionInfo):
-            return next((d for d in info.param_decls if d.startswith("--")), "--" + name.replace("_", "-"))
+            # Annotated[..., typer.Option("--json")] keeps the flag as its default.
+            flags = [d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d.startswith("--")]
+            return flags[0] if flags else "--" + name.replace("_", "-")
         if isinstance(info, typer.models.ArgumentInfo):
             return info.metavar or name.upper()
     return name
@@ -270,7 +278,9 @@ class _JsonLines:
             # The reader went away (``| head``): the runs are the work, the
             # lines only news of it. Drive on; write nowhere.
             self.closed = True
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
 
     def rest(self, run_ids: list[str]) -> None:
         for run_id in run_ids:
@@ -377,8 +387,7 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
     """Print a run's timeline: states, steps and attempts, candidates,
     decisions, operations and loop diagnosis. RUN_ID may be the start of
     one run's id."""
-    from loopledger.engine._errors import UnknownRun
-    from loopledger.engine._show import TracedRuns, render_run, run_document, runs_starting_with
+    from loopledger.engine._show import RunNotFound, TracedRuns, render_run, resolve_run, run_document
 
     def render_run_json(source: Any, wanted: str) -> None:
         import json
@@ -390,34 +399,25 @@ def show(run_id: Annotated[str, typer.Argument(help="The run to show.")], home: 
     where = _home(home, store)
     run_store = where.open_store(to_read=True) if where.has_journal else None
     traced = TracedRuns(where.traces)  # an imported run lives in the trace tables only
-
-    def render_either(wanted: str) -> None:
-        try:
-            if run_store is None:
-                raise UnknownRun(wanted)
-            render(run_store, wanted)
-        except UnknownRun:
-            render(traced, wanted)
-
     try:
         try:
-            render_either(run_id)
-        except UnknownRun as exc:
-            sources = [source for source in (run_store, traced) if source is not None]
-            found = runs_starting_with(run_id, *sources) if run_id else []
-            if len(found) > 1:
-                shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
-                _err(f"{run_id!r} is ambiguous: {len(found)} runs start with it: {shown}")
-                raise typer.Exit(EXIT_FAILED) from None
-            if not found:
-                where = f"neither in the journal nor in {where.traces}" if run_store is not None else (
-                    f"not in {where.traces}, and there is no journal ({where.journal_path})")
-                _err(f"unknown run {exc.run_id!r}: {where}")
-                raise typer.Exit(EXIT_FAILED) from None
-            render_either(found[0])
+            source, whole = resolve_run(run_id, [s for s in (run_store, traced) if s is not None],
+                                        _looked_in(where, run_store is not None))
+        except RunNotFound as exc:
+            _err(str(exc))
+            raise typer.Exit(EXIT_FAILED) from None
+        render(source, whole)
     finally:
         if run_store is not None:
             run_store.close()
+
+
+def _looked_in(where: Any, journal: bool) -> str:
+    """Where a run was looked for, for the message that says it is not there."""
+    if journal:
+        return f"neither in the journal nor in {where.traces}"
+    journal = where.store_url.removeprefix("sqlite:") if where.store_url else where.journal_path
+    return f"not in {where.traces}, and there is no journal ({journal})"
 
 
 def _console() -> Any:

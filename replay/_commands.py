@@ -70,49 +70,47 @@ def _recorded_run(home: Any, run_id: str) -> tuple[Any, str]:
     """Where ``run_id`` (or the one run whose id begins with it, as ``show``
     takes it) is recorded: the journal (the engine's runs) or the trace
     tables (imported runs, which never were in the journal); and the whole
-    id. Creates nothing."""
-    from loopledger.engine import UnknownRun
-    from loopledger.engine._show import TracedRuns, runs_starting_with
+    id. Creates nothing; the caller closes a journal returned."""
+    from loopledger.engine._show import RunNotFound, TracedRuns, resolve_run
 
-    store = home.open_store() if home.has_journal else None
-    traced = TracedRuns(home.traces)
+    store = home.open_store(to_read=True) if home.has_journal else None
+    sources = [source for source in (store, TracedRuns(home.traces)) if source is not None]
     try:
-        sources = [source for source in (store, traced) if source is not None]
-        for wanted in (run_id, None):
-            if wanted is None:
-                found = runs_starting_with(run_id, *sources) if run_id else []
-                if len(found) > 1:
-                    shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
-                    raise ReplayInputError("RUN_ID", f"{run_id!r} is the start of {len(found)} runs' ids ({shown}); "
-                                                     f"expected one run")
-                if not found:
-                    break
-                wanted = found[0]
-            for source in sources:
-                try:
-                    source.get_run(wanted)
-                except UnknownRun:
-                    continue
-                if source is store:
-                    store = None  # handed to the caller
-                return source, wanted
-    finally:
+        found, whole = resolve_run(run_id, sources, f"neither in the journal nor in {home.traces}")
+    except RunNotFound as exc:
         if store is not None:
             store.close()
-    raise ReplayInputError("RUN_ID", f"unknown run {run_id!r}: neither in the journal nor in {home.traces}")
+        raise ReplayInputError("RUN_ID", str(exc)) from None
+    if store is not None and found is not store:
+        store.close()
+    return found, whole
+
+
+def _traces_taken(home: Any) -> bool:
+    """Whether the home's traces already belong to a journal, with none in
+    the home: a journal made now could never export to them."""
+    from loopledger.engine._recorder import OWNER_FILE
+    from loopledger.engine._tables import TABLES
+
+    traces = home.traces
+    return not home.has_journal and ((traces / OWNER_FILE).exists() or any(
+        next((traces / name).glob("seg-*.parquet"), None) for name in TABLES))
 
 
 def _traces_take_labels(home: Any, store: Any) -> None:
-    """Refuse, before a label is written, a home whose traces belong to
-    another journal (copied from elsewhere): the label could never be
-    exported to them, so a replay would never see it."""
+    """Refuse, before a label is written, a home whose traces another journal
+    exported (copied from elsewhere): the label could never be exported to
+    them, so a replay would never see it."""
     from loopledger.engine import JournalError, Recorder
 
     try:
         Recorder(store, home.traces).claim()
-    except JournalError as exc:
-        raise ReplayInputError("--home", f"{exc}; a label goes to the journal the traces were exported from "
-                                         f"(its --home or --store)") from None
+    except JournalError:
+        raise ReplayInputError("--home", _OTHER_JOURNALS.format(traces=home.traces)) from None
+
+
+_OTHER_JOURNALS = ("{traces} holds traces another journal exported; a label goes to the journal they were "
+                   "exported from (its --home or --store), where replays will see it")
 
 
 def _validated(runs: Any, run_id: str, step: int, attempt: int) -> tuple[str, set[str]]:
@@ -142,7 +140,6 @@ def label_command(*, home: Any, run_id: str, step: int, attempt: int, validator:
     not need it in the journal). ``suite``: a suite whose validators (its
     ``imports`` loaded) may be named besides those recorded and registered."""
     from loopledger.engine import Recorder
-    from loopledger.engine._recorder import OWNER_FILE
     from loopledger.engine._show import TracedRuns
 
     if expect not in VERDICTS:
@@ -150,16 +147,9 @@ def label_command(*, home: Any, run_id: str, step: int, attempt: int, validator:
     if source not in SOURCES:
         raise ReplayInputError("--source", f"expected one of {', '.join(SOURCES)}, got {source!r}")
     members = _suite_members(suite) if suite is not None else set()
-    if not home.has_journal and (home.traces / OWNER_FILE).exists():
-        # Traces another journal exported, and no journal here: a new one
-        # could never export to them. Refused before one is made.
-        raise ReplayInputError("--home", f"{home.traces} holds traces exported from another journal and {home.root} "
-                                         f"has none; a label goes to the journal the traces were exported from "
-                                         f"(its --home or --store)")
+    if _traces_taken(home):
+        raise ReplayInputError("--home", _OTHER_JOURNALS.format(traces=home.traces))
     runs, run_id = _recorded_run(home, run_id)
-    # The label goes to the journal: the one just read, or, for an imported
-    # run, the home's own (made if the home has none yet).
-    store = home.open_store() if isinstance(runs, TracedRuns) else runs
     try:
         candidate_id, decided = _validated(runs, run_id, step, attempt)
         if validator:
@@ -170,6 +160,13 @@ def label_command(*, home: Any, run_id: str, step: int, attempt: int, validator:
                 raise ReplayInputError("--validator", f"unknown validator {validator!r}; expected one recorded for "
                                        f"this candidate ({', '.join(sorted(decided)) or 'none'}) or a registered "
                                        f"one{hint}")
+    finally:
+        if not isinstance(runs, TracedRuns):
+            runs.close()
+    # Checked: the label goes to the journal (for an imported run, the
+    # home's own, made if the home has none yet).
+    store = home.open_store()
+    try:
         _traces_take_labels(home, store)
         label = {"run_id": run_id, "step": step, "attempt": attempt, "candidate_id": candidate_id,
                  "validator": validator, "expected_verdict": expect, "source": source, "note": note}

@@ -77,16 +77,22 @@ def test_tau_bench_a_record_added_in_front_adds_only_itself(tmp_path: Path) -> N
     assert before < _run_ids(home) and len(_run_ids(home)) == 3
 
 
-def test_tau_bench_a_gzipped_or_renamed_copy_adds_nothing(tmp_path: Path) -> None:
+def test_tau_bench_a_gzipped_or_moved_copy_adds_nothing_another_models_adds_its_runs(tmp_path: Path) -> None:
     home = tmp_path / "home"
     path = _tau_bench(tmp_path / "runs", ["alpha", "beta"])
     import_traces("tau-bench", [path], home=home)
     packed = tmp_path / "runs" / "gpt-4o-shop.json.gz"
     packed.write_bytes(gzip.compress(path.read_bytes()))
     assert (import_traces("tau-bench", [packed], home=home).skipped, len(table(home, "runs"))) == (2, 2)
-    renamed = tmp_path / "runs" / "copy-of-gpt-4o-shop.json"
-    shutil.copy(path, renamed)
-    assert import_traces("tau-bench", [renamed], home=home).runs == 0
+    moved = tmp_path / "elsewhere" / "gpt-4o-shop.json"  # another folder, the same model and domain
+    moved.parent.mkdir()
+    shutil.copy(path, moved)
+    assert import_traces("tau-bench", [moved], home=home).runs == 0
+    # The same records under another model's name: that model's runs.
+    other = tmp_path / "runs" / "claude-shop.json"
+    shutil.copy(path, other)
+    assert import_traces("tau-bench", [other], home=home).runs == 2
+    assert sorted(row["model_route"] for row in table(home, "runs")) == ["claude", "claude", "gpt-4o", "gpt-4o"]
 
 
 def test_openai_jsonl_without_ids_is_known_by_content(tmp_path: Path) -> None:

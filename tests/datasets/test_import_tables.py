@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -312,9 +313,9 @@ def test_a_killed_imports_share_processes_end_with_it_and_leave_the_home_usable(
     while any(map(_running, shares)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(map(_running, shares))
-    # The killed import's scratch folder is left behind, named with its pid...
+    # The killed import's scratch folder is left behind...
     assert [p.name for p in scratch.iterdir()] and all(
-        p.name.startswith(f"loopledger-import-{importer.pid}-") for p in scratch.iterdir())
+        p.name.startswith("loopledger-import-") for p in scratch.iterdir())
     # ... the traces' lock is free: another import of the home finishes, and removes it.
     again = subprocess.run([LOOPLEDGER, "import", "openai-jsonl", str(_chats(tmp_path, 3)), "--home", str(home)],
                            capture_output=True, text=True, env=env, timeout=300)
@@ -327,21 +328,34 @@ def test_an_import_sweeps_scratch_folders_whose_import_is_gone(tmp_path: Path,
     import subprocess
     import tempfile
 
-    gone = subprocess.Popen(["true"])
-    gone.wait()  # a pid whose process has ended
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    left = scratch / f"loopledger-import-{gone.pid}-abc123"
-    (left / "0").mkdir(parents=True)
-    (left / "0" / "runs").write_bytes(b"arrow")
-    live = scratch / f"loopledger-import-{os.getpid()}-def456"  # an import under way: kept
-    live.mkdir()
-    other = scratch / "loopledger-import-xyz"  # not named with a pid: not ours to judge
-    other.mkdir()
-    import_traces("openai-jsonl", [_chats(tmp_path, 2)], home=tmp_path / "home")
-    assert sorted(p.name for p in scratch.iterdir()) == sorted([live.name, other.name])
-    # A large import's own folder goes when it is done.
-    _in_parallel(monkeypatch, 2)
-    import_traces("openai-jsonl", [_chats(tmp_path, 20, "more.jsonl")], home=tmp_path / "home")
-    assert sorted(p.name for p in scratch.iterdir()) == sorted([live.name, other.name])
+
+    def folder(name: str) -> Path:
+        made = scratch / f"loopledger-import-{name}"
+        (made / "0").mkdir(parents=True)
+        (made / "0" / "runs").write_bytes(b"arrow")
+        (made / ".owner.lock").touch()
+        return made
+
+    folder("gone")  # its import ended: nobody holds its lock
+    live = folder("live")  # an import under way, in another process: it holds the lock
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+                               str(live / ".owner.lock")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    making = scratch / "loopledger-import-making"  # just made, its lock file not yet: left alone
+    making.mkdir()
+    try:
+        import_traces("openai-jsonl", [_chats(tmp_path, 2)], home=tmp_path / "home")
+        assert sorted(p.name for p in scratch.iterdir()) == sorted([live.name, making.name])
+        # A large import's own folder goes when it is done.
+        _in_parallel(monkeypatch, 2)
+        import_traces("openai-jsonl", [_chats(tmp_path, 20, "more.jsonl")], home=tmp_path / "home")
+        assert sorted(p.name for p in scratch.iterdir()) == sorted([live.name, making.name])
+    finally:
+        holder.communicate("", timeout=30)
+    # Its import gone, the next one removes it.
+    import_traces("openai-jsonl", [_chats(tmp_path, 3, "last.jsonl")], home=tmp_path / "home")
+    assert [p.name for p in scratch.iterdir()] == [making.name]

@@ -37,6 +37,14 @@ def test_the_recording_suite_passes_every_gate(recorded_home: Path, tmp_path: Pa
     assert len(list(tmp_path.joinpath("replays").iterdir())) == 1
 
 
+def test_a_report_only_gate_says_so(recorded_home: Path, tmp_path: Path) -> None:
+    out = cli("replay", "--suite", "strict", "--traces", str(recorded_home / "traces"), "--home", str(tmp_path),
+              "--fail-on", "never", "--markdown", str(tmp_path / "r.md"))
+    assert out.returncode == 0, out.stderr
+    assert "Gate: pass (report only)" in out.stdout
+    assert "**Gate (`--fail-on never`): pass (report only)**" in (tmp_path / "r.md").read_text()
+
+
 def test_flips_fail_only_the_gates_that_ask_for_them(recorded_home: Path, tmp_path: Path) -> None:
     common = ["replay", "--suite", "strict", "--traces", str(recorded_home / "traces"), "--home", str(tmp_path)]
     assert cli(*common).returncode == 0  # no label speaks against strict: no regression
@@ -238,7 +246,7 @@ def test_label_takes_a_unique_start_of_a_run_id(home_copy: Path) -> None:
         "run_id").to_pylist() == [run_id]
     out = cli("label", "happy-", "--step", "1", "--expect", "accept", "--home", str(home_copy))
     assert out.returncode == 2
-    one_line(out.stderr, "RUN_ID", "'happy-' is the start of", "expected one run")
+    one_line(out.stderr, "RUN_ID", "'happy-' is ambiguous", "runs start with it")
 
 
 def test_label_in_a_home_holding_another_journals_traces_writes_nothing(recorded_home: Path, tmp_path: Path) -> None:
@@ -248,7 +256,7 @@ def test_label_in_a_home_holding_another_journals_traces_writes_nothing(recorded
     for _ in range(2):
         out = cli("label", run_id, "--step", "1", "--expect", "accept", "--home", str(home))
         assert out.returncode == 2
-        one_line(out.stderr, "--home", "exported from another journal")
+        one_line(out.stderr, "--home", "holds traces another journal exported")
     assert not (home / "journal.sqlite").exists()
     # With a journal of its own (another one), the same: refused before the label is written.
     import sqlite3
@@ -257,8 +265,14 @@ def test_label_in_a_home_holding_another_journals_traces_writes_nothing(recorded
     shutil.copy(tmp_path / "other" / "journal.sqlite", home / "journal.sqlite")
     out = cli("label", run_id, "--step", "1", "--expect", "accept", "--home", str(home))
     assert out.returncode == 2
-    one_line(out.stderr, "--home", "exported from another journal")
+    one_line(out.stderr, "--home", "holds traces another journal exported")
     assert sqlite3.connect(home / "journal.sqlite").execute("SELECT count(*) FROM labels").fetchone() == (0,)
+    # A journal named by --store that does not exist is not made by a label refused.
+    for wanted in (run_id, "no-such-run"):
+        out = cli("label", wanted, "--step", "1", "--expect", "accept", "--home", str(tmp_path / "third"),
+                  "--store", f"sqlite:{tmp_path / 'new.sqlite'}")
+        assert out.returncode == 2, out.stderr
+        assert not (tmp_path / "new.sqlite").exists()
 
 
 def test_text_that_is_not_utf8_is_bad_input(home_copy: Path) -> None:
@@ -269,6 +283,11 @@ def test_text_that_is_not_utf8_is_bad_input(home_copy: Path) -> None:
         out = cli(*args, "--home", str(home_copy))
         assert out.returncode == 2, out.stderr
         one_line(out.stderr, name, "expected UTF-8 text")
+    # A path may hold such bytes: a suite file named so is read.
+    suite = home_copy / "st\udcffrict.yaml"
+    suite.write_bytes((REPO / "datasets" / "suites" / "strict.yaml").read_bytes())
+    out = cli("replay", "--suite", str(suite), "--home", str(home_copy), "--fail-on", "never")
+    assert out.returncode == 0, out.stderr
 
 
 CONVERSATION = {
