@@ -83,7 +83,10 @@ def classify(label: str | None, baseline: str | None, replay: str | None) -> str
     """CONTRACT ``diffs.kind``: ``regression`` when the label agreed with the
     baseline and disagrees with the replay, ``fix`` the reverse, ``change``
     otherwise (no label, or one that agrees with neither, or a code-only
-    difference the label cannot tell apart)."""
+    difference the label cannot tell apart). A side that made no decision
+    (a validator one suite does not run) did not object: it reads as
+    ``accept``, as it does for flips."""
+    baseline, replay = baseline or "accept", replay or "accept"
     if label is None or baseline == replay:
         return "change"
     if label == baseline:

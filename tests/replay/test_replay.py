@@ -111,6 +111,24 @@ def test_a_scenario_label_makes_a_missed_loop_a_regression(recorded_home: Path, 
     assert result.summary.labels_agreeing < result.summary.labels
 
 
+@pytest.mark.parametrize(("label", "baseline", "replay", "kind"), [
+    ("reject", "reject", "accept", "regression"),
+    ("accept", "reject", "accept", "fix"),
+    ("ask", "reject", "accept", "change"),  # agrees with neither
+    (None, "reject", "accept", "change"),
+    ("reject", "reject", "reject", "change"),  # a code-only difference
+    # A side without a decision (a validator one suite does not run) did not object.
+    ("accept", None, "reject", "regression"),
+    ("reject", None, "reject", "fix"),
+    ("reject", "reject", None, "regression"),
+    ("accept", "reject", None, "fix"),
+])
+def test_a_label_classifies_a_diff(label, baseline, replay, kind) -> None:
+    from loopledger.replay._labels import classify
+
+    assert classify(label, baseline, replay) == kind
+
+
 def test_human_labels_make_regressions_and_fixes(home_copy: Path, suite_file) -> None:
     from replay_kit import cli
 
