@@ -290,7 +290,9 @@ def junit(result: ReplayResult, fail_on: str) -> str:
             continue
         mine = [d for d in r.diffs if id(d) in failing]
         if mine:
-            failure = ET.SubElement(case, "failure", {"message": _failure_message(r, mine, result.summary.suite_name)})
+            # The suite by name and version: two files may share a name.
+            suite_named = f"{result.summary.suite_name} ({result.summary.suite_version})"
+            failure = ET.SubElement(case, "failure", {"message": _failure_message(r, mine, suite_named)})
             failure.text = _failure_text(mine)
         # Every other diff of the run too: a failing case shows no less than a passing one.
         others = [d for d in r.diffs if id(d) not in failing]

@@ -206,6 +206,7 @@ def test_a_comparison_across_validator_versions_is_shown_as_such(home_copy: Path
     assert row.startswith("| `completion_gate` (versions 0→1) | ")
     (failure,) = ET.fromstring(junit(result, "flips")).iter("failure")
     assert "1 of these flip(s) compare different versions of a validator" in failure.get("message")
+    assert f"suite default ({result.summary.suite_version}) would have produced" in failure.get("message")
     assert "completion_gate (versions 0→1): reject/missing_evidence -> accept/ok" in failure.text
 
 
