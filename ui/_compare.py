@@ -226,31 +226,36 @@ def _label_outcomes(t: Traces, cur: Any, src_a: str, src_b: str, params: dict[st
                FROM (SELECT {cand}, max({severity}) AS max_s FROM b GROUP BY ALL)),
         va AS (SELECT {_KEY}, verdict FROM a UNION ALL SELECT * FROM wa),
         vb AS (SELECT {_KEY}, verdict FROM b UNION ALL SELECT * FROM wb)
-        SELECT l.run_id, l.step, l.attempt, l.candidate_id, l.validator, l.expected_verdict, l.source,
-               va.verdict AS baseline_verdict, vb.verdict AS replay_verdict,
-               CASE WHEN ({str(uncompared[0]).lower()} AND wa_c.verdict IS NULL)
-                      OR ({str(uncompared[1]).lower()} AND wb_c.verdict IS NULL)
+        SELECT run_id, step, attempt, candidate_id, validator, expected_verdict, source,
+               baseline_verdict, replay_verdict,
+               CASE WHEN ({str(uncompared[0]).lower()} AND decided_a IS NULL)
+                      OR ({str(uncompared[1]).lower()} AND decided_b IS NULL)
                     -- A candidate a replay side made no decision on.
                     THEN 'not compared'
-                    WHEN (va.verdict IS NULL AND (l.validator = '' OR vb.verdict = 'accept'))
-                      OR (vb.verdict IS NULL AND (l.validator = '' OR va.verdict = 'accept'))
-                    -- As the replay compares: a validator on one side only
-                    -- that accepts changes nothing, and a candidate one
-                    -- side did not decide has no verdict to flip (either
-                    -- way: swapping the sides mirrors regressions and fixes).
-                    THEN CASE WHEN l.expected_verdict = vb.verdict THEN 'agrees' ELSE 'disagrees' END
-                    WHEN l.expected_verdict = va.verdict AND l.expected_verdict IS DISTINCT FROM vb.verdict
-                    THEN 'regression'
-                    WHEN l.expected_verdict IS DISTINCT FROM va.verdict AND l.expected_verdict = vb.verdict
-                    THEN 'fix'
-                    WHEN l.expected_verdict = vb.verdict THEN 'agrees'
+                    WHEN ea IS NULL OR eb IS NULL OR ea = eb
+                    -- As the replay compares: a candidate one side did not
+                    -- decide has no verdict to flip, and equal verdicts are
+                    -- no flip (either way: swapping the sides mirrors
+                    -- regressions and fixes).
+                    THEN CASE WHEN expected_verdict = eb THEN 'agrees' ELSE 'disagrees' END
+                    WHEN expected_verdict = ea THEN 'regression'
+                    WHEN expected_verdict = eb THEN 'fix'
                     ELSE 'disagrees' END AS outcome
+        FROM (
+        SELECT l.run_id, l.step, l.attempt, l.candidate_id, l.validator, l.expected_verdict, l.source,
+               va.verdict AS baseline_verdict, vb.verdict AS replay_verdict,
+               wa_c.verdict AS decided_a, wb_c.verdict AS decided_b,
+               -- A validator one side does not run did not object there: it
+               -- reads as accept, as in the replay's own classification.
+               CASE WHEN l.validator <> '' THEN coalesce(va.verdict, 'accept') ELSE va.verdict END AS ea,
+               CASE WHEN l.validator <> '' THEN coalesce(vb.verdict, 'accept') ELSE vb.verdict END AS eb
         FROM l
         LEFT JOIN va USING ({_KEY})
         LEFT JOIN vb USING ({_KEY})
         LEFT JOIN wa wa_c USING ({cand})
         LEFT JOIN wb wb_c USING ({cand})
-        ORDER BY outcome, l.run_id, l.step, l.attempt, l.validator
+        )
+        ORDER BY outcome, run_id, step, attempt, validator
         """,
         params, cur,
     )

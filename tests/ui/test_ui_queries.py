@@ -230,21 +230,31 @@ def test_imported_runs_replayed_without_a_baseline_compare_like_the_replay(tmp_p
         ], "metadata": {"id": f"r{i}", "reward": i % 2}}))
     chats.write_text("\n".join(lines) + "\n")
     home = tmp_path / "home"
-    for args in (["import", "openai-jsonl", str(chats)], ["replay", "--suite", "default", "--fail-on", "never"]):
+
+    def cli(*args: str) -> None:
         done = subprocess.run([loopledger, *args, "--home", str(home)], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
+
+    cli("import", "openai-jsonl", str(chats))
+    # A person says one call's tool_exists should accept (the import gave no
+    # catalogue, so the replay rejects it): no decision was recorded, which
+    # did not object, so the replay's reject is a regression, here and on the page.
+    run_id = __import__("duckdb").sql(f"SELECT min(run_id) FROM read_parquet('{home}/traces/runs/*.parquet')").fetchone()[0]
+    cli("label", run_id, "--step", "1", "--validator", "tool_exists", "--expect", "accept")
+    cli("replay", "--suite", "default", "--fail-on", "never")
     (replay,) = [p.name for p in (home / "replays").iterdir() if p.is_dir()]
     fixes, regressions, agreeing = __import__("duckdb").sql(
         f"SELECT fixes, regressions, labels_agreeing FROM read_parquet('{home}/replays/{replay}/summary/*.parquet')"
     ).fetchone()
     compared = c.compare_validators(Traces(home), "recorded", replay)
-    assert (compared["totals"]["fixes"], compared["totals"]["regressions"]) == (fixes, regressions) == (0, 0)
+    assert (compared["totals"]["fixes"], compared["totals"]["regressions"]) == (fixes, regressions) == (0, 1)
     # Swapped, the sides' flips mirror each other: the replay's accepting
     # decisions, which the recording never made, are no flips either way.
     swapped = c.compare_validators(Traces(home), replay, "recorded")
     for key in ("flips", "verdict_flips", "runs_diverged"):
         assert swapped["totals"][key] == compared["totals"][key]
     assert swapped["totals"]["regressions"] == compared["totals"]["fixes"]
+    assert swapped["totals"]["fixes"] == compared["totals"]["regressions"]
     labels = compared["labels"]
     assert len(labels) > 0 and (labels["outcome"] == "agrees").sum() == agreeing
     # The Overview says whether the tasks were done: the reward, not the status.
