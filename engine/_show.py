@@ -19,6 +19,15 @@ def _short(value: Any, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _row(*cells: Any) -> list[Any]:
+    """Table cells shown as written: recorded text (a model's words, a
+    note, a tool's arguments) may hold what rich would read as markup
+    (``[/x]`` even fails), so no cell is parsed."""
+    from rich.text import Text
+
+    return [Text("" if cell is None else str(cell)) for cell in cells]
+
+
 class TracedRuns:
     """Runs read back from the trace tables, for the runs the journal does not
     hold (imported ones go straight to the tables). It answers the few
@@ -136,11 +145,11 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     # Piped into a file or a test, rich would wrap at 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 200)
     run = store.get_run(run_id)
-    console.print(f"[bold]{run.run_id}[/]  task {run.task_id}  tenant {run.tenant}  "
-                  f"prompt {run.prompt_version}  model {run.model_route}")
+    console.print(f"[bold]{escape(run.run_id)}[/]  task {escape(str(run.task_id))}  tenant {escape(str(run.tenant))}  "
+                  f"prompt {escape(str(run.prompt_version))}  model {escape(str(run.model_route))}")
     reward = getattr(run, "reward", None)  # an imported run's outcome score
     cost = "-" if run.cost_usd is None else f"{run.cost_usd:.4f}"
-    console.print(f"status [bold]{run.state.value}[/]  reason {run.reason}  steps {run.step}  "
+    console.print(f"status [bold]{run.state.value}[/]  reason {escape(str(run.reason))}  steps {run.step}  "
                   f"model attempts {run.model_attempts}  tool calls {run.tool_calls}  "
                   f"tokens {_or_dash(run.tokens_in)}+{_or_dash(run.tokens_out)}  cost {cost}"
                   + ("" if reward is None else f"  reward {reward:g}"))
@@ -151,16 +160,15 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     for e in store.events(run_id):
         move = f"{e.from_state or '∅'} → {e.to_state}" if e.kind in ("transition", "run_created") else e.kind
         detail = "" if e.payload_json == "{}" else _short(e.payload_json)
-        timeline.add_row(str(e.seq), from_us(e.ts).strftime("%H:%M:%S.%f")[:-3], str(e.step), str(e.attempt),
-                         move, detail)
+        timeline.add_row(*_row(e.seq, from_us(e.ts).strftime("%H:%M:%S.%f")[:-3], e.step, e.attempt, move, detail))
     console.print(timeline)
 
     candidates = Table(title="candidates")
     for name in ("step", "att", "finish", "items", "context"):
         candidates.add_column(name)
     for c in store.facts("candidates", run_id):
-        candidates.add_row(str(c["step"]), str(c["attempt"]), c["finish_reason"], _short(c["items_json"], 70),
-                           c["context_artifact_id"][:12])
+        candidates.add_row(*_row(c["step"], c["attempt"], c["finish_reason"], _short(c["items_json"], 70),
+                                 c["context_artifact_id"][:12]))
     console.print(candidates)
 
     # Every decision of every validated candidate: those that accepted on one
@@ -174,37 +182,37 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     for (step, attempt), rows in by_candidate.items():
         accepted = [d for d in rows if d["verdict"] == "accept"]
         if accepted:
-            decisions.add_row(str(step), str(attempt), ", ".join(d["validator"] for d in accepted), "",
-                              "accept", "ok", f"{len(accepted)} of {len(rows)} validators")
+            decisions.add_row(*_row(step, attempt, ", ".join(d["validator"] for d in accepted), "",
+                                    "accept", "ok", f"{len(accepted)} of {len(rows)} validators"))
         for d in rows:
             if d["verdict"] != "accept":
-                decisions.add_row(str(step), str(attempt), d["validator"], d["validator_version"],
-                                  d["verdict"], d["code"], _short(d["message"], 60))
+                decisions.add_row(*_row(step, attempt, d["validator"], d["validator_version"],
+                                        d["verdict"], d["code"], _short(d["message"], 60)))
     console.print(decisions)
 
     operations = Table(title="operations")
     for name in ("operation", "tool", "args", "status", "outcome", "sent"):
         operations.add_column(name)
     for op in store.operations(run_id):
-        operations.add_row(op["operation_id"], op["tool"], _short(op["canonical_args_json"], 50),
-                           op["status"], op["outcome"] or "", str(op["dispatch_count"]))
+        operations.add_row(*_row(op["operation_id"], op["tool"], _short(op["canonical_args_json"], 50),
+                                 op["status"], op["outcome"] or "", op["dispatch_count"]))
     console.print(operations)
 
     # The diagnosis and the wait are read whole: they say why the run
     # stopped and what it waits for (the timeline above is clipped).
     for diagnosis in store.facts("loop_diagnoses", run_id):
         evidence = diagnosis["evidence_json"]
-        console.print(f"[bold red]loop diagnosis[/] step {diagnosis['step']}: {diagnosis['detector']} "
-                      f"v{diagnosis['detector_version']} {diagnosis['pattern']} "
-                      f"{evidence if isinstance(evidence, str) else canonical_json(evidence)}", soft_wrap=True)
+        text = (f"step {diagnosis['step']}: {diagnosis['detector']} v{diagnosis['detector_version']} "
+                f"{diagnosis['pattern']} {evidence if isinstance(evidence, str) else canonical_json(evidence)}")
+        console.print(f"[bold red]loop diagnosis[/] {escape(text)}", soft_wrap=True)
     labels = store.labels(run_id)
     if labels:
         table = Table(title="labels")
         for name in ("step", "att", "validator", "should be", "source", "note"):
             table.add_column(name)
         for lb in labels:
-            table.add_row(str(lb["step"]), str(lb["attempt"]), lb["validator"] or "(candidate)",
-                          lb["expected_verdict"], lb["source"], _short(lb["note"] or "", 60))
+            table.add_row(*_row(lb["step"], lb["attempt"], lb["validator"] or "(candidate)",
+                                lb["expected_verdict"], lb["source"], _short(lb["note"] or "", 60)))
         console.print(table)
     if run.waiting_json:
         waiting = json.loads(run.waiting_json)

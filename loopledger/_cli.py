@@ -369,7 +369,7 @@ def run(
             row = [o.run_id, o.status, o.reason or "", str(o.steps), str(o.tool_calls)]
             if check:
                 row.append("ok" if o.ok else "; ".join(o.mismatches))
-            table.add_row(*row)
+            table.add_row(*_plain(row))
         console = _console()
         console.print(table)
         _print_tokens(console, outcomes)
@@ -441,6 +441,14 @@ def _runs_table(title: str, outcomes: list[Any], columns: tuple[str, ...]) -> An
     return table
 
 
+def _plain(cells: list[str]) -> list[Any]:
+    """Table cells shown as written, never read as rich markup (a check's
+    mismatch may quote what a scenario holds)."""
+    from rich.text import Text
+
+    return [Text(cell) for cell in cells]
+
+
 def _print_tokens(console: Any, outcomes: list[Any]) -> None:
     """The resume tokens of waits that began now, whole, one per line: they
     are shown once and the journal keeps only their hash."""
@@ -464,7 +472,7 @@ def _print_outcomes(outcomes: list[Any], as_json: bool, title: str) -> None:
     table = _runs_table(title, outcomes, ("status", "reason", "steps", "waiting"))
     for o in outcomes:
         waiting = f"{o.waiting['kind']} until {o.waiting.get('expires_at') or '-'}" if o.waiting else ""
-        table.add_row(o.run_id, o.status, o.reason or "", str(o.steps), waiting)
+        table.add_row(*_plain([o.run_id, o.status, o.reason or "", str(o.steps), waiting]))
     console = _console()
     console.print(table)
     _print_tokens(console, outcomes)
@@ -725,7 +733,7 @@ def _demo_replay(console: Any, where: Any, made: int) -> None:
                       f"{s.flips} flip(s) against the recorded decisions, {s.runs_diverged} run(s) diverged, "
                       f"{s.regressions} regression(s)")
         for (validator, old, new, _, _), kinds in flip_groups(result.diffs):
-            console.print(f"  {validator}: {old} -> {new} x{sum(kinds.values())}")
+            console.print(escape(f"  {validator}: {old} -> {new} x{sum(kinds.values())}"))
     replayed = next(iter(results.values())).summary.runs
     if replayed > made:
         # A replay reads the whole traces folder: say so when it holds more

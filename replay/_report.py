@@ -126,16 +126,23 @@ def gate(result: ReplayResult, fail_on: str, rich: bool = False, name_option: bo
 
 def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
+
+    def row(*cells: Any) -> list[Any]:
+        # What the traces and suites hold (a validator's code, a suite's
+        # name) is shown as written, never read as rich markup.
+        return [cell if isinstance(cell, Text) else Text(str(cell)) for cell in cells]
 
     # Run ids must stay whole: in a CI log (not a terminal) rich would cut
     # every table to 80 columns.
     console = console or Console(width=None if sys.stdout.isatty() else 200)
-    table = Table(title=_title(result), show_header=False)
+    table = Table(title=escape(_title(result)), show_header=False)
     table.add_column("what")
     table.add_column("count", justify="right")
     for name, value in _counts(result):
-        table.add_row(name, value)
+        table.add_row(*row(name, value))
     console.print(table)
     groups = flip_groups(result.diffs)
     if groups:
@@ -143,8 +150,10 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
         for name in ("validator", "baseline", "replay", "kinds", "count"):
             flips.add_column(name, justify="right" if name == "count" else "left")
         for (validator, old, new, versions, _), kinds in groups[:SHOWN]:
-            flips.add_row(validator + (f" [yellow]{_version_change(versions)}[/]" if versions else ""), old, new,
-                          _kinds(kinds), str(sum(kinds.values())))
+            named = Text(validator)
+            if versions:
+                named.append(f" {_version_change(versions)}", style="yellow")
+            flips.add_row(*row(named, old, new, _kinds(kinds), sum(kinds.values())))
         console.print(flips)
     diverged = result.diverged
     if diverged:
@@ -154,22 +163,22 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
         for r in diverged[:SHOWN]:
             d = r.divergence
             assert d is not None
-            runs.add_row(r.run_id, f"{r.status} {r.reason or ''}".strip(), f"step {d.step} attempt {d.attempt}",
-                         ", ".join(d.validators), str(len(r.regressions)))
+            runs.add_row(*row(r.run_id, f"{r.status} {r.reason or ''}".strip(), f"step {d.step} attempt {d.attempt}",
+                              ", ".join(d.validators), len(r.regressions)))
         console.print(runs)
         if len(diverged) > SHOWN:
             console.print(f"... and {len(diverged) - SHOWN} more (replays/{result.replay_id}/diffs).")
         console.print(DIVERGENCE_NOTE)
     if note := _not_compared(result):
-        console.print(note)
+        console.print(escape(note))
     if result.summary.flips_across_versions:
         console.print(f"[yellow]{result.summary.flips_across_versions} flip(s) compare different versions of a "
                       "validator: they say what the new version decides, and are kept out of trend figures.[/]")
     for r in result.errors[:SHOWN]:
-        console.print(f"[red]not replayed:[/] {r.run_id}: {r.error}")
+        console.print(f"[red]not replayed:[/] {escape(r.run_id)}: {escape(r.error or '')}")
     console.print(f"Gate: {gate(result, fail_on, rich=True)}")
     if result.path is not None:
-        console.print(f"Tables: {result.path}")
+        console.print(f"Tables: {escape(str(result.path))}")
 
 
 def _cell(text: object) -> str:

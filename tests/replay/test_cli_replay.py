@@ -318,8 +318,12 @@ def test_an_imported_run_can_be_labelled(tmp_path: Path) -> None:
     labels = pq.read_table(home / "traces" / "labels").to_pylist()
     assert [(row["run_id"], row["step"], row["validator"], row["expected_verdict"], row["source"])
             for row in labels] == [(run_id, 1, "tool_exists", "reject", "human")]
-    # show lists the run's labels, in text and in JSON.
+    # show lists the run's labels, in text and in JSON, as written (rich
+    # would read "[/x]" as markup, and fail).
+    assert cli("label", run_id, "--step", "1", "--expect", "reject", "--note", "[/x] [bold]as written",
+               "--home", str(home)).returncode == 0
     shown = cli("show", run_id, "--home", str(home))
+    assert "[/x] [bold]as written" in shown.stdout, shown.stderr
     assert shown.returncode == 0, shown.stderr
     (row,) = [line for line in shown.stdout.splitlines() if "tool_exists" in line and "human" in line]
     assert "reject" in row
@@ -327,7 +331,7 @@ def test_an_imported_run_can_be_labelled(tmp_path: Path) -> None:
 
     document = json_.loads(cli("show", run_id, "--json", "--home", str(home)).stdout)
     assert [(lb["step"], lb["validator"], lb["expected_verdict"], lb["source"]) for lb in document["labels"]] == [
-        (1, "tool_exists", "reject", "human")]
+        (1, "tool_exists", "reject", "human"), (1, "", "reject", "human")]
     out = cli("label", run_id, "--step", "7", "--expect", "reject", "--home", str(home))
     assert out.returncode == 2
     one_line(out.stderr, "--step/--attempt", "no candidate at step 7")

@@ -182,3 +182,28 @@ def test_a_decision_that_cannot_be_recorded_is_its_validators_error(recorded_hom
     # The other members still decide.
     assert duckdb.sql(f"SELECT count(*) FROM '{replay}/decisions/*.parquet' "
                       "WHERE validator = 'structure' AND verdict = 'accept'").fetchone()[0] > 0
+
+
+BRACKETS = '''
+from loopledger.validators import Issue, Verdict, validator
+
+
+@validator(name="acme.brackets", version="1")
+def brackets():
+    def check(inp):
+        return [Issue(Verdict.REJECT, "[/odd]", "[bold]not markup", {})]
+    return check
+'''
+
+
+def test_what_a_validator_writes_is_printed_as_written(recorded_home: Path, tmp_path: Path) -> None:
+    """A code or message that rich would read as markup (``[/odd]`` fails
+    to parse) is shown literally by replay's summary and by show."""
+    site = install(tmp_path / "site", module="bracket_checks", body=BRACKETS, entry_point=False)
+    path = tmp_path / "brackets.yaml"
+    path.write_text("name: '[red]brackets'\nimports: [bracket_checks]\nvalidators:\n  - structure\n"
+                    "  - acme.brackets\n")
+    out = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"), "--home",
+              str(tmp_path / "out"), "--fail-on", "never", env={"PYTHONPATH": str(site)})
+    assert out.returncode == 0, out.stderr
+    assert "[/odd]" in out.stdout and "[red]brackets" in out.stdout
