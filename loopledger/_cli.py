@@ -178,11 +178,12 @@ def _runner_for(run_id: str, where: Any, no_journal: str | None = None) -> Any:
 
 def _print_export(result: Any, traces: Path) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
     if result.export_id is None:
-        console.print(f"Nothing new to export; traces in [bold]{traces}[/] are up to date.")
+        console.print(f"Nothing new to export; traces in [bold]{escape(str(traces))}[/] are up to date.")
         return
     if result.refilled:
         console.print(f"Written again from the journal (their folders were deleted): {', '.join(result.refilled)}")
@@ -192,7 +193,7 @@ def _print_export(result: Any, traces: Path) -> None:
     for name, rows in result.rows.items():
         table.add_row(name, str(rows))
     console.print(table)
-    console.print(f"Traces: [bold]{traces}[/]")
+    console.print(f"Traces: [bold]{escape(str(traces))}[/]")
 
 
 @app.command()
