@@ -25,7 +25,9 @@ def _row(*cells: Any) -> list[Any]:
     (``[/x]`` even fails), so no cell is parsed."""
     from rich.text import Text
 
-    return [Text("" if cell is None else str(cell)) for cell in cells]
+    from loopledger._text import visible
+
+    return [Text(visible("" if cell is None else str(cell))) for cell in cells]
 
 
 class TracedRuns:
@@ -140,16 +142,20 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from loopledger._text import visible
     from loopledger.canonical import canonical_json
 
     # Piped into a file or a test, rich would wrap at 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 200)
     run = store.get_run(run_id)
-    console.print(f"[bold]{escape(run.run_id)}[/]  task {escape(str(run.task_id))}  tenant {escape(str(run.tenant))}  "
-                  f"prompt {escape(str(run.prompt_version))}  model {escape(str(run.model_route))}")
+    def shown(value: Any) -> str:
+        return escape(visible(str(value)))
+
+    console.print(f"[bold]{shown(run.run_id)}[/]  task {shown(run.task_id)}  tenant {shown(run.tenant)}  "
+                  f"prompt {shown(run.prompt_version)}  model {shown(run.model_route)}")
     reward = getattr(run, "reward", None)  # an imported run's outcome score
     cost = "-" if run.cost_usd is None else f"{run.cost_usd:.4f}"
-    console.print(f"status [bold]{run.state.value}[/]  reason {escape(str(run.reason))}  steps {run.step}  "
+    console.print(f"status [bold]{run.state.value}[/]  reason {shown(run.reason)}  steps {run.step}  "
                   f"model attempts {run.model_attempts}  tool calls {run.tool_calls}  "
                   f"tokens {_or_dash(run.tokens_in)}+{_or_dash(run.tokens_out)}  cost {cost}"
                   + ("" if reward is None else f"  reward {reward:g}"))
@@ -204,7 +210,7 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
         evidence = diagnosis["evidence_json"]
         text = (f"step {diagnosis['step']}: {diagnosis['detector']} v{diagnosis['detector_version']} "
                 f"{diagnosis['pattern']} {evidence if isinstance(evidence, str) else canonical_json(evidence)}")
-        console.print(f"[bold red]loop diagnosis[/] {escape(text)}", soft_wrap=True)
+        console.print(f"[bold red]loop diagnosis[/] {shown(text)}", soft_wrap=True)
     labels = store.labels(run_id)
     if labels:
         table = Table(title="labels")
@@ -219,7 +225,7 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
         text = (f"for {waiting.get('kind')}: {waiting.get('question') or ''}  expires {waiting.get('expires_at', '')}"
                 f"  wait {waiting.get('wait_id', '')}"
                 + (f"  answer schema {canonical_json(waiting['schema'])}" if waiting.get("schema") else ""))
-        console.print(f"[bold]waiting[/] {escape(text)}", soft_wrap=True)
+        console.print(f"[bold]waiting[/] {shown(text)}", soft_wrap=True)
 
 
 def _or_dash(value: object) -> str:

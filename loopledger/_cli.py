@@ -447,7 +447,9 @@ def _plain(cells: list[str]) -> list[Any]:
     mismatch may quote what a scenario holds)."""
     from rich.text import Text
 
-    return [Text(cell) for cell in cells]
+    from ._text import visible
+
+    return [Text(visible(cell)) for cell in cells]
 
 
 def _print_tokens(console: Any, outcomes: list[Any]) -> None:

@@ -130,10 +130,12 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
     from rich.table import Table
     from rich.text import Text
 
+    from loopledger._text import visible
+
     def row(*cells: Any) -> list[Any]:
         # What the traces and suites hold (a validator's code, a suite's
         # name) is shown as written, never read as rich markup.
-        return [cell if isinstance(cell, Text) else Text(str(cell)) for cell in cells]
+        return [cell if isinstance(cell, Text) else Text(visible(str(cell))) for cell in cells]
 
     # Run ids must stay whole: in a CI log (not a terminal) rich would cut
     # every table to 80 columns.
@@ -150,7 +152,7 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
         for name in ("validator", "baseline", "replay", "kinds", "count"):
             flips.add_column(name, justify="right" if name == "count" else "left")
         for (validator, old, new, versions, _), kinds in groups[:SHOWN]:
-            named = Text(validator)
+            named = Text(visible(validator))
             if versions:
                 named.append(f" {_version_change(versions)}", style="yellow")
             flips.add_row(*row(named, old, new, _kinds(kinds), sum(kinds.values())))
@@ -175,7 +177,7 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
         console.print(f"[yellow]{result.summary.flips_across_versions} flip(s) compare different versions of a "
                       "validator: they say what the new version decides, and are kept out of trend figures.[/]")
     for r in result.errors[:SHOWN]:
-        console.print(f"[red]not replayed:[/] {escape(r.run_id)}: {escape(r.error or '')}")
+        console.print(f"[red]not replayed:[/] {escape(visible(r.run_id))}: {escape(visible(r.error or ''))}")
     console.print(f"Gate: {gate(result, fail_on, rich=True)}")
     if result.path is not None:
         console.print(f"Tables: {escape(str(result.path))}")

@@ -320,10 +320,11 @@ def test_an_imported_run_can_be_labelled(tmp_path: Path) -> None:
             for row in labels] == [(run_id, 1, "tool_exists", "reject", "human")]
     # show lists the run's labels, in text and in JSON, as written (rich
     # would read "[/x]" as markup, and fail).
-    assert cli("label", run_id, "--step", "1", "--expect", "reject", "--note", "[/x] [bold]as written",
+    assert cli("label", run_id, "--step", "1", "--expect", "reject", "--note", "[/x] [bold]as written\x1b[2J",
                "--home", str(home)).returncode == 0
     shown = cli("show", run_id, "--home", str(home))
-    assert "[/x] [bold]as written" in shown.stdout, shown.stderr
+    # ... and a terminal's control sequence written out, not sent to it.
+    assert "[/x] [bold]as written\\x1b[2J" in shown.stdout and "\x1b" not in shown.stdout, shown.stderr
     assert shown.returncode == 0, shown.stderr
     (row,) = [line for line in shown.stdout.splitlines() if "tool_exists" in line and "human" in line]
     assert "reject" in row

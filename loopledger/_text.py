@@ -1,0 +1,19 @@
+"""Recorded text shown on a terminal: as written, but never as control.
+
+A model's words, a tool's arguments, an imported trace or a person's note
+may hold control characters; printed raw, an escape sequence would drive
+the reader's terminal (colours, its title, worse). They are shown as
+``\\xNN`` (``\\u00NN`` for C1), newlines and tabs kept.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character but newline and tab written
+    out as an escape."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
