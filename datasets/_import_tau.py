@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from loopledger._args import not_a_file
+from loopledger._args import files_under, not_a_file
 from loopledger.canonical import Canonical
 
 from ._import_model import (
@@ -428,8 +428,7 @@ def expand(paths: list[Path], patterns: tuple[str, ...]) -> Iterator[Path]:
     such a folder: an editor's backup, ``.git``)."""
     for path in paths:
         if path.is_dir():
-            found = sorted({p for pattern in patterns for p in path.rglob(pattern)
-                            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)})
+            found = files_under(path, patterns)
             if not found:
                 raise ImportInputError(str(path), None, f"no {' or '.join(patterns)} file in this folder")
             yield from found

@@ -17,7 +17,7 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
-from loopledger._args import not_a_file
+from loopledger._args import files_under, not_a_file
 from loopledger._yaml import LimitExceeded, load as load_yaml, not_utf8
 from loopledger.canonical import is_unicode
 from loopledger.validators import PathRejected, canonical_glob
@@ -421,15 +421,16 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def scenario_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Every ``*.yaml`` under each folder, and each file given, in a stable
-    order; a file named twice, or reached through two of the paths (a folder
-    and a folder inside it, a link), is listed once, where it came first."""
+    """Every ``*.yaml`` under each folder (hidden ones left out), and each
+    file given, in a stable order; a file named twice, or reached through
+    two of the paths (a folder and a folder inside it, a link), is listed
+    once, where it came first."""
     found: list[Path] = []
     seen: set[Path] = set()
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*.yaml") if p.is_file())
+            files = files_under(path, ("*.yaml",))  # hidden ones left out: .git, .venv, an editor's lock
         elif path.is_file():
             files = [path]
         else:

@@ -29,3 +29,12 @@ def not_a_file(path: Path, expected: str) -> str:
     kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
             else "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "of another kind")
     return f"exists but is {kind}, not a regular file; expected {expected}"
+
+
+def files_under(folder: Path, patterns: tuple[str, ...]) -> list[Path]:
+    """The files under ``folder`` (at any depth) matching any of
+    ``patterns``, sorted, leaving out hidden ones: a name starting with
+    ``.``, or inside such a folder (an editor's lock or backup file,
+    ``.git``, ``.venv``)."""
+    return sorted({p for pattern in patterns for p in folder.rglob(pattern)
+                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)})

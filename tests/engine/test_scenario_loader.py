@@ -153,6 +153,18 @@ def test_a_file_reached_twice_is_one_scenario(tmp_path: Path) -> None:
     assert [s.source for s in found] == [str(first)]
 
 
+def test_a_folder_leaves_out_hidden_files_and_folders(tmp_path: Path) -> None:
+    """``.git``, ``.venv`` or an editor's lock file hold YAML that is no
+    scenario; named on the command line, a hidden file is read."""
+    shown = write(tmp_path, GOOD, "one.yaml")
+    (tmp_path / ".git").mkdir()
+    write(tmp_path / ".git", "not: [a scenario", "config.yaml")
+    (tmp_path / ".#one.yaml").symlink_to("user@host.1234:1700000000")  # an editor's lock: a dangling link
+    hidden = write(tmp_path, GOOD.replace("id: ", "id: hidden-", 1), ".draft.yaml")
+    assert [s.source for s in load_scenarios([tmp_path])] == [str(shown)]
+    assert [s.source for s in load_scenarios([hidden])] == [str(hidden)]
+
+
 def test_a_missing_path_is_bad_input(tmp_path: Path) -> None:
     with pytest.raises(BadInput) as info:
         load_scenarios([tmp_path / "nope"])
