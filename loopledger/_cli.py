@@ -496,7 +496,13 @@ def resume(
     from loopledger.engine._runner import Runner
     from loopledger.engine._states import TERMINAL, State
 
-    runner = Runner(_home(home, store), auto_reply=False)
+    where = _home(home, store)
+    if not where.has_journal:
+        # Nothing was ever run here (a mistyped --home, say): make nothing.
+        if not as_json:
+            typer.echo(f"No journal in {where.root}: nothing to resume.")
+        return
+    runner = Runner(where, auto_reply=False)
     try:
         records = runner.store.list_runs(s for s in State if s not in TERMINAL)
         ids = [r.run_id for r in records]

@@ -370,3 +370,12 @@ def test_run_creates_its_batch_in_one_commit(tmp_path: Path) -> None:
     assert died.returncode == -9, died.stderr
     made = sqlite3.connect(home / "journal.sqlite").execute("SELECT count(*), max(state_version) FROM runs").fetchone()
     assert made == (len(list((REPO / "datasets" / "scenarios").glob("*.yaml"))), 1)
+
+
+def test_resume_where_nothing_ran_makes_nothing(tmp_path: Path) -> None:
+    home = tmp_path / "typo"
+    done = cli("resume", "--home", str(home))
+    assert done.returncode == 0, done.stderr
+    assert "nothing to resume" in done.stdout
+    assert not home.exists()
+    assert cli("resume", "--json", "--home", str(home)).stdout == ""
