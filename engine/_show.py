@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from loopledger._text import plain_cells
+
 from ._clock import from_us
 from ._errors import UnknownRun
 from ._store import SQLRunStore
@@ -17,17 +19,6 @@ from ._store import SQLRunStore
 def _short(value: Any, width: int = 90) -> str:
     text = value if isinstance(value, str) else str(value)
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _row(*cells: Any) -> list[Any]:
-    """Table cells shown as written: recorded text (a model's words, a
-    note, a tool's arguments) may hold what rich would read as markup
-    (``[/x]`` even fails), so no cell is parsed."""
-    from rich.text import Text
-
-    from loopledger._text import visible
-
-    return [Text(visible("" if cell is None else str(cell))) for cell in cells]
 
 
 class TracedRuns:
@@ -166,14 +157,15 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     for e in store.events(run_id):
         move = f"{e.from_state or '∅'} → {e.to_state}" if e.kind in ("transition", "run_created") else e.kind
         detail = "" if e.payload_json == "{}" else _short(e.payload_json)
-        timeline.add_row(*_row(e.seq, from_us(e.ts).strftime("%H:%M:%S.%f")[:-3], e.step, e.attempt, move, detail))
+        at = from_us(e.ts).strftime("%H:%M:%S.%f")[:-3]
+        timeline.add_row(*plain_cells(e.seq, at, e.step, e.attempt, move, detail))
     console.print(timeline)
 
     candidates = Table(title="candidates")
     for name in ("step", "att", "finish", "items", "context"):
         candidates.add_column(name)
     for c in store.facts("candidates", run_id):
-        candidates.add_row(*_row(c["step"], c["attempt"], c["finish_reason"], _short(c["items_json"], 70),
+        candidates.add_row(*plain_cells(c["step"], c["attempt"], c["finish_reason"], _short(c["items_json"], 70),
                                  c["context_artifact_id"][:12]))
     console.print(candidates)
 
@@ -188,11 +180,11 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     for (step, attempt), rows in by_candidate.items():
         accepted = [d for d in rows if d["verdict"] == "accept"]
         if accepted:
-            decisions.add_row(*_row(step, attempt, ", ".join(d["validator"] for d in accepted), "",
+            decisions.add_row(*plain_cells(step, attempt, ", ".join(d["validator"] for d in accepted), "",
                                     "accept", "ok", f"{len(accepted)} of {len(rows)} validators"))
         for d in rows:
             if d["verdict"] != "accept":
-                decisions.add_row(*_row(step, attempt, d["validator"], d["validator_version"],
+                decisions.add_row(*plain_cells(step, attempt, d["validator"], d["validator_version"],
                                         d["verdict"], d["code"], _short(d["message"], 60)))
     console.print(decisions)
 
@@ -200,7 +192,7 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     for name in ("operation", "tool", "args", "status", "outcome", "sent"):
         operations.add_column(name)
     for op in store.operations(run_id):
-        operations.add_row(*_row(op["operation_id"], op["tool"], _short(op["canonical_args_json"], 50),
+        operations.add_row(*plain_cells(op["operation_id"], op["tool"], _short(op["canonical_args_json"], 50),
                                  op["status"], op["outcome"] or "", op["dispatch_count"]))
     console.print(operations)
 
@@ -217,7 +209,7 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
         for name in ("step", "att", "validator", "should be", "source", "note"):
             table.add_column(name)
         for lb in labels:
-            table.add_row(*_row(lb["step"], lb["attempt"], lb["validator"] or "(candidate)",
+            table.add_row(*plain_cells(lb["step"], lb["attempt"], lb["validator"] or "(candidate)",
                                 lb["expected_verdict"], lb["source"], _short(lb["note"] or "", 60)))
         console.print(table)
     if run.waiting_json:

@@ -19,6 +19,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from ._text import plain_cells
+
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INFRA = 0, 1, 2, 3
 
 app = typer.Typer(
@@ -370,7 +372,7 @@ def run(
             row = [o.run_id, o.status, o.reason or "", str(o.steps), str(o.tool_calls)]
             if check:
                 row.append("ok" if o.ok else "; ".join(o.mismatches))
-            table.add_row(*_plain(row))
+            table.add_row(*plain_cells(*row))
         console = _console()
         console.print(table)
         _print_tokens(console, outcomes)
@@ -442,16 +444,6 @@ def _runs_table(title: str, outcomes: list[Any], columns: tuple[str, ...]) -> An
     return table
 
 
-def _plain(cells: list[str]) -> list[Any]:
-    """Table cells shown as written, never read as rich markup (a check's
-    mismatch may quote what a scenario holds)."""
-    from rich.text import Text
-
-    from ._text import visible
-
-    return [Text(visible(cell)) for cell in cells]
-
-
 def _print_tokens(console: Any, outcomes: list[Any]) -> None:
     """The resume tokens of waits that began now, whole, one per line: they
     are shown once and the journal keeps only their hash."""
@@ -475,7 +467,7 @@ def _print_outcomes(outcomes: list[Any], as_json: bool, title: str) -> None:
     table = _runs_table(title, outcomes, ("status", "reason", "steps", "waiting"))
     for o in outcomes:
         waiting = f"{o.waiting['kind']} until {o.waiting.get('expires_at') or '-'}" if o.waiting else ""
-        table.add_row(*_plain([o.run_id, o.status, o.reason or "", str(o.steps), waiting]))
+        table.add_row(*plain_cells(o.run_id, o.status, o.reason or "", o.steps, waiting))
     console = _console()
     console.print(table)
     _print_tokens(console, outcomes)

@@ -9,6 +9,7 @@ the reader's terminal (colours, its title, worse). They are shown as
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -17,3 +18,13 @@ def visible(text: str) -> str:
     """``text`` with every control character but newline and tab written
     out as an escape."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def plain_cells(*cells: Any) -> list[Any]:
+    """Table cells for rich shown as written, never read as markup (recorded
+    text may hold ``[/x]``, which rich even fails on), control characters
+    written out; None is an empty cell, and a cell already a rich ``Text``
+    (styled by the caller) is kept."""
+    from rich.text import Text
+
+    return [cell if isinstance(cell, Text) else Text(visible("" if cell is None else str(cell))) for cell in cells]

@@ -130,12 +130,8 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
     from rich.table import Table
     from rich.text import Text
 
+    from loopledger._text import plain_cells as row
     from loopledger._text import visible
-
-    def row(*cells: Any) -> list[Any]:
-        # What the traces and suites hold (a validator's code, a suite's
-        # name) is shown as written, never read as rich markup.
-        return [cell if isinstance(cell, Text) else Text(visible(str(cell))) for cell in cells]
 
     # Run ids must stay whole: in a CI log (not a terminal) rich would cut
     # every table to 80 columns.
