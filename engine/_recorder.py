@@ -61,6 +61,12 @@ OWNER_FILE = ".journal"
 COMPRESSION = "zstd"
 
 
+def has_segments(traces: Path) -> bool:
+    """Whether a traces folder holds any table's segment: exported or
+    imported rows, which only the journal they belong to may add to."""
+    return any(next((traces / name).glob("seg-*.parquet"), None) for name in TABLES)
+
+
 @dataclass
 class ExportResult:
     export_id: int | None
@@ -193,7 +199,7 @@ class Recorder:
         # Segments written before folders named their journal: adopted by a
         # journal that has exported before (the folder of its exports made
         # before they were tracked per folder, id ''), refused by a new one.
-        if any(next(self.table_dir(name).glob("seg-*.parquet"), None) for name in TABLES):
+        if has_segments(self.traces):
             with self.store._lock:
                 exported = self.store.execute(
                     self.store._conn, "SELECT 1 FROM exports WHERE traces_id = '' LIMIT 1").fetchone()

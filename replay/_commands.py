@@ -89,12 +89,9 @@ def _recorded_run(home: Any, run_id: str) -> tuple[Any, str]:
 def _traces_taken(home: Any) -> bool:
     """Whether the home's traces already belong to a journal, with none in
     the home: a journal made now could never export to them."""
-    from loopledger.engine._recorder import OWNER_FILE
-    from loopledger.engine._tables import TABLES
+    from loopledger.engine._recorder import OWNER_FILE, has_segments
 
-    traces = home.traces
-    return not home.has_journal and ((traces / OWNER_FILE).exists() or any(
-        next((traces / name).glob("seg-*.parquet"), None) for name in TABLES))
+    return not home.has_journal and ((home.traces / OWNER_FILE).exists() or has_segments(home.traces))
 
 
 def _traces_take_labels(home: Any, store: Any) -> None:
