@@ -216,22 +216,23 @@ class Controller(PeopleMixin):
         finally:
             self.store.release(run_id)
 
-    def _not_started_by_its_maker(self, view: RunView) -> bool:
-        """A run not driven yet whose ``run`` command is alive and will drive
-        it (and deliver its scenario's scripted replies): not for this process."""
-        return view.state_version == 1 and view.batch_id is not None and \
-            self.store.batch_held_elsewhere(view.batch_id)
+    def _maker_alive(self, view: RunView) -> bool:
+        """Whether the ``run`` command that made the run lives in another
+        process (holding its batch), and so will drive it."""
+        return view.batch_id is not None and self.store.batch_held_elsewhere(view.batch_id)
 
     def _drive(self, run_id: str) -> RunView:
         view, record = self._load(run_id)
-        if self._not_started_by_its_maker(view):
+        if view.state_version == 1 and self._maker_alive(view):
+            # Not driven yet, and its maker will (delivering its scenario's
+            # scripted replies): not for this process.
             return view
         try:
             config = self._config_here(view, record)
         except NotDrivableHere:
             # Another data directory's run whose maker is alive and drives
             # it: not this process's to drive, nor to report as left behind.
-            if view.batch_id is not None and self.store.batch_held_elsewhere(view.batch_id):
+            if self._maker_alive(view):
                 return view
             raise
         # An error leaves the view, and the moves it holds, unwritten: as if

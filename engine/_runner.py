@@ -243,7 +243,7 @@ class Runner:
         transaction: a process killed while making them leaves all of them
         or none, never a part that a resume would drive while the rest is
         silently never run."""
-        self.store.hold_batch(self.batch_id)
+        self.store.hold_batch(self.batch_id)  # before the transaction: a claim is no write of it
         with self.store.batch():
             return [self.create(scenario, version, model_route) for scenario, version in batch]
 
