@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loopledger._text import plain_cells
+from loopledger._text import plain_cells, visible
 
 from ._clock import from_us
 from ._errors import UnknownRun
@@ -133,12 +133,12 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from loopledger._text import visible
     from loopledger.canonical import canonical_json
 
     # Piped into a file or a test, rich would wrap at 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 200)
     run = store.get_run(run_id)
+
     def shown(value: Any) -> str:
         return escape(visible(str(value)))
 
@@ -166,7 +166,7 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
         candidates.add_column(name)
     for c in store.facts("candidates", run_id):
         candidates.add_row(*plain_cells(c["step"], c["attempt"], c["finish_reason"], _short(c["items_json"], 70),
-                                 c["context_artifact_id"][:12]))
+                                        c["context_artifact_id"][:12]))
     console.print(candidates)
 
     # Every decision of every validated candidate: those that accepted on one
@@ -181,11 +181,11 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
         accepted = [d for d in rows if d["verdict"] == "accept"]
         if accepted:
             decisions.add_row(*plain_cells(step, attempt, ", ".join(d["validator"] for d in accepted), "",
-                                    "accept", "ok", f"{len(accepted)} of {len(rows)} validators"))
+                                           "accept", "ok", f"{len(accepted)} of {len(rows)} validators"))
         for d in rows:
             if d["verdict"] != "accept":
                 decisions.add_row(*plain_cells(step, attempt, d["validator"], d["validator_version"],
-                                        d["verdict"], d["code"], _short(d["message"], 60)))
+                                               d["verdict"], d["code"], _short(d["message"], 60)))
     console.print(decisions)
 
     operations = Table(title="operations")
@@ -193,7 +193,7 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
         operations.add_column(name)
     for op in store.operations(run_id):
         operations.add_row(*plain_cells(op["operation_id"], op["tool"], _short(op["canonical_args_json"], 50),
-                                 op["status"], op["outcome"] or "", op["dispatch_count"]))
+                                        op["status"], op["outcome"] or "", op["dispatch_count"]))
     console.print(operations)
 
     # The diagnosis and the wait are read whole: they say why the run
@@ -210,7 +210,7 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
             table.add_column(name)
         for lb in labels:
             table.add_row(*plain_cells(lb["step"], lb["attempt"], lb["validator"] or "(candidate)",
-                                lb["expected_verdict"], lb["source"], _short(lb["note"] or "", 60)))
+                                       lb["expected_verdict"], lb["source"], _short(lb["note"] or "", 60)))
         console.print(table)
     if run.waiting_json:
         waiting = json.loads(run.waiting_json)

@@ -275,6 +275,8 @@ def junit(result: ReplayResult, fail_on: str) -> str:
     failing = {id(d) for d in result.failures(fail_on)}
     runs: list[RunReplay] = list(result.runs.values())
     baseline = result.summary.baseline
+    # The suite by name and version: two files may share a name.
+    suite_named = f"{result.summary.suite_name} ({result.summary.suite_version})"
     suite = ET.Element("testsuite", {
         "name": f"loopledger replay {result.summary.suite_name}",
         "tests": str(len(runs)),
@@ -297,8 +299,6 @@ def junit(result: ReplayResult, fail_on: str) -> str:
             continue
         mine = [d for d in r.diffs if id(d) in failing]
         if mine:
-            # The suite by name and version: two files may share a name.
-            suite_named = f"{result.summary.suite_name} ({result.summary.suite_version})"
             failure = ET.SubElement(case, "failure", {"message": _failure_message(r, mine, suite_named)})
             failure.text = _failure_text(mine)
         # Every other diff of the run too: a failing case shows no less than a passing one.
