@@ -224,9 +224,11 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     result: ToolResult | None = None  # role tool
     requestor: str = "assistant"
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost_usd: float = 0.0
+    #: Usage and price as the source gives them; None where it does not say
+    #: (tau-bench and ToolBench never do), never a guessed 0.
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cost_usd: float | None = None
     #: When the source says the message was made (:func:`optional_time`), None if it does not.
     time: int | None = None
     #: ToolBench's ``Finish`` pseudo-tool: the agent's answer (a text item after ``content``)

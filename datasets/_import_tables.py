@@ -37,8 +37,11 @@ from loopledger.engine._store import _check_commit_shape as check_commit_shape
 from loopledger.engine._store import _column_value as column_value
 from loopledger.engine._tables import TABLES, arrow_batch
 
-#: Column defaults of the journal's tables, for columns a commit leaves out.
-DEFAULTS: Mapping[str, Any] = {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0, "dispatch_count": 0}
+#: Column defaults for columns a commit leaves out: the journal's, except
+#: usage and price, which an import leaves out when its source does not give
+#: them. The journal, whose runs always know them, stores 0 there; an import
+#: stores null (unknown), which sums and means pass over.
+DEFAULTS: Mapping[str, Any] = {"dispatch_count": 0}
 #: Each fact table's columns, and whether the journal stores the column as canonical JSON.
 _FACT_TABLE_COLUMNS = {name: tuple((c, c.endswith("_json")) for c in TABLES[name].column_names)
                        for name in FACT_COLUMNS}
@@ -81,8 +84,8 @@ class TraceRows:
             "run_id": new.run_id, "thread_id": new.thread_id or new.run_id, "task_id": new.task_id,
             "tenant": new.tenant, "prompt_version": new.prompt_version, "prompt_hash": new.prompt_hash,
             "model_route": new.model_route, "status": INITIAL.value, "reason": None, "started_at": now,
-            "ended_at": None, "steps": 0, "attempt": 0, "model_attempts": 0, "tool_calls": 0, "tokens_in": 0,
-            "tokens_out": 0, "cost_usd": 0.0, "reward": None, "state_version": 1, "last_seq": 1,
+            "ended_at": None, "steps": 0, "attempt": 0, "model_attempts": 0, "tool_calls": 0, "tokens_in": None,
+            "tokens_out": None, "cost_usd": None, "reward": None, "state_version": 1, "last_seq": 1,
             "waiting_json": None, "spec_json": canonical_json(dict(new.spec)), "schema_version": SCHEMA_VERSION,
         }
         self._state[new.run_id] = INITIAL
@@ -151,7 +154,7 @@ class TraceRows:
             self._update_operation(run_id, seq, update)
         run.update(status=final._value_, state_version=new_version, last_seq=seq, steps=step, attempt=attempt)
         for name, amount in counters.items():
-            run[name] += amount
+            run[name] = amount if run[name] is None else run[name] + amount
         for name in set_fields:
             run[name] = column_value(set_fields, name)
         if final in TERMINAL:

@@ -225,10 +225,10 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False, positio
             content = f"{content}\n\n{refusal}" if content and content.strip() else refusal
         usage = mapping(m.get("usage"), file, f"{where}.usage")
         prompt, completion, cost = usage.get("prompt_tokens"), usage.get("completion_tokens"), m.get("cost")
-        tokens = {"tokens_in": 0 if prompt is None else integer(prompt, file, f"{where}.usage.prompt_tokens"),
-                  "tokens_out": 0 if completion is None
+        tokens = {"tokens_in": None if prompt is None else integer(prompt, file, f"{where}.usage.prompt_tokens"),
+                  "tokens_out": None if completion is None
                   else integer(completion, file, f"{where}.usage.completion_tokens"),
-                  "cost_usd": 0.0 if cost is None else number(cost, file, f"{where}.cost", minimum=0)}
+                  "cost_usd": None if cost is None else number(cost, file, f"{where}.cost", minimum=0)}
     calls = []
     raw_calls = m.get("tool_calls")
     if raw_calls is not None and not isinstance(raw_calls, list):

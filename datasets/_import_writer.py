@@ -244,12 +244,15 @@ class RunWriter:
         self._advance(msg.time)
         row = {"step": number, "attempt": 1, "candidate_id": cid, "context_artifact_id": context.artifact_id,
                "finish_reason": finish, "items_json": canonical_json(items), "prompt_version": self.prompt_version,
-               "model_route": conv.model, "tokens_in": msg.tokens_in, "tokens_out": msg.tokens_out,
-               "cost_usd": msg.cost_usd}
+               "model_route": conv.model}
+        # Usage the source does not give is left out: the trace tables hold
+        # null for it (unknown), not a 0 that would read as "free".
+        usage = {name: value for name, value in (("tokens_in", msg.tokens_in), ("tokens_out", msg.tokens_out),
+                                                 ("cost_usd", msg.cost_usd)) if value is not None}
+        row.update(usage)
         self._commit(State.VALIDATING, payload={"candidate_id": cid}, artifacts=(candidate,),
                      facts={"candidates": (row,)},
-                     counters={"model_attempts": 1, "tokens_in": msg.tokens_in, "tokens_out": msg.tokens_out,
-                               "cost_usd": msg.cost_usd},
+                     counters={"model_attempts": 1, **usage},
                      events=(NewEvent("candidate_recorded", {"candidate_id": cid, "items": items}),))
         self.stats["candidates"] += 1
         self.last_candidate = (number, cid)

@@ -20,9 +20,12 @@ def _body() -> None:
     cols[3].metric("Budget-stop rate", pct(tot["budget_rate"]), help="BUDGET_EXHAUSTED / finished runs")
     cols = st.columns(4)
     cols[0].metric("Mean steps", f"{tot['mean_steps']:.2f}")
-    cols[1].metric("Tokens", f"{tot['tokens_in'] + tot['tokens_out']:,}",
-                   help=f"in {tot['tokens_in']:,} · out {tot['tokens_out']:,}")
-    cols[2].metric("Cost (USD)", f"{tot['cost_usd']:.4f}", help=f"mean per run {tot['mean_cost_usd']:.6f}")
+    reported = _reported(tot["runs_with_tokens"], tot["runs"])
+    cols[1].metric("Tokens", f"{tot['tokens_in'] + tot['tokens_out']:,}" if tot["runs_with_tokens"] else "—",
+                   help=f"in {tot['tokens_in']:,} · out {tot['tokens_out']:,}{reported}")
+    reported = _reported(tot["runs_with_cost"], tot["runs"])
+    cols[2].metric("Cost (USD)", f"{tot['cost_usd']:.4f}" if tot["runs_with_cost"] else "—",
+                   help=f"mean per run {tot['mean_cost_usd']:.6f}{reported}")
     cols[3].metric("Tool calls", f"{tot['tool_calls']:,}", help=f"model attempts {tot['model_attempts']:,}")
     if tot["rewarded"]:
         cols = st.columns(4)
@@ -68,6 +71,14 @@ def _body() -> None:
                  title="Seconds by prompt version")
     fig.update_layout(height=320, margin={"t": 40, "b": 10})
     st.plotly_chart(fig, key="overview_time")
+
+
+def _reported(known: int, runs: int) -> str:
+    """What a usage figure covers when some runs do not report usage (runs
+    imported from sources that give none)."""
+    if known == runs:
+        return ""
+    return f"; over the {known:,} of {runs:,} runs that report it (imported sources may not)"
 
 
 def render() -> None:

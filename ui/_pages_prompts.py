@@ -21,6 +21,16 @@ MEANS = (("runs", "Runs", "{:,.0f}"), ("finished", "Finished runs", "{:,.0f}"),
          ("cost_usd", "Total cost (USD)", "{:.4f}"))
 
 
+def _unknown(value: object) -> bool:
+    """No figure: no run of the version reports it (usage an imported
+    source does not give is null, and so are its sums and means)."""
+    return value is None or value != value  # NaN
+
+
+def _shown(fmt: str, value: object) -> str:
+    return "—" if _unknown(value) else fmt.format(value)
+
+
 def rate_text(r: dict) -> str:
     return f"{pct(r['rate'])} [{pct(r['lo'])}–{pct(r['hi'])}] ({r['k']}/{r['n']})"
 
@@ -48,7 +58,8 @@ def _body() -> None:
     for column, label, fmt in MEANS + ((("mean_reward", "Mean reward", "{:.3f}"),) if rewarded else ()):
         va = metrics.at[a, column] if a in metrics.index else 0
         vb = metrics.at[b, column] if b in metrics.index else 0
-        rows.append({"metric": label, a: fmt.format(va), b: fmt.format(vb), "B − A": fmt.format(vb - va)})
+        rows.append({"metric": label, a: _shown(fmt, va), b: _shown(fmt, vb),
+                     "B − A": _shown(fmt, None if _unknown(va) or _unknown(vb) else vb - va)})
     st.caption("Rates over finished runs (the reward's over runs with a reward: an imported run's status only "
                "says how its conversation ended), with a 95% Wilson interval and k/n.")
     st.table(pd.DataFrame(rows).set_index("metric"))

@@ -34,8 +34,13 @@ def _header(run: dict, spans: pd.DataFrame) -> None:
     cols[3].metric("Model attempts", int(run["model_attempts"] or 0))
     cols[4].metric("Tool calls", int(run["tool_calls"] or 0))
     cols = st.columns(5)
-    cols[0].metric("Tokens", f"{int(run['tokens_in'] or 0) + int(run['tokens_out'] or 0):,}")
-    cols[1].metric("Cost (USD)", f"{float(run['cost_usd'] or 0):.4f}")
+    # Null where an imported run's source gives no usage: unknown, not 0.
+    tokens = [run["tokens_in"], run["tokens_out"]]
+    known = [int(v) for v in tokens if v is not None and v == v]
+    cols[0].metric("Tokens", f"{sum(known):,}" if known else "—",
+                   help=None if len(known) == 2 else "the source of this imported run does not give all its usage")
+    cost = run["cost_usd"]
+    cols[1].metric("Cost (USD)", "—" if cost is None or cost != cost else f"{float(cost):.4f}")
     closed = spans.iloc[:-1] if len(spans) else spans  # the last span is the terminal point or still open
     cols[2].metric("Processing (s)", f"{closed.loc[~closed['waiting'], 'seconds'].sum():.3f}")
     cols[3].metric("Waiting (s)", f"{closed.loc[closed['waiting'], 'seconds'].sum():.3f}")

@@ -59,7 +59,8 @@ def overview(t: Traces) -> dict[str, Any]:
                count(*) FILTER (status = 'BUDGET_EXHAUSTED'),
                avg(steps), sum(tokens_in), sum(tokens_out), sum(cost_usd), avg(cost_usd),
                sum(model_attempts), sum(tool_calls),
-               count(reward), count(*) FILTER (reward >= 1), avg(reward)
+               count(reward), count(*) FILTER (reward >= 1), avg(reward),
+               count(tokens_in + tokens_out), count(cost_usd)
         FROM flagged
         """,
         _terminal(),
@@ -87,6 +88,10 @@ def overview(t: Traces) -> dict[str, Any]:
         "reward_solved": int(row[13] or 0),
         "reward_rate": (row[13] or 0) / row[12] if row[12] else 0.0,
         "mean_reward": _num(row[14]),
+        # Imported runs whose source gives no usage hold null tokens and cost:
+        # the sums and the mean are over the runs that report them.
+        "runs_with_tokens": int(row[15] or 0),
+        "runs_with_cost": int(row[16] or 0),
     }
     groups = t.df(
         """

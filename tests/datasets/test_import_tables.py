@@ -25,8 +25,15 @@ from loopledger.engine._tables import TABLES
 VOLATILE = {"ts", "started_at", "ended_at", "created_at", "label_id"}
 
 
+#: Usage and price: an import leaves them null where its source does not give
+#: them; the journal, whose columns are NOT NULL (a live run always knows its
+#: usage), stores 0 there. Compared as the journal holds them.
+USAGE = {"tokens_in", "tokens_out", "cost_usd"}
+
+
 def _comparable(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    out = [tuple(sorted((k, v) for k, v in r.items() if k not in VOLATILE)) for r in rows]
+    out = [tuple(sorted((k, (0 if k in USAGE and v is None else v)) for k, v in r.items() if k not in VOLATILE))
+           for r in rows]
     return sorted(out, key=repr)
 
 
@@ -264,6 +271,34 @@ def test_show_prints_an_imported_run(tmp_path: Path) -> None:
     missing = cli("show", "no-such-run", "--home", str(home))
     assert missing.returncode == 1 and "no-such-run" in missing.stderr
 
+
+
+def test_usage_a_source_does_not_give_is_unknown_not_zero(tmp_path: Path) -> None:
+    """tau-bench, ToolBench and many OpenAI exports carry no usage: their runs
+    and candidates hold null tokens and cost (summed and averaged over as
+    unknown), not a 0 that reads as a free run; what a source gives is kept,
+    and a run whose messages give some of it sums what they give."""
+    plain = _chats(tmp_path, 1, "plain.jsonl")
+    record = json.loads(_chats(tmp_path, 1, "priced.jsonl").read_text())
+    record["metadata"]["id"] = "priced"
+    record["messages"][2].update(usage={"prompt_tokens": 120, "completion_tokens": 7}, cost=0.0015)
+    record["messages"][4].update(usage={"prompt_tokens": 150})  # no completion count, no cost
+    (tmp_path / "priced.jsonl").write_text(json.dumps(record) + "\n")
+    home = tmp_path / "home"
+    import_traces("openai-jsonl", [plain, tmp_path / "priced.jsonl"], home=home)
+    runs = {r["task_id"] or r["run_id"]: r for r in table(home, "runs")}
+    usage = {(r["tokens_in"], r["tokens_out"], r["cost_usd"]) for r in runs.values()}
+    assert usage == {(None, None, None), (270, 7, 0.0015)}
+    candidates = sorted(((c["tokens_in"], c["tokens_out"], c["cost_usd"]) for c in table(home, "candidates")),
+                        key=repr)
+    assert candidates.count((None, None, None)) == 3 + 1  # the plain run's three, the priced run's last
+    assert (120, 7, 0.0015) in candidates and (150, None, None) in candidates
+    unpriced = next(r["run_id"] for r in runs.values() if r["tokens_in"] is None)
+    shown = cli("show", unpriced, "--json", "--home", str(home))
+    assert shown.returncode == 0, shown.stderr
+    assert {k: json.loads(shown.stdout)[k] for k in USAGE} == dict.fromkeys(USAGE)
+    text = cli("show", unpriced, "--home", str(home))
+    assert "tokens -+-  cost -" in text.stdout, text.stdout
 
 
 def _stat(pid: int) -> list[str] | None:

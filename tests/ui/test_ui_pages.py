@@ -227,9 +227,41 @@ def test_imported_runs_are_compared_and_listed_with_their_reward(tmp_path: Path,
     assert sorted([shown.loc["Task solved (reward)", a][-5:], shown.loc["Task solved (reward)", b][-5:]]) == \
         ["(0/3)", "(2/3)"]
     assert sorted(frame_with(at, "task_id")["task_id"]) == ["t0", "t1"]
+    # No usage in these chats: unknown, not "nan" and not 0.
+    assert {shown.loc["Total cost (USD)", a], shown.loc["Mean tokens", b], shown.loc["Mean cost (USD)", "B − A"]} \
+        == {"—"}
     at.switch_page("_pages_runs.py").run()
     assert not at.exception
     assert sorted(frame_with(at, "reward", "status")["reward"]) == [0.0] * 4 + [1.0] * 2
+
+
+def test_usage_an_import_does_not_give_is_shown_as_unknown(tmp_path: Path, ui_env: pytest.MonkeyPatch) -> None:
+    import json
+    import subprocess
+    import sys
+
+    def chat(i: int, **usage: object) -> str:
+        return json.dumps({"messages": [{"role": "user", "content": f"task {i}"},
+                                        {"role": "assistant", "content": "done", **usage}],
+                           "metadata": {"id": f"chat-{i}", "task_id": f"t{i}"}})
+
+    lines = [chat(0, usage={"prompt_tokens": 90, "completion_tokens": 10}, cost=0.25), chat(1), chat(2)]
+    (tmp_path / "chats.jsonl").write_text("\n".join(lines) + "\n")
+    home = tmp_path / "home"
+    done = subprocess.run([str(Path(sys.executable).with_name("loopledger")), "import", "openai-jsonl",
+                           str(tmp_path / "chats.jsonl"), "--home", str(home)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    at = open_app(home, ui_env)
+    shown = {m.label: m for m in at.metric}
+    assert (shown["Tokens"].value, shown["Cost (USD)"].value) == ("100", "0.2500")
+    assert "over the 1 of 3 runs that report it" in shown["Cost (USD)"].proto.help
+    unpriced = scalar(f"SELECT run_id FROM {table(home, 'runs')} WHERE task_id = 't1'")
+    at = open_app(home, ui_env, run_id=unpriced)
+    assert (metrics(at)["Tokens"], metrics(at)["Cost (USD)"]) == ("—", "—")
+    for page in ("_pages_prompts.py", "_pages_runs.py"):
+        at.switch_page(page).run()
+        assert not at.exception and not at.error, page
 
 
 def test_an_unreadable_replay_is_a_warning_and_the_pages_still_answer(recorded_home: Path, tmp_path: Path,
