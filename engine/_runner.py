@@ -78,9 +78,16 @@ def scenario_of(record: RunRecord) -> Scenario:
 def config_for(record: RunRecord) -> RunConfig:
     """Rebuild a run's configuration from its frozen spec."""
     scenario = scenario_of(record)
+    try:
+        suite = _suite(scenario.suite)
+    except SuiteError as exc:
+        # The suite it was recorded with cannot be loaded in this process
+        # (its file moved, a module of its ``imports`` not importable here):
+        # the run cannot be driven here, and stays where it is.
+        raise BadInput("suite", f"its suite {scenario.suite!r} cannot be loaded here: {exc}") from None
     return RunConfig(
         scenario=scenario,
-        suite=_suite(scenario.suite),
+        suite=suite,
         # A real model ignores the scenario's scripted entries (CONTRACT).
         model=model_for(record.model_route, lambda: ScriptedModel(scenario.entries_for(record.prompt_version))),
         faults=tuple(Fault(f.tool, f.call, f.kind) for f in scenario.faults),

@@ -761,8 +761,9 @@ def replay_cmd(
 ) -> None:
     """Re-run a suite's validators, loop detectors and completion gate over
     every recorded candidate, without any model call; compare with the
-    baseline. Exit 0 pass, 1 failures under --fail-on, 2 bad input."""
-    from loopledger.replay import ReplayInputError
+    baseline. Exit 0 pass, 1 failures under --fail-on, 2 bad input, 3 a
+    worker process lost (nothing written)."""
+    from loopledger.replay import ReplayInputError, WorkerLost
     from loopledger.replay._commands import replay_command
 
     try:
@@ -771,6 +772,10 @@ def replay_cmd(
     except ReplayInputError as exc:
         _err(f"bad input: {exc}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
+    except WorkerLost as exc:
+        # Not the input, and not a verdict on the suite: the machine's.
+        _err(str(exc))
+        raise typer.Exit(EXIT_INFRA) from None
     raise typer.Exit(code)
 
 

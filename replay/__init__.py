@@ -22,6 +22,7 @@ from ._errors import (
     RunTraceError,
     SuiteNotFound,
     TracesError,
+    WorkerLost,
 )
 from ._harness import new_replay_id, read_summary, replay, replay_many
 from ._labels import Label, scenario_labels
@@ -43,6 +44,7 @@ __all__ = [
     "Summary",
     "SuiteNotFound",
     "TracesError",
+    "WorkerLost",
     "new_replay_id",
     "read_summary",
     "replay",

@@ -149,14 +149,19 @@ def label_command(*, home: Any, run_id: str, step: int, attempt: int, validator:
     runs, run_id = _recorded_run(home, run_id)
     try:
         candidate_id, decided = _validated(runs, run_id, step, attempt)
-        if validator:
-            from loopledger.validators import registered
+        if validator and validator not in decided and validator not in members:
+            from loopledger.validators import RegistryError, is_known, registered
 
-            if validator not in decided and validator not in registered() and validator not in members:
+            try:
+                known = is_known(validator) or validator in registered()  # installed plugins included
+            except RegistryError as exc:  # an installed plugin that fails to import
+                raise ReplayInputError("--validator", f"{validator!r} is not recorded for this candidate, and "
+                                                      f"the installed validators cannot be listed: {exc}") from None
+            if not known:
                 hint = "" if suite is not None else "; a validator of a suite's imports: add --suite SUITE"
                 raise ReplayInputError("--validator", f"unknown validator {validator!r}; expected one recorded for "
-                                       f"this candidate ({', '.join(sorted(decided)) or 'none'}) or a registered "
-                                       f"one{hint}")
+                                       f"this candidate ({', '.join(sorted(decided)) or 'none'}), a registered "
+                                       f"one or one of --suite's ({', '.join(sorted(members)) or 'none'}){hint}")
     finally:
         if not isinstance(runs, TracedRuns):
             runs.close()

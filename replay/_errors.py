@@ -6,9 +6,12 @@
     │   │                         schema version newer than this code reads
     │   ├── SuiteNotFound         the suite reference cannot be loaded
     │   └── BaselineNotFound      the baseline (``--baseline``) names no finished replay
-    └── RunTraceError             one run's trace is incomplete (a candidate or
-                                  context artifact missing); recorded on that
-                                  run's result, never raised out of a replay
+    ├── RunTraceError             one run's trace is incomplete (a candidate or
+    │                             context artifact missing); recorded on that
+    │                             run's result, never raised out of a replay
+    └── WorkerLost                a worker process ended abruptly (killed: out of
+                                  memory, a signal; or a validator ended it):
+                                  nothing is written (the command: exit 3)
 
 A candidate whose decision changed is not an error: it is a diff. A run
 that failed (``FAILED``, ``loop_detected``...) is data about the run, kept
@@ -59,4 +62,16 @@ class RunTraceError(ReplayError):
     def __init__(self, run_id: str, reason: str) -> None:
         super().__init__(f"run {run_id}: {reason}")
         self.run_id = run_id
+        self.reason = reason
+
+
+class WorkerLost(ReplayError):
+    """A replay worker process ended without returning its partition."""
+
+    code = "replay_worker_lost"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"a replay worker process ended abruptly ({reason}); nothing was written. A process "
+                         "killed for memory, a signal, or a validator that ends its process (os._exit) does this; "
+                         "run again (with fewer --workers if memory is short)")
         self.reason = reason

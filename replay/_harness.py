@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -36,11 +37,11 @@ from typing import Any
 
 from loopledger._args import as_path
 
-from ._errors import BaselineNotFound, ReplayInputError, SuiteNotFound
+from ._errors import BaselineNotFound, ReplayInputError, SuiteNotFound, WorkerLost
 from ._result import REPLAY_ID, ReplayResult, RunReplay, Summary
 from ._traces import (BASELINE_COLUMNS, TraceSet, _files_sql, check_verdicts, open_traces, table_files,
                       write_partitions)
-from ._worker import Job, SuiteRef, run_job, warm
+from ._worker import Job, SuiteRef, remember, run_job, warm
 
 #: Candidates per partition: a partition's rows (bodies included) are held
 #: in one worker's memory, so this bounds a worker's footprint.
@@ -289,6 +290,8 @@ def _replay(request: _Request) -> dict[str, ReplayResult]:
         _claim_outputs(outputs, ids, request.id_arguments)
     work = Path(tempfile.mkdtemp(prefix=".replay-work-", dir=replays if request.write else None))
     refs = tuple(ref for _, _, ref in request.suites)
+    for _, suite, ref in request.suites:
+        remember(ref, ids, suite)
     pool = _start_pool(procs - 1, refs, ids) if procs > 1 else None
     results: dict[str, ReplayResult] = {}
     try:
@@ -396,6 +399,8 @@ def _run(jobs: Sequence[Job], pool: ProcessPoolExecutor | None, remote: int) -> 
         for t in feeders:
             t.join()
     if failures:
+        if isinstance(failures[0], BrokenProcessPool):
+            raise WorkerLost(str(failures[0]) or type(failures[0]).__name__) from None
         raise failures[0]
     return results
 

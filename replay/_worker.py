@@ -260,6 +260,16 @@ def _loaded(ref: SuiteRef, replay_ids: tuple[str, ...]) -> Any:
     return suite
 
 
+def remember(ref: SuiteRef, replay_ids: tuple[str, ...], suite: Any) -> None:
+    """The suite the caller already loaded for ``ref``: its own process
+    replays with that object, and does not load the reference again (a
+    ``module:attr`` factory that registers validators would run twice)."""
+    if ref.ref is not None:
+        if len(_SUITES) >= 8:
+            _SUITES.clear()
+        _SUITES[(ref.ref, replay_ids)] = suite
+
+
 def warm(suites: Sequence[SuiteRef], replay_ids: tuple[str, ...]) -> None:
     """Import what a job needs and load its suites (a pool process's first
     task, so that the imports overlap the partitioning)."""

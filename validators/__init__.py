@@ -48,6 +48,7 @@ from ._registry import (
     ValidatorSpec,
     build_validator,
     get_factory,
+    is_known,
     load_plugins,
     registered,
     validator,
@@ -96,6 +97,7 @@ __all__ = [
     "build_validator",
     "get_factory",
     "registered",
+    "is_known",
     "load_plugins",
     # suites
     "Suite",

@@ -11,8 +11,9 @@ behaviour is a new version, registered beside the old one, never an edit.
 from __future__ import annotations
 
 import inspect
+import reprlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from ._errors import ParamError, RegistryError
@@ -28,6 +29,7 @@ __all__ = [
     "validator",
     "registered",
     "load_plugins",
+    "is_known",
     "get_factory",
     "build_validator",
 ]
@@ -94,6 +96,8 @@ class BoundValidator:
         issues = self._check(inp)
         if not issues:
             return self._ok
+        if not self.trusted:
+            issues = [_with_verdict(i) for i in issues]
         # The worst issue names the decision; the engine acts on its code.
         # Ties keep the check's order, which puts the actionable one first.
         worst = issues[0]
@@ -120,6 +124,19 @@ class BoundValidator:
 
     def __repr__(self) -> str:
         return f"BoundValidator({self.name}@{self.version}, {self.params})"
+
+
+_VERDICTS = {v.value: v for v in Verdict}
+
+
+def _with_verdict(issue: Any) -> Any:
+    """A user's issue whose verdict is written as its plain string
+    (``"reject"``) gets the :class:`Verdict` it names; anything else is left
+    for :func:`~._suite.recordable` to refuse."""
+    verdict = getattr(issue, "verdict", None)
+    if isinstance(issue, Issue) and isinstance(verdict, str) and not isinstance(verdict, Verdict) and verdict in _VERDICTS:
+        return replace(issue, verdict=_VERDICTS[verdict])
+    return issue
 
 
 class ValidatorFactory:
@@ -167,7 +184,11 @@ class ValidatorFactory:
             raise ParamError(unknown[0], f"one of the known params ({known})", params[unknown[0]])
         self._check_types(params)
         effective = {**self.defaults, **params}
-        return BoundValidator(self.name, self.version, effective, self.fn(**effective), trusted=self.builtin)
+        check = self.fn(**effective)
+        if not callable(check):
+            raise RegistryError(self.name, f"its factory returned {reprlib.repr(check)}; expected a check function "
+                                           "(DecisionInput -> list of Issues)")
+        return BoundValidator(self.name, self.version, effective, check, trusted=self.builtin)
 
 
 def _param_types(fn: Callable[..., Any], names: Iterable[str]) -> dict[str, tuple[str, Any]]:
@@ -199,6 +220,12 @@ _REGISTRY: dict[str, dict[str, ValidatorFactory]] = {}
 def validator(*, name: str, version: str) -> Callable[[Callable[..., Check]], ValidatorFactory]:
     """Register a check factory under ``name`` and ``version``."""
 
+    for what, value in (("name", name), ("version", version)):
+        # Recorded in every decision row, and written ``name@version`` in a suite.
+        if not isinstance(value, str) or not value or value != value.strip() or "@" in value:
+            raise RegistryError(str(name), f"@validator {what}={value!r}: expected a non-empty string without "
+                                           "surrounding spaces or '@'")
+
     def register(fn: Callable[..., Check]) -> ValidatorFactory:
         versions = _REGISTRY.setdefault(name, {})
         if version in versions and versions[version].fn is not fn:
@@ -214,7 +241,7 @@ def validator(*, name: str, version: str) -> Callable[[Callable[..., Check]], Va
 #: modules whose ``@validator`` definitions register them; they are imported
 #: the first time a name is not known (see :func:`load_plugins`).
 ENTRY_POINT_GROUP = "loopledger.validators"
-_plugins: dict[str, bool] = {"loaded": False}
+_plugins: dict[str, Any] = {"loaded": False, "failed": None}
 
 
 def load_plugins() -> None:
@@ -222,18 +249,30 @@ def load_plugins() -> None:
     entry-point group of the installed distributions, e.g. in a plugin's
     ``pyproject.toml``: ``[project.entry-points."loopledger.validators"]
     acme = "acme_validators"``. A module that fails to import is a
-    :class:`RegistryError` naming the entry point."""
-    if _plugins["loaded"]:
-        return
-    _plugins["loaded"] = True
-    from importlib.metadata import entry_points
+    :class:`RegistryError` naming the entry point, raised now and at every
+    later call (the other entry points are still imported), so a name that
+    only a broken plugin could have given is never reported as merely
+    unknown."""
+    if not _plugins["loaded"]:
+        _plugins["loaded"] = True
+        from importlib.metadata import entry_points
 
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            point.load()
-        except Exception as exc:  # noqa: BLE001 - a plugin that fails to import: one clear line
-            raise RegistryError(point.name, f"entry point {point.value!r} of group {ENTRY_POINT_GROUP} "
-                                            f"failed to import: {type(exc).__name__}: {exc}") from exc
+        for point in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                point.load()
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - a plugin that fails to import: one line
+                if _plugins["failed"] is None:
+                    _plugins["failed"] = RegistryError(
+                        point.name, f"entry point {point.value!r} of group {ENTRY_POINT_GROUP} failed to "
+                                    f"import: {type(exc).__name__}: {exc}")
+    if _plugins["failed"] is not None:
+        raise _plugins["failed"]
+
+
+def is_known(name: str) -> bool:
+    """Whether ``name`` is registered, without importing installed plugins
+    (they are imported the first time a name is not known)."""
+    return name in _REGISTRY
 
 
 def registered() -> dict[str, tuple[str, ...]]:

@@ -33,7 +33,7 @@ from loopledger.canonical import CanonicalJSONError, canonical_json, content_id,
 from ._detectors import DETECTORS
 from ._errors import InputError, ParamError, RegistryError, SuiteError
 from ._model import Decision, DecisionInput, Verdict
-from ._registry import BoundValidator, ValidatorSpec, get_factory, registered
+from ._registry import BoundValidator, ValidatorSpec, get_factory, is_known, registered
 
 __all__ = ["Suite", "SuiteResult", "load_suite", "parse_suite", "bundled_suites"]
 
@@ -112,7 +112,7 @@ class Suite:
         for m in self.members:
             try:
                 decisions.append(m(inp) if m.trusted else recordable(m(inp)))
-            except Exception as exc:  # noqa: BLE001 - recorded, see docstring
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - recorded, see docstring (sys.exit too)
                 decisions.append(
                     Decision(
                         verdict=Verdict.REJECT,
@@ -136,7 +136,8 @@ def recordable(decision: Decision) -> Decision:
     Otherwise a bug in its validator, recorded as that validator's
     ``reject``/``validator_error`` decision naming the problem."""
     if not isinstance(decision.verdict, Verdict):
-        field, problem = "verdict", f"{reprlib.repr(decision.verdict)} is not one of {', '.join(v.value for v in Verdict)}"
+        field, problem = "verdict", (f"{reprlib.repr(decision.verdict)} is not a Verdict (or one of the strings "
+                                     f"{', '.join(v.value for v in Verdict)})")
     elif not _is_text(decision.code):
         field, problem = "code", f"{reprlib.repr(decision.code)} is not Unicode text"
     elif not _is_text(decision.message):
@@ -184,7 +185,8 @@ def load_suite(ref: str | os.PathLike[str] | Suite) -> Suite:
     if not isinstance(text, str) or not text:
         raise SuiteError("suite", "expected a bundled suite name, a .yaml path, module:attr or a Suite, "
                                   f"got {reprlib.repr(ref)}")
-    if isinstance(ref, os.PathLike) or text.endswith((".yaml", ".yml")) or "/" in text:
+    if (isinstance(ref, os.PathLike) or text.lower().endswith((".yaml", ".yml")) or "/" in text
+            or (":" not in text and os.path.lexists(text))):
         return _load_file(Path(text), text)
     if ":" in text:
         return _load_object(text)
@@ -200,6 +202,9 @@ def load_suite(ref: str | os.PathLike[str] | Suite) -> Suite:
 
 def _load_file(path: Path, where: str) -> Suite:
     try:
+        # A named pipe would block the read for ever, a device give no YAML.
+        if path.exists() and not path.is_file() and not path.is_dir():
+            raise SuiteError(where, "not a regular file (a pipe, socket or device); expected a suite .yaml file")
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SuiteError(where, f"cannot read the file ({exc.strerror or exc})") from exc
@@ -225,7 +230,7 @@ def _import(module_name: str, where: str) -> Any:
         return importlib.import_module(module_name)
     except ImportError as exc:
         raise SuiteError(where, f"cannot import module {module_name!r} ({exc})") from exc
-    except Exception as exc:  # noqa: BLE001 - the user's module failed while it ran: say so, in one line
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module failed while it ran: one line
         raise SuiteError(where, f"module {module_name!r} failed while importing: "
                                 f"{type(exc).__name__}: {exc}") from exc
 
@@ -241,7 +246,13 @@ def _load_object(ref: str) -> Suite:
         except AttributeError:
             raise SuiteError(ref, f"module {module_name!r} has no attribute {attr!r}") from None
     if callable(obj) and not isinstance(obj, Suite):
-        obj = obj()
+        try:
+            obj = obj()
+        except SuiteError:
+            raise
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's callable failed: one line
+            raise SuiteError(ref, f"calling {attr} (expected to return a Suite or a suite mapping, with no "
+                                  f"arguments) raised {type(exc).__name__}: {exc}") from exc
     if isinstance(obj, Suite):
         return obj
     if isinstance(obj, Mapping):
@@ -258,8 +269,11 @@ def parse_suite(data: Any, where: str = "suite") -> Suite:
         raise SuiteError(f"{where}: {unknown[0]}", "unknown field; expected name, validators, description, imports")
     _import_modules(data.get("imports", []), where)
     name = data.get("name")
-    if not isinstance(name, str) or not name:
-        raise SuiteError(f"{where}: name", "expected a non-empty string")
+    if not isinstance(name, str) or not name.strip():
+        raise SuiteError(f"{where}: name", f"expected a non-empty string, got {reprlib.repr(name)}")
+    description = data.get("description")
+    if description is not None and not isinstance(description, str):
+        raise SuiteError(f"{where}: description", f"expected a string, got {type(description).__name__}")
     entries = data.get("validators")
     if not isinstance(entries, Sequence) or isinstance(entries, str) or not entries:
         raise SuiteError(f"{where}: validators", "expected a non-empty list of validator names or {name: params}")
@@ -297,6 +311,8 @@ def _member(entry: Any, field: str) -> BoundValidator:
         if extra:
             raise SuiteError(f"{field}.{extra[0]}", "unknown field; expected name, version, params")
         vname, version, params = entry["name"], entry.get("version"), entry.get("params") or {}
+    elif isinstance(entry, Mapping) and entry and set(entry) <= {"version", "params"}:
+        raise SuiteError(f"{field}.name", "missing; the pinned form is {name, version, params}")
     elif isinstance(entry, Mapping) and len(entry) == 1:
         ((vname, params),) = entry.items()
         params = {} if params is None else params
@@ -310,19 +326,34 @@ def _member(entry: Any, field: str) -> BoundValidator:
         version = str(version)
     if not isinstance(params, Mapping):
         raise SuiteError(f"{field}.{vname}", f"expected a mapping of params, got {type(params).__name__}")
-    try:
-        known = registered()
-    except RegistryError as exc:  # an installed plugin that fails to import
-        raise SuiteError(field, exc.reason) from None
-    if vname not in known:
-        close = difflib.get_close_matches(vname, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise SuiteError(field, f"unknown validator {vname!r}{hint}; known: {', '.join(known)}")
+    if not is_known(vname):
+        try:
+            known = registered()  # installed plugins included
+        except RegistryError as exc:  # an installed plugin that fails to import
+            raise SuiteError(field, exc.reason) from None
+        if vname not in known:
+            close = difflib.get_close_matches(vname, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise SuiteError(field, f"unknown validator {vname!r}{hint}; known: {', '.join(known)}")
     try:
         factory = get_factory(vname, version)
     except RegistryError as exc:
         raise SuiteError(f"{field}.version", exc.reason) from None
+    for param, value in params.items():
+        # Params are recorded (canonical JSON) and enter the suite version:
+        # plain JSON only, with string keys.
+        if not isinstance(param, str):
+            raise SuiteError(f"{field}.{vname}", f"expected param names as strings, got {param!r}")
+        try:
+            canonical_json(value)
+        except CanonicalJSONError as exc:
+            raise SuiteError(f"{field}.{vname}.{param}", f"expected plain JSON (strings, numbers, true/false, "
+                                                         f"null, lists, string-keyed maps): {exc}") from None
     try:
         return factory(**dict(params))
     except ParamError as exc:
         raise SuiteError(f"{field}.{vname}.{exc.param}", f"expected {exc.expected}, got {exc.value!r}") from None
+    except RegistryError as exc:  # the factory broke its contract (see ValidatorFactory.__call__)
+        raise SuiteError(f"{field}.{vname}", exc.reason) from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a user's factory failed: one line
+        raise SuiteError(f"{field}.{vname}", f"the validator's factory raised {type(exc).__name__}: {exc}") from None

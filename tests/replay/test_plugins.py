@@ -150,6 +150,7 @@ _member("set", evidence={"s": {1, 2}})
 _member("nan", evidence={"n": float("nan")})
 _member("surrogate", evidence={"k": "\\ud800"})
 _member("verdict", verdict="maybe")
+_member("as_string", verdict="reject")  # the string of a verdict is that verdict
 _member("code", code=7)
 '''
 #: member -> (the field that cannot be recorded, what is wrong with it)
@@ -157,7 +158,8 @@ ODD_MEMBERS = {"date": ("evidence", "is not plain JSON ($.t: date is not a JSON 
                "set": ("evidence", "is not plain JSON ($.s: set is not a JSON value)"),
                "nan": ("evidence", "is not plain JSON ($.n: nan is not a JSON number)"),
                "surrogate": ("evidence", "is not plain JSON ($: string is not valid Unicode (surrogates not allowed))"),
-               "verdict": ("verdict", "'maybe' is not one of accept, repair, ask, reject"),
+               "verdict": ("verdict", "'maybe' is not a Verdict (or one of the strings accept, repair, ask, "
+                                      "reject)"),
                "code": ("code", "7 is not Unicode text")}
 
 
@@ -166,7 +168,7 @@ def test_a_decision_that_cannot_be_recorded_is_its_validators_error(recorded_hom
     reject/validator_error naming the problem, and the replay goes on."""
     site = install(tmp_path / "site", module="odd_checks", body=UNRECORDABLE, entry_point=False)
     path = tmp_path / "odd.yaml"
-    path.write_text("name: odd\nimports: [odd_checks]\nvalidators:\n  - structure\n"
+    path.write_text("name: odd\nimports: [odd_checks]\nvalidators:\n  - structure\n  - odd.as_string\n"
                     + "".join(f"  - odd.{name}\n" for name in ODD_MEMBERS))
     out = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"), "--home",
               str(tmp_path / "out"), "--fail-on", "never", "--markdown", str(tmp_path / "r.md"),
@@ -175,7 +177,10 @@ def test_a_decision_that_cannot_be_recorded_is_its_validators_error(recorded_hom
     assert "Gate: pass" in out.stdout and (tmp_path / "r.md").is_file()
     (replay,) = (tmp_path / "out" / "replays").iterdir()
     rows = duckdb.sql(f"SELECT DISTINCT validator, verdict, code, message, evidence_json "
-                      f"FROM '{replay}/decisions/*.parquet' WHERE validator LIKE 'odd.%'").fetchall()
+                      f"FROM '{replay}/decisions/*.parquet' WHERE validator LIKE 'odd.%' "
+                      "AND validator != 'odd.as_string'").fetchall()
+    assert duckdb.sql(f"SELECT DISTINCT verdict, code FROM '{replay}/decisions/*.parquet' "
+                      "WHERE validator = 'odd.as_string'").fetchall() == [("reject", "odd")]
     assert sorted(rows) == sorted(
         (f"odd.{name}", "reject", "validator_error", f"odd.{name} gave a decision that cannot be recorded: its "
          f"{field} {said}", f'{{"unrecordable":"{field}"}}') for name, (field, said) in ODD_MEMBERS.items())
@@ -207,3 +212,203 @@ def test_what_a_validator_writes_is_printed_as_written(recorded_home: Path, tmp_
               str(tmp_path / "out"), "--fail-on", "never", env={"PYTHONPATH": str(site)})
     assert out.returncode == 0, out.stderr
     assert "[/odd]" in out.stdout and "[red]brackets" in out.stdout
+
+
+BROKEN = '''
+import os
+import sys
+
+from loopledger.validators import Issue, Verdict, validator
+
+
+@validator(name="bad.factory_raises", version="1")
+def factory_raises():
+    raise RuntimeError("factory broke")
+
+
+@validator(name="bad.returns_nothing", version="1")
+def returns_nothing():
+    return 42
+
+
+@validator(name="bad.free", version="1")
+def free(*, n=3):
+    def check(inp):
+        return []
+    return check
+
+
+@validator(name="bad.exits", version="1")
+def exits():
+    def check(inp):
+        sys.exit(7)
+    return check
+
+
+@validator(name="bad.kills_its_worker", version="1")
+def kills_its_worker():
+    def check(inp):
+        import multiprocessing
+        if multiprocessing.parent_process() is not None:  # only in a replay's worker process
+            os._exit(9)
+        return []
+    return check
+
+
+def make():
+    """A suite whose validator is registered when the suite is made."""
+    @validator(name="lazy.check", version="1")
+    def lazy():
+        def check(inp):
+            return [Issue(Verdict.REPAIR, "lazy", "made by make()")] if inp.step == 1 else []
+        return check
+    return {"name": "lazy", "validators": ["structure", "lazy.check"]}
+'''
+
+
+@pytest.mark.parametrize(("suite_text", "said"), [
+    ("validators: [structure, bad.factory_raises]",
+     "validators[1].bad.factory_raises: the validator's factory raised RuntimeError: factory broke"),
+    ("validators: [structure, bad.returns_nothing]",
+     "validators[1].bad.returns_nothing: its factory returned 42; expected a check function"),
+    ("validators: [structure, {bad.free: {n: .inf}}]", "validators[1].bad.free.n: expected plain JSON"),
+    ("validators: [structure, {bad.free: {n: 2024-01-01}}]", "validators[1].bad.free.n: expected plain JSON"),
+    ("validators: [structure, {output_rules: {custom: {5: abc}}}]",
+     "validators[1].output_rules.custom: expected plain JSON"),
+    ("validators: [structure, {version: '1'}]", "validators[1].name: missing"),
+    ("description: 5\nvalidators: [structure]", "description: expected a string, got int"),
+])
+def test_a_suite_whose_plugin_or_params_are_broken_is_one_line(recorded_home: Path, tmp_path: Path,
+                                                              suite_text: str, said: str) -> None:
+    site = install(tmp_path / "site", module="broken_checks", body=BROKEN, entry_point=False)
+    path = tmp_path / "broken.yaml"
+    path.write_text(f"name: broken\nimports: [broken_checks]\n{suite_text}\n")
+    out = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"),
+              "--home", str(tmp_path / "out"), env={"PYTHONPATH": str(site)})
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0] and "broken.yaml" in lines[0], out.stderr
+    assert not (tmp_path / "out" / "replays").exists() or not any((tmp_path / "out" / "replays").iterdir())
+
+
+@pytest.mark.parametrize(("ref", "said"), [
+    ("os.path:join", "os.path:join: calling join (expected to return a Suite or a suite mapping, with no "
+                     "arguments) raised TypeError"),
+    ("broken_checks:make_nothing", "broken_checks:make_nothing: module 'broken_checks' has no attribute"),
+])
+def test_a_suite_object_that_cannot_be_made_is_one_line(recorded_home: Path, tmp_path: Path, ref: str,
+                                                        said: str) -> None:
+    site = install(tmp_path / "site", module="broken_checks", body=BROKEN, entry_point=False)
+    out = cli("replay", "--suite", ref, "--traces", str(recorded_home / "traces"), "--home", str(tmp_path / "out"),
+              env={"PYTHONPATH": str(site)})
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0], out.stderr
+
+
+def test_a_version_that_is_not_a_string_is_refused_when_registered(tmp_path: Path) -> None:
+    from loopledger.validators import RegistryError, validator
+
+    for name, version in (("x.int_version", 1), ("x.empty", ""), ("x@pinned", "1"), (" x.spaced", "1")):
+        with pytest.raises(RegistryError, match="expected a non-empty string"):
+            validator(name=name, version=version)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_suite_made_by_a_callable_that_registers_validators(recorded_home: Path, tmp_path: Path,
+                                                              workers: str) -> None:
+    """The callable runs once per process: the caller's process replays with
+    the suite it made, and does not make it (register its validator) twice."""
+    site = install(tmp_path / "site", module="broken_checks", body=BROKEN, entry_point=False)
+    out = cli("replay", "--suite", "broken_checks:make", "--traces", str(recorded_home / "traces"),
+              "--home", str(tmp_path / "out"), "--workers", workers, "--fail-on", "never",
+              env={"PYTHONPATH": str(site)})
+    assert out.returncode == 0, out.stderr
+    (replay,) = (tmp_path / "out" / "replays").iterdir()
+    assert duckdb.sql(f"SELECT count(*) FROM '{replay}/decisions/*.parquet' "
+                      "WHERE validator = 'lazy.check' AND code = 'lazy'").fetchone()[0] > 0
+
+
+def test_a_check_that_exits_is_its_validators_error(recorded_home: Path, tmp_path: Path) -> None:
+    site = install(tmp_path / "site", module="broken_checks", body=BROKEN, entry_point=False)
+    path = tmp_path / "exits.yaml"
+    path.write_text("name: exits\nimports: [broken_checks]\nvalidators: [structure, bad.exits]\n")
+    out = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"),
+              "--home", str(tmp_path / "out"), "--fail-on", "never", "--workers", "1", env={"PYTHONPATH": str(site)})
+    assert out.returncode == 0, out.stderr
+    (replay,) = (tmp_path / "out" / "replays").iterdir()
+    assert duckdb.sql(f"SELECT DISTINCT verdict, code, message FROM '{replay}/decisions/*.parquet' "
+                      "WHERE validator = 'bad.exits'").fetchall() == [
+        ("reject", "validator_error", "bad.exits raised SystemExit: 7")]
+
+
+def test_a_worker_process_that_dies_is_one_line_and_writes_nothing(recorded_home: Path, tmp_path: Path) -> None:
+    site = install(tmp_path / "site", module="broken_checks", body=BROKEN, entry_point=False)
+    path = tmp_path / "dies.yaml"
+    path.write_text("name: dies\nimports: [broken_checks]\nvalidators: [structure, bad.kills_its_worker]\n")
+    out = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"),
+              "--home", str(tmp_path / "out"), "--workers", "2", env={"PYTHONPATH": str(site)})
+    assert out.returncode == 3, (out.returncode, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a replay worker process ended abruptly" in lines[0], out.stderr
+    assert not [p for p in (tmp_path / "out" / "replays").iterdir() if not p.name.startswith(".")]
+
+
+def test_a_named_pipe_is_not_read_as_a_suite(recorded_home: Path, tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "fifo.yaml")
+    out = cli("replay", "--suite", str(tmp_path / "fifo.yaml"), "--traces", str(recorded_home / "traces"),
+              "--home", str(tmp_path / "out"))
+    assert out.returncode == 2 and "fifo.yaml: not a regular file" in out.stderr, out.stderr
+
+
+def test_a_broken_installed_plugin_only_matters_to_names_it_could_give(recorded_home: Path, tmp_path: Path) -> None:
+    """Entry points are imported the first time a name is not known: a
+    broken one does not stop suites of built-in or imported validators, and
+    is named where a validator could only have come from it."""
+    site = install(tmp_path / "site", body="raise RuntimeError('boom')\n")
+    install(site, module="broken_checks", body=BROKEN, entry_point=False)
+    env = {"PYTHONPATH": str(site)}
+    ok = cli("replay", "--suite", "default", "--traces", str(recorded_home / "traces"),
+             "--home", str(tmp_path / "out"), env=env)
+    assert ok.returncode == 0, ok.stderr
+    imported = tmp_path / "imported.yaml"
+    imported.write_text("name: imp\nimports: [broken_checks]\nvalidators: [structure, bad.free]\n")
+    ok = cli("replay", "--suite", str(imported), "--traces", str(recorded_home / "traces"),
+             "--home", str(tmp_path / "out2"), "--fail-on", "never", env=env)
+    assert ok.returncode == 0, ok.stderr
+    unknown = cli("replay", "--suite", str(suite(tmp_path)), "--traces", str(recorded_home / "traces"),
+                  "--home", str(tmp_path / "out3"), env=env)
+    assert unknown.returncode == 2
+    assert "entry point 'acme_checks' of group loopledger.validators failed to import" in unknown.stderr
+
+
+def test_a_reply_to_a_run_whose_suite_cannot_be_loaded_here_leaves_it_waiting(tmp_path: Path) -> None:
+    import json
+
+    from loopledger.engine import Home
+
+    site = install(tmp_path / "site", entry_point=False)
+    (tmp_path / "acme.yaml").write_text(SUITE.format(imports="imports: [acme_checks]\n"))
+    scenario = (Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "ask-user-answered.yaml").read_text()
+    scenario = scenario.split("\nuser:")[0] + "\nsuite: acme.yaml\nexpect: {status: WAITING_USER}\n"
+    (tmp_path / "waits.yaml").write_text(scenario.replace("id: ask-user-answered", "id: waits"))
+    home = str(tmp_path / "home")
+    ran = cli("run", str(tmp_path / "waits.yaml"), "--json", "--home", home, env={"PYTHONPATH": str(site)})
+    assert ran.returncode == 0, ran.stderr
+    line = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert line["status"] == "WAITING_USER"
+    args = ["reply", line["run_id"], "--token", line["waiting"]["resume_token"], "--answer",
+            '{"order_id": "ORD-1032"}', "--home", home]
+    refused = cli(*args)  # acme_checks is not importable here
+    assert refused.returncode == 1, refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot be driven here" in lines[0] and "acme_checks" in lines[0], refused.stderr
+    store = Home.resolve(Path(home)).open_store()
+    try:
+        assert store.get_run(line["run_id"]).state.value == "WAITING_USER"
+    finally:
+        store.close()
+    taken = cli(*args, env={"PYTHONPATH": str(site)})  # the same token, where the suite loads
+    assert taken.returncode == 0, taken.stderr
