@@ -185,14 +185,15 @@ def load_suite(ref: str | os.PathLike[str] | Suite) -> Suite:
     if not isinstance(text, str) or not text:
         raise SuiteError("suite", "expected a bundled suite name, a .yaml path, module:attr or a Suite, "
                                   f"got {reprlib.repr(ref)}")
-    if (isinstance(ref, os.PathLike) or text.lower().endswith((".yaml", ".yml")) or "/" in text
-            or (":" not in text and os.path.lexists(text))):
+    if isinstance(ref, os.PathLike) or text.lower().endswith((".yaml", ".yml")) or "/" in text:
         return _load_file(Path(text), text)
     if ":" in text:
         return _load_object(text)
     if text in bundled_suites():
         entry = resources.files("loopledger.datasets").joinpath("suites", f"{text}.yaml")
         return _parse_text(entry.read_text(encoding="utf-8"), f"{text}.yaml")
+    if os.path.lexists(text):  # a file in the working folder, named without .yaml
+        return _load_file(Path(text), text)
     raise SuiteError(
         "suite",
         f"unknown suite {text!r}; expected a bundled suite ({', '.join(bundled_suites())}), "

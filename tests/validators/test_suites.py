@@ -213,3 +213,18 @@ def test_a_users_validator_params_are_checked_against_their_annotations(tmp_path
         assert str(caught.value) == f"s.yaml: validators[0].acme.typed_limit.{message}"
     (tmp_path / "s.yaml").write_text(body.format(params="max_amount: 10, tools: [payments.refund], note: {any: 1}"))
     assert [m.name for m in load_suite("s.yaml").members] == ["acme.typed_limit"]
+
+
+def test_a_suite_file_named_in_capitals_or_without_its_suffix(tmp_path, monkeypatch):
+    """``OK.YAML`` is a file, not an unknown bundled name; a bare name is a
+    bundled suite first, else a file of that name in the working folder."""
+    body = "name: mine\nvalidators: [structure]\n"
+    (tmp_path / "OK.YAML").write_text(body)
+    (tmp_path / "mine").write_text(body)
+    (tmp_path / "default").write_text(body)  # a bundled name wins over a file
+    monkeypatch.chdir(tmp_path)
+    assert load_suite("OK.YAML").name == "mine"
+    assert load_suite("mine").name == "mine"
+    assert load_suite("default").name == "default"
+    with pytest.raises(SuiteError, match="unknown suite 'nothing'"):
+        load_suite("nothing")
