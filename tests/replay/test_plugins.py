@@ -412,3 +412,17 @@ def test_a_reply_to_a_run_whose_suite_cannot_be_loaded_here_leaves_it_waiting(tm
         store.close()
     taken = cli(*args, env={"PYTHONPATH": str(site)})  # the same token, where the suite loads
     assert taken.returncode == 0, taken.stderr
+
+
+def test_a_plugin_cannot_register_a_version_of_a_built_in(recorded_home: Path, tmp_path: Path) -> None:
+    """An unpinned member is its latest version: a plugin's ``structure``
+    version 2 would silently replace the built-in in every suite."""
+    body = ("from loopledger.validators import validator\n\n"
+            "@validator(name='structure', version='2')\ndef mine():\n    return lambda inp: []\n")
+    site = install(tmp_path / "site", module="hijack", body=body, entry_point=False)
+    path = tmp_path / "hijack.yaml"
+    path.write_text("name: hijack\nimports: [hijack]\nvalidators: [structure]\n")
+    out = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"),
+              "--home", str(tmp_path / "out"), env={"PYTHONPATH": str(site)})
+    assert out.returncode == 2, out.stderr
+    assert "validator 'structure': is one of loopledger's own validators" in out.stderr, out.stderr
