@@ -22,6 +22,8 @@ RECORDED = "recorded"
 _KEY = "run_id, step, attempt, candidate_id, validator"
 DIVERGENCE_ROWS = 2000  # runs listed on the page; the total is always shown
 _NONE = "(none)"  # a decision one side made and the other did not
+#: A flip whose two decisions are by different versions of the validator.
+_ACROSS = "xa IS NOT NULL AND xb IS NOT NULL AND xa <> xb"
 
 
 def sides(t: Traces) -> list[str]:
@@ -43,11 +45,12 @@ def unreadable_replays(t: Traces) -> dict[str, str]:
 def _source(t: Traces, side: str, name: str) -> tuple[str, dict[str, Any]]:
     if side == RECORDED:
         t.require("validations")
-        return f"SELECT {_KEY}, verdict, code FROM validations", {}
+        return f"SELECT {_KEY}, verdict, code, validator_version FROM validations", {}
     if side not in t.replay_ids():
         raise NoData(f"No replay `{side}` with decisions under {t.replays_dir}.")
     t.require_replay(side)
-    return f"SELECT {_KEY}, verdict, code FROM replay_decisions WHERE replay_dir = ${name}", {name: side}
+    return (f"SELECT {_KEY}, verdict, code, validator_version FROM replay_decisions WHERE replay_dir = ${name}",
+            {name: side})
 
 
 def _diffs_apply(t: Traces, a: str, b: str) -> bool:
@@ -71,15 +74,17 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
         t.rows(
             f"""CREATE TEMP TABLE flips AS
                 SELECT {_KEY}, baseline_verdict AS va, replay_verdict AS vb, baseline_code AS ca,
-                       replay_code AS cb
+                       replay_code AS cb, baseline_validator_version AS xa, replay_validator_version AS xb
                 FROM replay_diffs WHERE replay_dir = $b AND validator <> ''""",
             {"b": b}, cur,
         )
-        (decisions,) = t.one(f"SELECT count(*) FROM ({src_b})", pb, cur)
+        # Each side's decisions by validator and verdict: one scan each.
+        counts_b = _counts(t.rows(f"SELECT validator, verdict, count(*) FROM ({src_b}) GROUP BY ALL", pb, cur))
+        decisions = sum(counts_b.values())
         # B's diffs cover the runs B replayed; A's decisions on runs B never
         # saw (recorded after it) are not compared. Cheap when B replayed
         # every run, the usual case: its summary says how many it did.
-        counts_a = dict(t.rows(f"SELECT verdict, count(*) FROM ({src_a}) GROUP BY verdict", pa, cur))
+        counts_a = _counts(t.rows(f"SELECT validator, verdict, count(*) FROM ({src_a}) GROUP BY ALL", pa, cur))
         summary = _summary_counts(t, b, ("runs", "not_in_baseline"))
         unseen = 0
         if summary["runs"] < int(t.one("SELECT count(*) FROM runs", None, cur)[0]):
@@ -89,18 +94,20 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
                    f"ANTI JOIN (SELECT DISTINCT run_id FROM ({src_b})) USING (run_id)", pb, cur)
             t.rows(f"CREATE TEMP TABLE unseen AS SELECT x.* FROM ({src_a}) x SEMI JOIN unseen_runs USING (run_id)",
                    pa, cur)
-            for verdict, n in t.rows("SELECT verdict, count(*) FROM unseen GROUP BY verdict", None, cur):
-                counts_a[verdict] -= n
+            for key, n in _counts(t.rows("SELECT validator, verdict, count(*) FROM unseen GROUP BY ALL",
+                                         None, cur)).items():
+                counts_a[key] -= n
             (unseen,) = t.one("SELECT count(*) FROM (SELECT DISTINCT run_id, step, attempt, candidate_id "
                               "FROM unseen)", None, cur)
-        confusion = _confusion_from_flips(t, cur, counts_a)
+        confusion = _confusion_from_flips(t, cur, counts_a, counts_b)
         not_compared = unseen + summary["not_in_baseline"]
     else:
         # One pass over both sides: the verdict pairs of every decision, and
         # the flipped decisions kept aside for the breakdowns below.
         t.rows(
             f"""CREATE TEMP TABLE joined AS
-                SELECT {_KEY}, a.verdict AS va, b.verdict AS vb, a.code AS ca, b.code AS cb
+                SELECT {_KEY}, a.verdict AS va, b.verdict AS vb, a.code AS ca, b.code AS cb,
+                       a.validator_version AS xa, b.validator_version AS xb
                 FROM ({src_a}) a FULL OUTER JOIN ({src_b}) b USING ({_KEY})""",
             params, cur,
         )
@@ -125,21 +132,29 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
                "WHERE (va IS DISTINCT FROM vb OR ca IS DISTINCT FROM cb) "
                "AND NOT (va IS NULL AND vb = 'accept') AND NOT (vb IS NULL AND va = 'accept')", None, cur)
         (decisions,) = t.one("SELECT count(*) FILTER (vb IS NOT NULL) FROM joined", None, cur)
-        counts_a = dict(t.rows("SELECT va, count(*) FROM joined WHERE va IS NOT NULL GROUP BY va", None, cur))
-        confusion = _confusion_from_flips(t, cur, counts_a)
-    (flips, verdict_flips, runs_diverged, candidates) = t.one(
+        # Every compared decision, on either side or both.
+        confusion = t.df(f"SELECT coalesce(va, '{_NONE}') AS baseline, coalesce(vb, '{_NONE}') AS replay, "
+                         "count(*) AS decisions FROM joined GROUP BY ALL", None, cur)
+    # A flip between two versions of one validator is the validator's own
+    # change, not the runs' (docs/replay.md): counted and shown apart.
+    across = f"({_ACROSS})"
+    (flips, verdict_flips, runs_diverged, candidates, flips_across) = t.one(
         "SELECT count(*), count(*) FILTER (va IS DISTINCT FROM vb), count(DISTINCT run_id), "
-        "count(DISTINCT (run_id, step, attempt, candidate_id)) FROM flips", None, cur)
+        f"count(DISTINCT (run_id, step, attempt, candidate_id)), count(*) FILTER {across} FROM flips", None, cur)
     by_validator = t.df(
-        f"""SELECT validator, coalesce(va, '{_NONE}') AS baseline_verdict, coalesce(vb, '{_NONE}') AS replay_verdict,
+        f"""SELECT validator, coalesce(xa, '') AS baseline_version, coalesce(xb, '') AS replay_version,
+                   coalesce({across}, false) AS across_versions,
+                   coalesce(va, '{_NONE}') AS baseline_verdict, coalesce(vb, '{_NONE}') AS replay_verdict,
                    coalesce(ca, '') AS baseline_code, coalesce(cb, '') AS replay_code, count(*) AS flips,
                    count(DISTINCT run_id) AS runs
-            FROM flips GROUP BY ALL ORDER BY flips DESC, validator""",
+            FROM flips GROUP BY ALL ORDER BY flips DESC, validator, baseline_version, replay_version""",
         None, cur,
     )
     divergence = t.df(
-        f"""WITH d AS (SELECT run_id, min(step) AS divergence_step, count(*) AS flips FROM flips GROUP BY run_id)
-            SELECT d.run_id, r.task_id, r.prompt_version, r.status, r.reason, d.divergence_step, d.flips
+        f"""WITH d AS (SELECT run_id, min(step) AS divergence_step, count(*) AS flips,
+                              count(*) FILTER {across} AS flips_across_versions FROM flips GROUP BY run_id)
+            SELECT d.run_id, r.task_id, r.prompt_version, r.status, r.reason, d.divergence_step, d.flips,
+                   d.flips_across_versions
             FROM d LEFT JOIN runs r ON r.run_id = d.run_id
             ORDER BY d.flips DESC, d.run_id LIMIT {DIVERGENCE_ROWS}""",
         None, cur,
@@ -152,6 +167,7 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
         "a": a, "b": b, "used_diffs": fast,
         "totals": {"decisions": int(decisions), "flips": int(flips), "verdict_flips": int(verdict_flips),
                    "runs_diverged": int(runs_diverged), "candidates_changed": int(candidates),
+                   "flips_across_versions": int(flips_across),
                    "not_compared": int(not_compared),
                    "regressions": int((labelled["outcome"] == "regression").sum()),
                    "fixes": int((labelled["outcome"] == "fix").sum())},
@@ -175,19 +191,34 @@ def _summary_counts(t: Traces, replay: str, columns: Sequence[str]) -> dict[str,
     return counts
 
 
-def _confusion_from_flips(t: Traces, cur: Any, counts_a: dict[str, int]) -> Any:
-    """The confusion matrix from the baseline's verdict counts and the diffs:
-    every decision not in the diffs kept its verdict."""
+def _counts(rows: Sequence[tuple[Any, ...]]) -> dict[tuple[str, str], int]:
+    return {(validator, verdict): int(n) for validator, verdict, n in rows}
+
+
+def _confusion_from_flips(t: Traces, cur: Any, counts_a: dict[tuple[str, str], int],
+                          counts_b: dict[tuple[str, str], int]) -> Any:
+    """The confusion matrix from each side's (validator, verdict) counts and
+    B's diffs, without joining the decisions: a validator both sides ran
+    decided on every candidate on both, so its decisions not in the diffs
+    kept their verdict; a validator one side ran (a member added or removed)
+    is all ``(none)`` on the other side, whatever the diffs (which list such
+    a decision only where it objects) say."""
     import pandas as pd
 
-    moved = t.df(f"SELECT coalesce(va, '{_NONE}') AS baseline, coalesce(vb, '{_NONE}') AS replay, "
+    on_a, on_b = {v for v, _ in counts_a}, {v for v, _ in counts_b}
+    moved = t.df(f"SELECT validator, coalesce(va, '{_NONE}') AS baseline, coalesce(vb, '{_NONE}') AS replay, "
                  "count(*) AS decisions FROM flips WHERE va IS DISTINCT FROM vb GROUP BY ALL", None, cur)
-    left = dict(counts_a)
+    moved = moved[moved["validator"].isin(on_a & on_b)]
+    rows: list[tuple[str, str, int]] = []
+    left = {key: n for key, n in counts_a.items() if key[0] in on_b}
     for row in moved.itertuples():
-        if row.baseline in left:
-            left[row.baseline] -= int(row.decisions)
-    kept = pd.DataFrame({"baseline": list(left), "replay": list(left), "decisions": list(left.values())})
-    return pd.concat([kept, moved], ignore_index=True)
+        if (row.validator, row.baseline) in left:
+            left[(row.validator, row.baseline)] -= int(row.decisions)
+        rows.append((row.baseline, row.replay, int(row.decisions)))
+    rows += [(verdict, verdict, n) for (_, verdict), n in left.items()]
+    rows += [(verdict, _NONE, n) for (v, verdict), n in counts_a.items() if v not in on_b]
+    rows += [(_NONE, verdict, n) for (v, verdict), n in counts_b.items() if v not in on_a]
+    return pd.DataFrame(rows, columns=["baseline", "replay", "decisions"])
 
 
 def _square(confusion: Any) -> Any:

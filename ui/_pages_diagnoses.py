@@ -7,7 +7,7 @@ import plotly.express as px
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import guarded, load, open_run_picker, pager, run_link_column, run_url
+from loopledger.ui._st import chart_text, guarded, load, open_run_picker, pager, run_link_column, run_url
 
 ANY = "(any)"
 
@@ -24,12 +24,14 @@ def _body() -> None:
     cols[1].metric("Runs with a finding", f"{totals['runs']:,}")
     cols[2].metric("Of them failed", f"{totals['runs_failed']:,}",
                    help="ended in a terminal state other than SUCCEEDED")
-    fig = px.bar(summary, x="detector", y="findings", color="pattern", title="Findings by detector and pattern")
+    fig = px.bar(chart_text(summary, "detector", "pattern"), x="detector", y="findings", color="pattern",
+                 title="Findings by detector and pattern")
     fig.update_layout(height=320, margin={"t": 40, "b": 10})
     st.plotly_chart(fig, key="diag_by_detector")
     st.dataframe(summary, hide_index=True, key="diag_summary")
     by_step = load(q.diagnoses_by_step)
-    fig = px.bar(by_step, x="step", y="findings", color="detector", title="Step at which detectors fired")
+    fig = px.bar(chart_text(by_step, "detector"), x="step", y="findings", color="detector",
+                 title="Step at which detectors fired")
     fig.update_layout(height=280, margin={"t": 40, "b": 10})
     st.plotly_chart(fig, key="diag_by_step")
 

@@ -6,7 +6,7 @@ import plotly.express as px
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import guarded, load, pct
+from loopledger.ui._st import chart_text, guarded, load, pct
 
 
 def _body() -> None:
@@ -43,13 +43,14 @@ def _body() -> None:
         frame = breakdowns.get(dim)
         if frame is None or frame.empty:
             continue
-        fig = px.bar(frame, x="value", y="runs", title=title, labels={"value": dim})
+        fig = px.bar(chart_text(frame, "value"), x="value", y="runs", title=title, labels={"value": dim})
         fig.update_layout(height=300, margin={"t": 40, "b": 10})
         column.plotly_chart(fig, key=f"overview_{dim}")
 
     by_version = data["by_version"]
     if not by_version.empty:
-        fig = px.bar(by_version, x="prompt_version", y="runs", color="status", barmode="stack",
+        fig = px.bar(chart_text(by_version, "prompt_version", "model_route"), x="prompt_version", y="runs",
+                     color="status", barmode="stack",
                      facet_col="model_route", title="Status by prompt version and model")
         fig.update_layout(height=340, margin={"t": 60, "b": 10})
         st.plotly_chart(fig, key="overview_version_status")
@@ -67,7 +68,7 @@ def _body() -> None:
     cols[1].metric("Waiting (s)", f"{time['waiting_s'].sum():,.2f}")
     long = time.melt(id_vars=["prompt_version", "runs"], value_vars=["processing_s", "waiting_s"],
                      var_name="time", value_name="seconds")
-    fig = px.bar(long, x="prompt_version", y="seconds", color="time", barmode="group",
+    fig = px.bar(chart_text(long, "prompt_version"), x="prompt_version", y="seconds", color="time", barmode="group",
                  title="Seconds by prompt version")
     fig.update_layout(height=320, margin={"t": 40, "b": 10})
     st.plotly_chart(fig, key="overview_time")

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import guarded, load, pct
+from loopledger.ui._st import chart_label, chart_text, guarded, load, pct
 
 RATE_NAMES = {"success": "Success rate", "loop": "Loop rate", "budget_stop": "Budget-stop rate"}
 #: Shown when either version has runs whose source scored them (imported runs).
@@ -67,7 +67,7 @@ def _body() -> None:
     bars = go.Figure()
     for version in (a, b):
         r = rates[version]
-        bars.add_bar(name=version, x=list(names.values()), y=[r[n]["rate"] for n in names],
+        bars.add_bar(name=chart_label(version), x=list(names.values()), y=[r[n]["rate"] for n in names],
                      error_y={"type": "data", "symmetric": False,
                               "array": [r[n]["hi"] - r[n]["rate"] for n in names],
                               "arrayminus": [r[n]["rate"] - r[n]["lo"] for n in names]})
@@ -77,11 +77,13 @@ def _body() -> None:
 
     left, right = st.columns(2)
     steps = data["steps"]
-    fig = px.bar(steps, x="steps", y="runs", color="prompt_version", barmode="group", title="Steps per run")
+    fig = px.bar(chart_text(steps, "prompt_version"), x="steps", y="runs", color="prompt_version", barmode="group",
+                 title="Steps per run")
     fig.update_layout(height=300, margin={"t": 40, "b": 10})
     left.plotly_chart(fig, key="pv_steps")
     cost = data["cost"]
-    fig = px.bar(cost, x="cost_from", y="runs", color="prompt_version", barmode="group",
+    fig = px.bar(chart_text(cost, "prompt_version"), x="cost_from", y="runs", color="prompt_version",
+                 barmode="group",
                  title="Cost per run (USD, 20 bins)")
     fig.update_layout(height=300, margin={"t": 40, "b": 10})
     right.plotly_chart(fig, key="pv_cost")

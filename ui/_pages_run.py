@@ -12,7 +12,7 @@ import streamlit as st
 from loopledger.ui import _queries as q
 from loopledger.ui._data import VERDICTS, DataError
 from loopledger.ui._labels import add_human_label
-from loopledger.ui._st import guarded, home, load, store_url
+from loopledger.ui._st import code, guarded, home, load, store_url
 
 
 def _json(text: object) -> object:
@@ -25,8 +25,10 @@ def _json(text: object) -> object:
 
 
 def _header(run: dict, spans: pd.DataFrame) -> None:
-    st.markdown(f"**Task** `{run['task_id']}` · **tenant** `{run['tenant']}` · **prompt** `{run['prompt_version']}`"
-                f" · **model** `{run['model_route']}` · **thread** `{run['thread_id']}`")
+    # Recorded (often imported) text: shown as written, never as Markdown.
+    st.markdown(f"**Task** {code(run['task_id'])} · **tenant** {code(run['tenant'])} · **prompt** "
+                f"{code(run['prompt_version'])} · **model** {code(run['model_route'])} · **thread** "
+                f"{code(run['thread_id'])}")
     cols = st.columns(5)
     cols[0].metric("Status", str(run["status"]))
     cols[1].metric("Reason", str(run["reason"] or "—"))
@@ -70,11 +72,11 @@ def _candidates(detail: dict, run_id: str) -> None:
         return
     sizes = dict(zip(contexts["artifact_id"], contexts["size_bytes"], strict=False))
     for row in cands.itertuples():
-        title = f"Step {row.step} · attempt {row.attempt} · finish `{row.finish_reason}`"
+        title = f"Step {row.step} · attempt {row.attempt} · finish {code(row.finish_reason)}"
         with st.expander(title, expanded=False):
-            st.caption(f"candidate `{row.candidate_id}`")
+            st.caption(f"candidate {code(row.candidate_id)}")
             size = sizes.get(row.context_artifact_id)
-            st.markdown(f"Context artifact `{row.context_artifact_id}`"
+            st.markdown(f"Context artifact {code(row.context_artifact_id)}"
                         + (f" ({int(size):,} bytes)" if size is not None else " (not in the artifacts table)"))
             st.json(_json(row.items_json), expanded=2)
             if size is not None and st.toggle("Show the context artifact", key=f"ctx_{row.step}_{row.attempt}"):
@@ -89,13 +91,14 @@ def _decisions(detail: dict) -> None:
         return
     shown = vals.drop(columns=["candidate_id", "suite_version"])
     st.dataframe(shown, hide_index=True, key="run_decisions")
-    st.caption(f"Suite version(s): {', '.join(sorted(vals['suite_version'].dropna().unique()))}")
+    st.caption(f"Suite version(s): {', '.join(code(v) for v in sorted(vals['suite_version'].dropna().unique()))}")
     flagged = vals[vals["verdict"] != "accept"]
     if not flagged.empty:
         st.markdown("**Evidence of the decisions that did not accept**")
         for row in flagged.itertuples():
-            with st.expander(f"Step {row.step}.{row.attempt} · {row.validator} → {row.verdict} ({row.code})"):
-                st.write(row.message)
+            with st.expander(f"Step {row.step}.{row.attempt} · {code(row.validator)} → {row.verdict} "
+                             f"({code(row.code)})"):
+                st.markdown(code(row.message))
                 st.json(_json(row.evidence_json), expanded=2)
 
 
@@ -161,10 +164,10 @@ def _body() -> None:
         return
     detail = load(q.run_detail, run_id)
     if detail is None:
-        st.warning(f"No run `{run_id}` in these traces.")
+        st.warning(f"No run {code(run_id)} in these traces.")
         return
     run = detail["run"]
-    st.subheader(f"Run `{run_id}`")
+    st.subheader(f"Run {code(run_id)}")
     _header(run, detail["spans"])
     _timeline(detail["spans"])
     tabs = st.tabs(["Candidates", "Decisions", "Operations", "Waits & replies", "Loop diagnosis", "Labels",
@@ -202,7 +205,8 @@ def _body() -> None:
         elif diag.empty:
             st.info("No loop diagnosis for this run.")
         for row in diag.itertuples():
-            st.markdown(f"**{row.detector}** (v{row.detector_version}) · pattern `{row.pattern}` · step {row.step}")
+            st.markdown(f"**Detector** {code(row.detector)} ({code(row.detector_version)}) · pattern "
+                        f"{code(row.pattern)} · step {row.step}")
             st.json(_json(row.evidence_json), expanded=2)
     with tabs[5]:
         labels = detail["labels"]

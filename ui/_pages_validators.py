@@ -9,7 +9,8 @@ import plotly.express as px
 import streamlit as st
 
 from loopledger.ui import _compare as c
-from loopledger.ui._st import guarded, home, load, pager, run_link_column, run_url, traces
+from loopledger.ui._st import (chart_label, chart_text, code, guarded, home, load, pager, run_link_column, run_url,
+                               traces)
 
 
 def _pick(sides: list[str]) -> tuple[str, str]:
@@ -37,7 +38,7 @@ def _body() -> None:
         if not sides:
             return
     for replay_id, why in load(c.unreadable_replays).items():
-        st.warning(f"Replay `{replay_id}` cannot be read and is left out: {why}")
+        st.warning(f"Replay {code(replay_id)} cannot be read and is left out: {code(why)}")
     summaries = load(c.replay_summaries)
     if not summaries.empty:
         st.markdown("**Replays**")
@@ -52,22 +53,36 @@ def _body() -> None:
     tot = data["totals"]
     cols = st.columns(6)
     cols[0].metric("Decisions (B)", f"{tot['decisions']:,}")
-    cols[1].metric("Flips", f"{tot['flips']:,}", help="decisions whose verdict or code differs")
+    cols[1].metric("Flips", f"{tot['flips']:,}", help="decisions whose verdict or code differs"
+                   + (f"; {tot['flips_across_versions']:,} of them between two versions of a validator"
+                      if tot["flips_across_versions"] else ""))
     cols[2].metric("Verdict flips", f"{tot['verdict_flips']:,}")
     cols[3].metric("Runs diverged", f"{tot['runs_diverged']:,}")
     cols[4].metric("Regressions", f"{tot['regressions']:,}", help="a label agreed with A and disagrees with B")
     cols[5].metric("Fixes", f"{tot['fixes']:,}", help="a label disagreed with A and agrees with B")
-    st.caption(f"A = `{a}`, B = `{b}`" + (" · flips read from B's diffs table" if data["used_diffs"] else "")
+    st.caption(f"A = {code(a)}, B = {code(b)}" + (" · flips read from B's diffs table" if data["used_diffs"] else "")
                + (f" · {tot['not_compared']:,} candidate(s) one replay made no decision on (its run recorded "
                   "after it, or outside its traces): not compared" if tot["not_compared"] else ""))
 
     st.subheader("Flips by validator and code")
     flips = data["by_validator"]
+    if tot["flips_across_versions"]:
+        changed = flips[flips["across_versions"]]
+        pairs = sorted({f"{r.validator} {r.baseline_version}→{r.replay_version}" for r in changed.itertuples()})
+        st.warning(f"{tot['flips_across_versions']:,} of the {tot['flips']:,} flips compare two versions of a "
+                   f"validator ({', '.join(code(p) for p in pairs)}): the validator changed, not the runs. They are "
+                   "shown apart below (\"across versions\"), never as a trend in the data.")
     if flips.empty:
         st.success("No decision differs between the two suites.")
     else:
-        per_validator = flips.groupby("validator", as_index=False)["flips"].sum()
-        fig = px.bar(per_validator, x="validator", y="flips", title="Flips per validator")
+        per_validator = flips.assign(
+            validator=[f"{r.validator} ({r.baseline_version}→{r.replay_version})" if r.across_versions
+                       else r.validator for r in flips.itertuples()],
+            flip=["across versions" if a else "same version" for a in flips["across_versions"]],
+        ).groupby(["validator", "flip"], as_index=False)["flips"].sum()
+        fig = px.bar(chart_text(per_validator, "validator"), x="validator", y="flips", color="flip",
+                     title="Flips per validator",
+                     color_discrete_map={"same version": "#1f77b4", "across versions": "#ff7f0e"})
         fig.update_layout(height=300, margin={"t": 40, "b": 10})
         st.plotly_chart(fig, key="cmp_flips")
         st.dataframe(flips, hide_index=True, key="cmp_flips_table")
@@ -75,7 +90,7 @@ def _body() -> None:
     st.subheader("Verdicts: A (rows) × B (columns)")
     confusion = data["confusion"]
     fig = px.imshow(confusion, text_auto=True, color_continuous_scale="Blues",
-                    labels={"x": f"B: {b}", "y": f"A: {a}", "color": "decisions"})
+                    labels={"x": f"B: {chart_label(b)}", "y": f"A: {chart_label(a)}", "color": "decisions"})
     fig.update_layout(height=360, margin={"t": 20, "b": 10})
     st.plotly_chart(fig, key="cmp_confusion")
     st.table(confusion)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import streamlit as st
+
+from loopledger._text import visible
 
 from ._data import DataError, NoData, Traces, fingerprint
 
@@ -115,6 +118,42 @@ def open_run_picker(run_ids: list[str], key: str) -> None:
     right.write("")  # aligns the button with the select box's input
     if right.button("Open run", key=f"{key}_open"):
         st.switch_page(RUN_PAGE, query_params={"run_id": chosen})
+
+
+def code(value: Any) -> str:
+    """Recorded text (a task id, a model's name, a validator's message) as
+    an inline code span for Markdown, shown exactly as written: a fence
+    longer than any run of backticks in it, control characters and line
+    breaks written out (a line break would let a ``- item`` or ``# title``
+    after it start a block), so nothing in it is read as Markdown, HTML or
+    maths. Empty or missing text is a dash."""
+    text = "" if value is None or value != value else str(value)  # NaN: missing
+    text = visible(text).replace("\n", "\\n").replace("\t", "\\t")
+    if not text.strip():
+        return "—" if not text else f"`{text}`"
+    fence = "`" * (max((len(run) for run in _BACKTICKS.findall(text)), default=0) + 1)
+    pad = " " if text[0] == "`" or text[-1] == "`" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+_BACKTICKS = re.compile("`+")
+
+
+def chart_text(frame: Any, *columns: str) -> Any:
+    """A copy of ``frame`` whose text ``columns`` plotly draws as written:
+    its axis ticks, legends and facet titles read a subset of HTML (``<b>``
+    would turn a model named ``<b>m</b>`` bold), so ``&``, ``<`` and ``>``
+    become entities, which it draws as the characters."""
+    out = frame.copy()
+    for column in columns:
+        if column in out.columns:
+            out[column] = out[column].map(lambda v: chart_label(v) if isinstance(v, str) else v)
+    return out
+
+
+def chart_label(text: str) -> str:
+    """One label of a chart (see :func:`chart_text`)."""
+    return visible(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def pct(value: float) -> str:

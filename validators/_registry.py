@@ -134,7 +134,8 @@ def _with_verdict(issue: Any) -> Any:
     (``"reject"``) gets the :class:`Verdict` it names; anything else is left
     for :func:`~._suite.recordable` to refuse."""
     verdict = getattr(issue, "verdict", None)
-    if isinstance(issue, Issue) and isinstance(verdict, str) and not isinstance(verdict, Verdict) and verdict in _VERDICTS:
+    if (isinstance(issue, Issue) and isinstance(verdict, str) and not isinstance(verdict, Verdict)
+            and verdict in _VERDICTS):
         return replace(issue, verdict=_VERDICTS[verdict])
     return issue
 

@@ -43,11 +43,15 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(recorded_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from serve(recorded_home, tmp_path_factory.mktemp("ui-server") / "server.log")
+
+
+def serve(home: Path, log: Path) -> Iterator[str]:
+    """`loopledger ui` over ``home`` on a free port, until the generator is closed."""
     port = free_port()
-    log = tmp_path_factory.mktemp("ui-server") / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
     with log.open("w") as out:
-        proc = subprocess.Popen([LOOPLEDGER, "ui", "--home", str(recorded_home), "--port", str(port)],
+        proc = subprocess.Popen([LOOPLEDGER, "ui", "--home", str(home), "--port", str(port)],
                                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -195,3 +199,42 @@ def test_every_page_in_chromium(page: object, server: str, recorded_home: Path) 
     settle(page)
     assert int(metric(page, "Labels").replace(",", "")) > 0
     shot(page, "08-labels")
+
+
+def test_recorded_text_is_shown_as_written(page: object, tmp_path: Path) -> None:
+    """An imported run whose task id and model hold Markdown, HTML and maths:
+    the run page's header and the overview's charts show them as written."""
+    import json
+
+    task = "md `code` x\n- item [link](http://example.com) $x^2$ **bold**"
+    record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}],
+              "metadata": {"id": "odd", "task_id": task, "model": "<b>model</b>"}}
+    (tmp_path / "odd.jsonl").write_text(json.dumps(record) + "\n")
+    home = tmp_path / "home"
+    done = subprocess.run([LOOPLEDGER, "import", "openai-jsonl", str(tmp_path / "odd.jsonl"), "--home", str(home)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    run_id = scalar(f"SELECT run_id FROM {table(home, 'runs')}")
+    served = serve(home, tmp_path / "server.log")
+    url = next(served)
+    try:
+        page.goto(f"{url}/run?run_id={run_id}")
+        page.get_by_text("State timeline").first.wait_for()
+        settle(page)
+        header = page.locator("[data-testid='stMarkdownContainer']", has_text="Task").first
+        html = header.inner_html()
+        assert "<li>" not in html and "<a " not in html and "katex" not in html and "<strong>bold" not in html, html
+        shown = header.inner_text()
+        assert "md `code` x\\n- item [link](http://example.com) $x^2$ **bold**" in shown, shown
+        assert "<b>model</b>" in shown
+        page.goto(url)
+        page.get_by_text("Success rate").first.wait_for()
+        settle(page)
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 4")
+        ticks = page.eval_on_selector_all(".js-plotly-plot .xtick text", "els => els.map(e => e.textContent)")
+        assert "<b>model</b>" in ticks, ticks
+        bold = page.locator(".js-plotly-plot .xtick tspan[style*='bold']").count()
+        assert bold == 0
+        shot(page, "09-recorded-text")
+    finally:
+        served.close()

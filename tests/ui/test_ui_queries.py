@@ -410,3 +410,89 @@ def test_two_replays_over_different_runs_compare_only_what_both_decided_on(recor
     assert int(fast["confusion"].to_numpy().sum()) == decided == fast["totals"]["decisions"]
     outside = ~fast["labels"]["run_id"].isin(runs[::2])
     assert set(fast["labels"][outside]["outcome"]) == {"not compared"}
+
+
+def test_the_verdict_matrix_holds_every_decision_and_swapping_transposes_it(recorded_home: Path,
+                                                                           tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A suite with fewer members: the members it dropped are ``(none)`` on
+    its side, however the two are compared (B's diffs or the full join, A
+    against B or swapped), and no decision is dropped or counted twice."""
+    from loopledger.replay import replay
+
+    home = tmp_path / "home"
+    shutil.copytree(recorded_home / "traces", home / "traces")
+    fewer = tmp_path / "fewer.yaml"
+    fewer.write_text("name: fewer\nvalidators: [structure, completion_gate]\n")
+    replay(home / "traces", str(fewer), write_to=home / "replays", replay_id="fewer")
+    traces = Traces(home)
+    fast = c.compare_validators(traces, "recorded", "fewer")
+    assert fast["used_diffs"]
+    monkeypatch.setattr(c, "_diffs_apply", lambda *_: False)
+    slow = c.compare_validators(traces, "recorded", "fewer")
+    swapped = c.compare_validators(traces, "fewer", "recorded")
+    monkeypatch.undo()
+    assert fast["confusion"].equals(slow["confusion"])
+    assert swapped["confusion"].equals(fast["confusion"].T)
+    validations = table(home, "validations")
+    recorded = scalar(f"SELECT count(*) FROM {validations}")
+    assert int(fast["confusion"].to_numpy().sum()) == recorded
+    dropped = scalar(f"SELECT count(*) FROM {validations} WHERE validator NOT IN ('structure', 'completion_gate') "
+                     "AND verdict = 'accept'")
+    assert int(fast["confusion"].loc["accept", "(none)"]) == dropped > 0
+    assert int(fast["confusion"]["(none)"].sum()) + fast["totals"]["decisions"] == recorded
+
+
+def test_flips_between_two_versions_of_a_validator_are_counted_apart(recorded_home: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/replay.md: a comparison across versions of one validator is shown
+    as such, never mixed into the figures as a change in the data."""
+    from loopledger.replay import replay
+    from loopledger.validators import Issue, Suite, Verdict, get_factory, validator
+
+    try:
+        get_factory("uitest.final", "1")
+    except Exception:  # noqa: BLE001 - registered once per process
+        @validator(name="uitest.final", version="1")
+        def final_v1():
+            return lambda inp: []
+
+        @validator(name="uitest.final", version="2")
+        def final_v2():
+            return lambda inp: ([Issue(Verdict.REPAIR, "v2_says_so", "version 2 objects to finals")]
+                                if not inp.candidate.tool_calls else [])
+
+    home = tmp_path / "home"
+    shutil.copytree(recorded_home / "traces", home / "traces")
+    for version in ("1", "2"):
+        suite = Suite(f"v{version}", [get_factory("structure")(), get_factory("uitest.final", version)()])
+        replay(home / "traces", suite, write_to=home / "replays", replay_id=f"v{version}", workers=1,
+               baseline="recorded" if version == "1" else "v1")
+    traces = Traces(home)
+    fast = c.compare_validators(traces, "v1", "v2")
+    assert fast["used_diffs"]
+    monkeypatch.setattr(c, "_diffs_apply", lambda *_: False)
+    slow = c.compare_validators(traces, "v1", "v2")
+    monkeypatch.undo()
+    for got in (fast, slow):
+        totals = got["totals"]
+        assert totals["flips_across_versions"] == totals["flips"] > 0
+        by = got["by_validator"]
+        assert set(by["validator"]) == {"uitest.final"} and by["across_versions"].all()
+        assert set(zip(by["baseline_version"], by["replay_version"])) == {("1", "2")}
+        assert got["divergence"]["flips_across_versions"].sum() == totals["flips"]
+    same = c.compare_validators(traces, "recorded", "v1")["totals"]
+    assert same["flips_across_versions"] == 0
+    from streamlit.testing.v1 import AppTest
+
+    from ui_kit import REPO
+
+    monkeypatch.setenv("LOOPLEDGER_HOME", str(home))
+    at = AppTest.from_file(str(REPO / "ui" / "app.py"), default_timeout=60)
+    at.run()
+    at.switch_page("_pages_validators.py").run()
+    at.selectbox(key="cmp_a").set_value("v1").run()
+    at.selectbox(key="cmp_b").set_value("v2").run()
+    assert not at.exception, [e.value for e in at.exception]
+    warned = [w.value for w in at.warning if "compare two versions of a validator" in w.value]
+    assert warned and "`uitest.final 1→2`" in warned[0], [w.value for w in at.warning]

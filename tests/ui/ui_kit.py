@@ -58,7 +58,9 @@ def write_synthetic_replay(home: Path, replay_id: str = SYNTHETIC_REPLAY) -> dic
         decisions = decisions.read_all()
     diffs = duckdb.sql(
         f"""SELECT run_id, step, attempt, candidate_id, validator, verdict AS baseline_verdict,
-                   'reject' AS replay_verdict, code AS baseline_code, 'synthetic' AS replay_code, 'change' AS kind
+                   'reject' AS replay_verdict, code AS baseline_code, 'synthetic' AS replay_code, 'change' AS kind,
+                   validator_version AS baseline_validator_version, validator_version AS replay_validator_version,
+                   false AS across_versions
             FROM {table(home, 'validations')}
             WHERE validator = 'completion_gate' AND verdict = 'accept' AND run_id LIKE '%.v2.%'"""
     ).arrow()
