@@ -29,7 +29,7 @@ def _header(run: dict, spans: pd.DataFrame) -> None:
     st.markdown(f"**Task** {code(run['task_id'])} · **tenant** {code(run['tenant'])} · **prompt** "
                 f"{code(run['prompt_version'])} · **model** {code(run['model_route'])} · **thread** "
                 f"{code(run['thread_id'])}")
-    cols = st.columns(5)
+    cols = st.columns([3, 3, 2, 2, 2])  # BUDGET_EXHAUSTED and validation_failed need the room
     cols[0].metric("Status", str(run["status"]))
     cols[1].metric("Reason", str(run["reason"] or "—"))
     cols[2].metric("Steps", int(run["steps"] or 0))

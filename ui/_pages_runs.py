@@ -52,8 +52,9 @@ def _body() -> None:
     reward = ["reward"] if page["reward"].notna().any() else []
     order = ["open", "status", "reason", *reward, "task_id", "prompt_version", "detectors", "steps", "tool_calls",
              "tokens", "cost_usd", "duration_s", "tenant", "model_route", "started_at", "ended_at"]
-    st.dataframe(page, hide_index=True, column_order=order, column_config={"open": run_link_column("run")},
-                 key="runs_table")
+    # Sums of float prices carry noise in their last digits (5.579595000000001).
+    config = {"open": run_link_column("run"), "cost_usd": st.column_config.NumberColumn("cost_usd", format="%.6f")}
+    st.dataframe(page, hide_index=True, column_order=order, column_config=config, key="runs_table")
     open_run_picker(list(page["run_id"]), "runs")
 
 
