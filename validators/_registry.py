@@ -292,7 +292,11 @@ def get_factory(name: str, version: str | None = None) -> ValidatorFactory:
     """The factory for ``name`` at ``version`` (default: the latest registered)."""
     versions = _REGISTRY.get(name)
     if not versions:
-        load_plugins()  # once: an installed plugin may register it
+        try:
+            load_plugins()  # once: an installed plugin may register it
+        except RegistryError:
+            if name not in _REGISTRY:  # a working plugin may have given it all the same
+                raise
         versions = _REGISTRY.get(name)
     if not versions:
         raise RegistryError(name, f"unknown validator; known: {', '.join(sorted(_REGISTRY))}")

@@ -33,7 +33,7 @@ from loopledger.canonical import CanonicalJSONError, canonical_json, content_id,
 from ._detectors import DETECTORS
 from ._errors import InputError, ParamError, RegistryError, SuiteError
 from ._model import Decision, DecisionInput, Verdict
-from ._registry import BoundValidator, ValidatorSpec, get_factory, is_known, registered
+from ._registry import BoundValidator, ValidatorSpec, get_factory, is_known, load_plugins, registered
 
 __all__ = ["Suite", "SuiteResult", "load_suite", "parse_suite", "bundled_suites"]
 
@@ -329,13 +329,15 @@ def _member(entry: Any, field: str) -> BoundValidator:
         raise SuiteError(f"{field}.{vname}", f"expected a mapping of params, got {type(params).__name__}")
     if not is_known(vname):
         try:
-            known = registered()  # installed plugins included
-        except RegistryError as exc:  # an installed plugin that fails to import
-            raise SuiteError(field, exc.reason) from None
-        if vname not in known:
-            close = difflib.get_close_matches(vname, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise SuiteError(field, f"unknown validator {vname!r}{hint}; known: {', '.join(known)}")
+            load_plugins()  # installed plugins may register it
+        except RegistryError as exc:  # one fails to import: it may be the one that would have
+            if not is_known(vname):
+                raise SuiteError(field, exc.reason) from None
+    if not is_known(vname):
+        known = registered()  # every installed plugin imported (a failure was raised above)
+        close = difflib.get_close_matches(vname, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise SuiteError(field, f"unknown validator {vname!r}{hint}; known: {', '.join(known)}")
     try:
         factory = get_factory(vname, version)
     except RegistryError as exc:

@@ -426,3 +426,17 @@ def test_a_plugin_cannot_register_a_version_of_a_built_in(recorded_home: Path, t
               "--home", str(tmp_path / "out"), env={"PYTHONPATH": str(site)})
     assert out.returncode == 2, out.stderr
     assert "validator 'structure': is one of loopledger's own validators" in out.stderr, out.stderr
+
+
+def test_a_broken_plugin_does_not_hide_a_working_ones_validator(recorded_home: Path, tmp_path: Path) -> None:
+    site = install(tmp_path / "site")  # acme_checks: registers acme.refund_limit
+    (site / "broken_ep").mkdir()
+    (site / "broken_ep" / "__init__.py").write_text("raise RuntimeError('boom')\n")
+    info = site / "broken_ep-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-ep\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[loopledger.validators]\nbroken = broken_ep\n")
+    out = cli("replay", "--suite", str(suite(tmp_path)), "--traces", str(recorded_home / "traces"),
+              "--home", str(tmp_path / "out"), "--fail-on", "never", env={"PYTHONPATH": str(site)})
+    assert out.returncode == 0, out.stderr
+    assert acme_decisions(tmp_path / "out").get("ask", 0) > 0
