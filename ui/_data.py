@@ -41,7 +41,7 @@ REPLAY_TABLES: dict[str, dict[str, str]] = {
     "diffs": {
         "run_id": "str", "step": "int", "attempt": "int", "candidate_id": "str", "validator": "str",
         "baseline_verdict": "str", "replay_verdict": "str", "baseline_code": "str", "replay_code": "str",
-        "kind": "str",
+        "kind": "str", "baseline_validator_version": "str", "replay_validator_version": "str",
     },
     "loop_diagnoses": {c.name: c.kind for c in TABLES["loop_diagnoses"].columns},
     "summary": {
@@ -235,8 +235,10 @@ class Traces:
 
     def _replay_view(self, table: str, parts: dict[tuple[str, str], str]) -> str:
         chosen = [part for (rid, t), part in parts.items() if t == table and rid not in self.unreadable_replays]
+        # The empty, typed select first: a column the pages read that a
+        # replay written by an earlier version lacks is NULL, not an error.
         empty = f"SELECT CAST(NULL AS VARCHAR) AS replay_dir, * FROM ({_empty_select(REPLAY_TABLES[table])})"
-        return f"CREATE OR REPLACE VIEW replay_{table} AS {' UNION ALL BY NAME '.join(chosen) or empty}"
+        return f"CREATE OR REPLACE VIEW replay_{table} AS {' UNION ALL BY NAME '.join([empty, *chosen])}"
 
     def require_replay(self, replay_id: str) -> None:
         """Raise :class:`CorruptData` naming the file when a replay cannot be read."""

@@ -496,3 +496,22 @@ def test_flips_between_two_versions_of_a_validator_are_counted_apart(recorded_ho
     assert not at.exception, [e.value for e in at.exception]
     warned = [w.value for w in at.warning if "compare two versions of a validator" in w.value]
     assert warned and "`uitest.final 1→2`" in warned[0], [w.value for w in at.warning]
+
+
+def test_a_replay_written_before_its_diffs_had_versions_still_compares(recorded_home: Path, tmp_path: Path) -> None:
+    import duckdb
+
+    home = tmp_path / "home"
+    shutil.copytree(recorded_home, home, ignore=shutil.ignore_patterns("*.sqlite*"))
+    for other in (home / "replays").iterdir():
+        if other.name != SYNTHETIC_REPLAY:  # the only replay: no other supplies the columns
+            shutil.rmtree(other)
+    diffs = home / "replays" / SYNTHETIC_REPLAY / "diffs"
+    old = duckdb.sql(f"SELECT * EXCLUDE (baseline_validator_version, replay_validator_version, across_versions) "
+                     f"FROM read_parquet('{diffs}/*.parquet')").arrow()
+    old = old.read_all() if hasattr(old, "read_all") else old
+    for f in diffs.glob("*.parquet"):
+        f.unlink()
+    pq.write_table(old, diffs / "part.parquet")
+    got = c.compare_validators(Traces(home), "recorded", SYNTHETIC_REPLAY)
+    assert got["used_diffs"] and got["totals"]["flips"] > 0 and got["totals"]["flips_across_versions"] == 0
