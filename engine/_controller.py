@@ -746,6 +746,15 @@ class Controller(PeopleMixin):
             self._move(view, State.RECONCILING, payload={
                 "operation_id": op.operation_id, "why": "unknown_outcome" if op.unknown else "in_flight_at_restart"})
             return
+        if self._past_deadline(view, config):
+            # A budget bounds the calls the engine makes: past the deadline
+            # (an approval that came late, a wait that used it up) nothing is
+            # sent. The call's result says so, the rest are cancelled, and
+            # READY's budget check ends the run BUDGET_EXHAUSTED / deadline.
+            self._record_result(view, op, failure(
+                "cancelled", "DEADLINE", f"{op.tool}: not sent, the run's deadline has passed"))
+            self._cancel_rest(view)
+            return
         self._dispatch(view, config, op)
 
     def _dispatch(self, view: RunView, config: RunConfig, op: OpView) -> None:

@@ -673,3 +673,25 @@ def test_processes_making_the_secret_at_once_all_get_the_same_whole_one(tmp_path
         assert (home / "secret.key").read_bytes() == secrets_seen[0]
         assert sorted(p.name for p in home.iterdir()) == ["secret.key"]
         assert (home / "secret.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_an_approval_that_comes_after_the_deadline_sends_nothing(tmp_path: Path, home: Path) -> None:
+    """The wait counts against the deadline: approved past it, the deploy is
+    not sent; its result says why and the run ends BUDGET_EXHAUSTED."""
+    text = DEPLOY.replace("model:", "budgets: {deadline_s: 60}\nmodel:")
+    start_at = "2026-01-01T00:00:00+00:00"
+    path = tmp_path / "late.yaml"
+    path.write_text(text)
+    proc = cli("run", str(path), "--json", home=home, env={"LOOPLEDGER_NOW": start_at})
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert line["status"] == "WAITING_USER"
+    late = reply(home, line["run_id"], line["waiting"]["resume_token"], "--approve",
+                 env={"LOOPLEDGER_NOW": "2026-01-01T00:02:00+00:00"})
+    assert late.returncode == 0, late.stderr
+    assert state(home, line["run_id"]) == ("BUDGET_EXHAUSTED", "deadline")
+    assert executions(home, line["run_id"], "deploy.service") == 0
+    (result,) = events(home, line["run_id"], "operation_result")
+    assert (result["outcome"], result["error_code"]) == ("cancelled", "DEADLINE")
+    assert events(home, line["run_id"], "operation_dispatched") == []
+    assert all_violations(home) == []
