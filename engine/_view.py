@@ -177,12 +177,15 @@ class RunView:
             self.dispatches[op.tool] += 1
         elif kind == "dispatch_refused":
             # The backend refused the send (rate limit): nothing was executed.
+            # The runtime backs off and sends again: not an error of the step.
             self.ops[payload["operation_id"]].in_flight = False
-            self._error(payload.get("error_code"))
+            self._error(payload.get("error_code"), of_step=False)
         elif kind == "dispatch_unknown":
+            # Reconciled by the runtime; the request's result, when it comes,
+            # is what the step records (a timeout that stays one included).
             op = self.ops[payload["operation_id"]]
             op.unknown = True
-            self._error(payload.get("error_code"))
+            self._error(payload.get("error_code"), of_step=False)
         elif kind == "work_completed":
             self._work_completed(payload)
         elif kind == "step_closed":
@@ -286,10 +289,14 @@ class RunView:
             self.op_models.append(None)
         self._stale_models.append(op.operation_id)
 
-    def _error(self, code: str | None) -> None:
+    def _error(self, code: str | None, of_step: bool = True) -> None:
+        """``code`` seen by the run; ``of_step``: also an error of the step's
+        record (the loop detectors' input), which holds what the agent's
+        calls came to, not the sends the runtime retried or reconciled."""
         if code:
             self.error_codes.append(code)
-            self.step_errors.append(code)
+            if of_step:
+                self.step_errors.append(code)
 
     def _add_evidence(self, entries: Any, operation_id: str) -> None:
         for entry in entries:

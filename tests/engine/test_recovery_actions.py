@@ -169,6 +169,29 @@ def test_rate_limit_is_backed_off_by_the_runtime_and_the_model_sees_nothing(tmp_
     assert all_violations(r.home) == []
 
 
+@pytest.mark.parametrize("fault", ["rate_limit", "timeout_before_commit"])
+def test_sends_the_runtime_retried_are_not_errors_of_the_step(tmp_path: Path, fault: str) -> None:
+    """Three rate-limited (or timed-out and reconciled) sends of one call
+    that then succeeds: the agent repeated nothing, so the step records no
+    error and loop.repeated_error (threshold 3) does not stop the run."""
+    calls = 3 if fault == "rate_limit" else 1
+    faults = "".join(f"  - {{tool: workspace.list, call: {i}, kind: {fault}}}\n" for i in range(1, calls + 1))
+    r = Recorded(tmp_path, f"""\
+id: retried-{fault.replace('_', '-')}
+contract: {{goal: List src, required_evidence: [listing], allowed_tools: [workspace.list, workspace.read_file]}}
+budgets: {{deadline_s: 60}}
+faults:
+{faults}model:
+  - tool_calls: [{{name: workspace.list, arguments: {{path: src}}}}]
+  - final: src listed.
+    claims: [{{text: listed, evidence: ["listing:src"]}}]
+""")
+    assert r.outcome == ("SUCCEEDED", "completed")
+    assert len(r.events("dispatch_refused" if fault == "rate_limit" else "dispatch_unknown")) == calls
+    assert [e["errors"] for e in r.events("step_closed")] == [[], []]
+    assert all_violations(r.home) == []
+
+
 def test_rate_limit_with_no_time_left_fails_the_operation_instead_of_sleeping(tmp_path: Path) -> None:
     # The engine's clock is pinned: no time passes, and the deadline (10 ms)
     # is shorter than the back-off the provider asks for (50 ms).
