@@ -295,8 +295,19 @@ class ScriptedModel:
         return _play(self.entries[request.attempt_index], request)
 
 
+def _given_usage(entry: ModelEntry) -> Iterator[StreamEvent]:
+    """A broken attempt's usage, when its entry states one: providers may
+    report usage before a stream breaks (Anthropic's input tokens come with
+    its first event), and what was spent counts against the budgets. An
+    entry that states none reports none, as a cut stream does not."""
+    given = entry.usage
+    if given is not None:
+        yield Usage(given.tokens_in or 0, given.tokens_out or 0, float(given.cost_usd or 0.0))
+
+
 def _play(entry: ModelEntry, request: ModelRequest) -> Iterator[StreamEvent]:
     if entry.error:
+        yield from _given_usage(entry)
         yield StreamError(entry.error)
         return
     words = 0
@@ -312,6 +323,7 @@ def _play(entry: ModelEntry, request: ModelRequest) -> Iterator[StreamEvent]:
         if entry.stream == "truncated":
             # The stream breaks in the middle of the arguments: no finish ever comes.
             yield ToolCallDelta(index, call_id, call.name, raw[: max(1, len(raw) // 2)])
+            yield from _given_usage(entry)
             return
         # Arguments arrive in pieces, as providers send them.
         yield ToolCallDelta(index, call_id, call.name, "")
@@ -319,6 +331,7 @@ def _play(entry: ModelEntry, request: ModelRequest) -> Iterator[StreamEvent]:
             yield ToolCallDelta(index, None, None, raw[start : start + 16])
         words += len(raw) // 4
     if entry.stream == "truncated":
+        yield from _given_usage(entry)
         return
     for claim in entry.claims:
         yield ItemEvent({"type": "claim", "text": claim.text, "evidence": list(claim.evidence)})

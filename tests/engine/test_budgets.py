@@ -115,6 +115,10 @@ expect: {{status: BUDGET_EXHAUSTED, reason: {budget}, side_effects: {{payments.r
                         "arguments: {order_id: ORD-1040, amount: 25.0}}]}", 2),
     ("max_tokens", 1000, "{finish_reason: length, text: cut, usage: {tokens_in: 5000, tokens_out: 5000}}", 1),
     ("max_cost", 0.01, "{finish_reason: length, text: cut, usage: {tokens_in: 5, tokens_out: 5, cost_usd: 1.0}}", 1),
+    # A broken attempt's stated usage counts too (it was spent).
+    ("max_cost", 0.05, "{stream: truncated, tool_calls: [{name: payments.refund, arguments: {order_id: ORD-1040, "
+                       "amount: 25.0}}], usage: {cost_usd: 0.08}}", 1),
+    ("max_tokens", 1000, "{error: overloaded, usage: {tokens_in: 3000}}", 1),
 ])
 def test_a_retry_in_a_step_is_a_model_call_no_budget_allows_past_its_end(
         tmp_path: Path, budget: str, limit: float, first: str, attempts: int) -> None:
