@@ -488,8 +488,12 @@ class Controller(PeopleMixin):
                 self.sleep(wait)
         else:
             detail = f"{view.attempts_in_step} attempts ended '{collected.finish_reason}'"
-            self._move(view, State.FINALIZING, payload={"status": "FAILED", "reason": "model_error",
-                                                         "detail": detail}, **common)
+            self._commit(view, Commit(view.run_id, view.state_version, None, **common), hold=True)
+            # A budget this attempt used up is the reason, as it would be had
+            # the step allowed another attempt: the user's limit comes first.
+            exhausted = self._exhausted_budget(view, config, new_step=False)
+            status, reason = ("BUDGET_EXHAUSTED", exhausted) if exhausted else ("FAILED", "model_error")
+            self._move(view, State.FINALIZING, payload={"status": status, "reason": reason, "detail": detail})
 
     @staticmethod
     def _backoff(view: RunView, error: StreamError | None) -> float | None:

@@ -183,3 +183,15 @@ def test_a_retry_is_given_the_time_left_when_it_begins_not_when_its_step_began(t
     assert first_budget == second_budget, "one context for the step's attempts"
     assert first_left <= 30 and second_left <= first_left - 0.4
     assert (first_timeout, second_timeout) == (first_left, second_left)
+
+
+def test_a_budget_the_last_allowed_attempt_used_up_is_the_reason(tmp_path: Path) -> None:
+    """Three broken attempts are both the step's last and the run's
+    max_attempts: the user's budget is the reason, not model_error."""
+    path = tmp_path / "s.yaml"
+    path.write_text("id: attempts-at-the-cap\ncontract: {goal: Say hi}\nbudgets: {max_attempts: 3}\nmodel:\n"
+                    + "  - {stream: truncated, text: hel}\n" * 3
+                    + "  - final: hi\nexpect: {status: BUDGET_EXHAUSTED, reason: max_attempts}\n")
+    line, _ = run(path, tmp_path / "home")  # --check
+    assert (line["status"], line["reason"]) == ("BUDGET_EXHAUSTED", "max_attempts")
+    assert all_violations(tmp_path / "home") == []
