@@ -932,16 +932,21 @@ class Controller(PeopleMixin):
         The deadline holds while it waits: past it, the run ends
         BUDGET_EXHAUSTED / deadline, naming in its FINALIZING event the work
         still running (which is not stopped: a backend job runs its course)."""
+        running = []
+        for op in view.pending_background():
+            # Polled first: work that ended is recorded as ended (its outcome
+            # is part of the trace), even when the deadline has passed.
+            status = self.backend.poll_work(op.work_id)
+            if status.state == "running":
+                running.append(op.work_id)
+            else:
+                self._work_completed(view, op, status.state, status.outcome)
         if self._past_deadline(view, config):
-            running = [op.work_id for op in view.pending_background()]
             self._move(view, State.FINALIZING,
                        payload={"status": "BUDGET_EXHAUSTED", "reason": "deadline", "pending_work": running})
             return True
-        for op in view.pending_background():
-            status = self.backend.poll_work(op.work_id)
-            if status.state == "running":
-                return False
-            self._work_completed(view, op, status.state, status.outcome)
+        if running:
+            return False
         # A new step: the model sees the results and the gate judges again.
         self._move(view, State.READY, payload={"work_completed": True})
         return True

@@ -513,6 +513,26 @@ def test_under_a_pinned_clock_run_leaves_background_work_waiting(tmp_path: Path,
     assert all_violations(home) == []
 
 
+def test_work_that_ended_before_a_late_resume_is_recorded_before_the_deadline_ends_the_run(
+        tmp_path: Path, home: Path) -> None:
+    """Resumed past the deadline, the run still ends BUDGET_EXHAUSTED, but
+    the export that finished meanwhile is polled and recorded first, not
+    named as work still running."""
+    path = tmp_path / "export.yaml"
+    path.write_text(EXPORT.replace("model:", "budgets: {deadline_s: 30}\nmodel:"))
+    proc = cli("run", str(path), "--json", home=home, env={"LOOPLEDGER_NOW": "2026-12-01T00:00:00+00:00"})
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert line["status"] == "WAITING_TOOL"
+    later = cli("resume", "--json", home=home, env={"LOOPLEDGER_NOW": "2026-12-01T00:00:31+00:00"})
+    assert later.returncode == 0, later.stderr
+    assert state(home, line["run_id"]) == ("BUDGET_EXHAUSTED", "deadline")
+    (done,) = events(home, line["run_id"], "work_completed")
+    assert done["state"] == "succeeded"
+    finalizing = [p for p in events(home, line["run_id"], "transition") if p.get("reason") == "deadline"]
+    assert finalizing and finalizing[0]["pending_work"] == []
+    assert all_violations(home) == []
+
+
 def test_resume_drives_a_run_on_through_background_work_it_starts(tmp_path: Path, home: Path) -> None:
     """A run killed before its export was sent: the resume sends it, and,
     as ``run`` would, drives the run on until the work is done, instead of
