@@ -32,6 +32,13 @@ def add_human_label(home: Path, *, run_id: str, step: int, attempt: int, candida
     except JournalError as exc:
         raise DataError(f"The journal cannot take the label: {exc}") from None
     try:
+        try:
+            # Before the label is written: traces another journal exported
+            # (copied from elsewhere) would never get it, nor a replay see it.
+            Recorder(store, where.traces).claim()
+        except JournalError:
+            raise DataError(f"{where.traces} holds traces another journal exported; label these runs where that "
+                            "journal is (its data directory or --store), where replays will see it.") from None
         label: dict[str, Any] = {
             "run_id": run_id, "step": int(step), "attempt": int(attempt), "candidate_id": candidate_id,
             "validator": validator, "expected_verdict": expected_verdict, "source": "human", "note": note,

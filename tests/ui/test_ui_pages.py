@@ -135,6 +135,27 @@ def test_labelling_a_decision_from_the_run_page(writable_home: Path, ui_env: pyt
     assert metrics(at)["Human"] == "1"
 
 
+def test_a_label_on_traces_another_journal_exported_is_refused_before_it_is_written(
+        recorded_home: Path, tmp_path: Path, ui_env: pytest.MonkeyPatch) -> None:
+    """Traces copied from elsewhere beside a journal of their own: the
+    label could never be exported to them, so nothing is written."""
+    import shutil
+    import sqlite3
+
+    from loopledger.engine import Home
+
+    home = tmp_path / "home"
+    shutil.copytree(recorded_home / "traces", home / "traces")
+    Home(home).open_store().close()  # this home's own, empty journal
+    run_id = scalar(f"SELECT run_id FROM {table(home, 'validations')} ORDER BY run_id LIMIT 1")
+    at = open_app(home, ui_env, run_id=run_id)
+    at.radio(key="label_verdict").set_value("accept")
+    at.button(key="FormSubmitter:label_form-Save label").click().run()
+    assert not at.exception
+    assert any("holds traces another journal exported" in e.value for e in at.error), [e.value for e in at.error]
+    assert sqlite3.connect(home / "journal.sqlite").execute("SELECT count(*) FROM labels").fetchone() == (0,)
+
+
 def test_loop_diagnoses(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
     at = open_app(recorded_home, ui_env, "_pages_diagnoses.py")
     diag = table(recorded_home, "loop_diagnoses")
