@@ -99,9 +99,18 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
                 counts_a[key] -= n
             (unseen,) = t.one("SELECT count(*) FROM (SELECT DISTINCT run_id, step, attempt, candidate_id "
                               "FROM unseen)", None, cur)
-        confusion = _confusion_from_flips(t, cur, counts_a, counts_b)
-        not_compared = unseen + summary["not_in_baseline"]
-    else:
+        if summary["not_in_baseline"] or not _aligned(counts_a, counts_b):
+            # A validator both sides ran that did not decide on the same
+            # candidates on both (runs recorded under different suites, or
+            # candidates one side never saw): the diffs cannot place every
+            # decision in the verdict matrix. The full join below can.
+            for name in ("flips", "unseen", "unseen_runs"):
+                t.rows(f"DROP TABLE IF EXISTS {name}", None, cur)
+            fast = False
+        else:
+            confusion = _confusion_from_flips(t, cur, counts_a, counts_b)
+            not_compared = unseen
+    if not fast:
         # One pass over both sides: the verdict pairs of every decision, and
         # the flipped decisions kept aside for the breakdowns below.
         t.rows(
@@ -193,6 +202,17 @@ def _summary_counts(t: Traces, replay: str, columns: Sequence[str]) -> dict[str,
 
 def _counts(rows: Sequence[tuple[Any, ...]]) -> dict[tuple[str, str], int]:
     return {(validator, verdict): int(n) for validator, verdict, n in rows}
+
+
+def _aligned(counts_a: dict[tuple[str, str], int], counts_b: dict[tuple[str, str], int]) -> bool:
+    """Whether every validator both sides ran made as many decisions on each
+    (so, on the same candidates: a replay decides on every candidate of the
+    runs it replays, with every member)."""
+    totals: list[dict[str, int]] = [{}, {}]
+    for side, counts in zip(totals, (counts_a, counts_b)):
+        for (validator, _), n in counts.items():
+            side[validator] = side.get(validator, 0) + n
+    return all(totals[1][v] == n for v, n in totals[0].items() if v in totals[1])
 
 
 def _confusion_from_flips(t: Traces, cur: Any, counts_a: dict[tuple[str, str], int],

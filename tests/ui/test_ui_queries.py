@@ -515,3 +515,37 @@ def test_a_replay_written_before_its_diffs_had_versions_still_compares(recorded_
     pq.write_table(old, diffs / "part.parquet")
     got = c.compare_validators(Traces(home), "recorded", SYNTHETIC_REPLAY)
     assert got["used_diffs"] and got["totals"]["flips"] > 0 and got["totals"]["flips_across_versions"] == 0
+
+
+def test_runs_recorded_under_different_suites_keep_every_decision_in_the_matrix(tmp_path: Path) -> None:
+    """A run recorded with a smaller suite: its candidates have no recorded
+    decision from the members it lacks, which a replay with the default
+    suite makes. The diffs cannot place those; the matrix still holds them,
+    and swapping the sides still transposes it."""
+    import subprocess
+
+    from loopledger.replay import replay
+    from ui_kit import LOOPLEDGER, REPO
+
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    (scenarios / "small.yaml").write_text("name: small\nvalidators: [structure, completion_gate]\n")
+    premature = (REPO / "datasets" / "scenarios" / "final-premature.yaml").read_text()
+    (scenarios / "a.yaml").write_text(premature)
+    (scenarios / "b.yaml").write_text(premature.replace("id: final-premature", "id: final-premature-small")
+                                      + "\nsuite: small.yaml\n")
+    home = tmp_path / "home"
+    done = subprocess.run([LOOPLEDGER, "run", str(scenarios / "a.yaml"), str(scenarios / "b.yaml"), "--home",
+                           str(home)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    replay(home / "traces", "default", write_to=home / "replays", replay_id="all")
+    traces = Traces(home)
+    got = c.compare_validators(traces, "recorded", "all")
+    swapped = c.compare_validators(traces, "all", "recorded")
+    assert swapped["confusion"].equals(got["confusion"].T)
+    replayed = scalar(f"SELECT count(*) FROM read_parquet('{home}/replays/all/decisions/**/*.parquet')")
+    matrix = got["confusion"]
+    assert int(matrix.to_numpy().sum() - matrix.loc["(none)"].sum()) == scalar(
+        f"SELECT count(*) FROM {table(home, 'validations')}")
+    assert int(matrix.to_numpy().sum() - matrix["(none)"].sum()) == replayed == got["totals"]["decisions"]
+    assert int(matrix.loc["(none)"].sum()) > 0
