@@ -725,6 +725,18 @@ class Controller(PeopleMixin):
                 "permission_denied", "TOOL_NOT_ALLOWED", f"{op.tool} is not in the contract's allowed tools"))
             self._cancel_rest(view)
             return
+        if not op.in_flight and self._past_deadline(view, config):
+            # A budget bounds the calls the engine makes: past the deadline
+            # (an approval or an answer that came late: a wait uses it up)
+            # nothing new is sent, and nobody is asked to approve or answer
+            # what would not be sent. The call's result says so, the rest are
+            # cancelled, and READY's budget check ends the run
+            # BUDGET_EXHAUSTED / deadline. A call already in flight is still
+            # reconciled below: what it did must be known.
+            self._record_result(view, op, failure(
+                "cancelled", "DEADLINE", f"{op.tool}: not sent, the run's deadline has passed"))
+            self._cancel_rest(view)
+            return
         if op.tool == "ask_user" and not op.in_flight:
             args = op.arguments
             self._wait_user(view, config, "user", {"question": args.get("question", ""),
@@ -749,15 +761,6 @@ class Controller(PeopleMixin):
             # send again before the backend has been asked.
             self._move(view, State.RECONCILING, payload={
                 "operation_id": op.operation_id, "why": "unknown_outcome" if op.unknown else "in_flight_at_restart"})
-            return
-        if self._past_deadline(view, config):
-            # A budget bounds the calls the engine makes: past the deadline
-            # (an approval that came late, a wait that used it up) nothing is
-            # sent. The call's result says so, the rest are cancelled, and
-            # READY's budget check ends the run BUDGET_EXHAUSTED / deadline.
-            self._record_result(view, op, failure(
-                "cancelled", "DEADLINE", f"{op.tool}: not sent, the run's deadline has passed"))
-            self._cancel_rest(view)
             return
         self._dispatch(view, config, op)
 

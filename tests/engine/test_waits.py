@@ -715,3 +715,39 @@ def test_an_approval_that_comes_after_the_deadline_sends_nothing(tmp_path: Path,
     assert (result["outcome"], result["error_code"]) == ("cancelled", "DEADLINE")
     assert events(home, line["run_id"], "operation_dispatched") == []
     assert all_violations(home) == []
+
+
+def test_past_the_deadline_nobody_is_asked_to_approve_a_call(tmp_path: Path, home: Path) -> None:
+    """An answer that came after the deadline: the deploy proposed with the
+    question is not put to a person for approval; it is cancelled."""
+    text = """\
+id: answer-late
+contract:
+  goal: Deploy the version the person names
+  required_evidence: ["deployed:checkout"]
+  allowed_tools: [ask_user, deploy.service]
+  wait_ttl_s: 3600
+budgets: {deadline_s: 60}
+model:
+  - tool_calls:
+      - {name: ask_user, arguments: {question: "Which version?", schema: {type: string}}}
+      - {name: deploy.service, arguments: {service: checkout, version: 1.5.0}}
+  - final: deployed
+    claims: [{text: deployed, evidence: ["deployed:checkout"]}]
+"""
+    path = tmp_path / "late.yaml"
+    path.write_text(text)
+    proc = cli("run", str(path), "--json", home=home, env={"LOOPLEDGER_NOW": "2026-01-01T00:00:00+00:00"})
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert line["waiting"]["kind"] == "user"
+    late = reply(home, line["run_id"], line["waiting"]["resume_token"], "--answer", '"1.5.0"',
+                 env={"LOOPLEDGER_NOW": "2026-01-01T00:02:00+00:00"})
+    assert late.returncode == 0, late.stderr
+    (after,) = [json.loads(x) for x in late.stdout.splitlines()]
+    assert (after["status"], after["reason"]) == ("BUDGET_EXHAUSTED", "deadline"), after
+    assert state(home, line["run_id"]) == ("BUDGET_EXHAUSTED", "deadline")
+    results = {e["error_code"] for e in events(home, line["run_id"], "operation_result") if e.get("error_code")}
+    assert results == {"DEADLINE"}
+    assert executions(home, line["run_id"], "deploy.service") == 0
+    assert all_violations(home) == []
