@@ -410,7 +410,8 @@ def load_scenario(path: str | Path) -> Scenario:
         raise BadInput(f"{path}: {line}", f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
     scenario = parse_scenario(data, str(path))
     suite = scenario.suite
-    if suite.endswith((".yaml", ".yml")) and not Path(suite).is_absolute():
+    named_as_file = suite.lower().endswith((".yaml", ".yml")) or "/" in suite
+    if named_as_file and ":" not in suite and not Path(suite).is_absolute():
         # A suite file is named relative to the scenario that names it, as a
         # user reads it, wherever the command runs from (one found only from
         # the working directory, as earlier versions read it, still counts).

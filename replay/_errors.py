@@ -10,8 +10,8 @@
     │                             context artifact missing); recorded on that
     │                             run's result, never raised out of a replay
     └── WorkerLost                a worker process ended abruptly (killed: out of
-                                  memory, a signal; or a validator ended it):
-                                  nothing is written (the command: exit 3)
+                                  memory, a signal): nothing is written (the
+                                  command: exit 3)
 
 A candidate whose decision changed is not an error: it is a diff. A run
 that failed (``FAILED``, ``loop_detected``...) is data about the run, kept
@@ -72,6 +72,6 @@ class WorkerLost(ReplayError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"a replay worker process ended abruptly ({reason}); nothing was written. A process "
-                         "killed for memory, a signal, or a validator that ends its process (os._exit) does this; "
-                         "run again (with fewer --workers if memory is short)")
+                         "killed for memory or by a signal does this; run again (with fewer --workers if memory is "
+                         "short)")
         self.reason = reason

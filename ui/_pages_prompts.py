@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import chart_label, chart_text, guarded, load, pct
+from loopledger.ui._st import chart_label, chart_text, code, guarded, load, pct
 
 RATE_NAMES = {"success": "Success rate", "loop": "Loop rate", "budget_stop": "Budget-stop rate"}
 #: Shown when either version has runs whose source scored them (imported runs).
@@ -38,7 +38,8 @@ def rate_text(r: dict) -> str:
 def _body() -> None:
     versions = load(q.prompt_versions)
     if len(versions) < 2:
-        st.info(f"Only {len(versions)} prompt version recorded ({', '.join(versions) or 'none'}); run the "
+        named = ", ".join(code(v) for v in versions) or "none"
+        st.info(f"Only {len(versions)} prompt version recorded ({named}); run the "
                 "scenarios under a second one, e.g. `loopledger run ... --prompt-version v2`.")
         return
     c1, c2 = st.columns(2)
@@ -63,6 +64,13 @@ def _body() -> None:
     st.caption("Rates over finished runs (the reward's over runs with a reward: an imported run's status only "
                "says how its conversation ended), with a 95% Wilson interval and k/n.")
     st.table(pd.DataFrame(rows).set_index("metric"))
+    partial = [f"{code(v)}: tokens {int(metrics.at[v, 'runs_with_tokens']):,}, cost "
+               f"{int(metrics.at[v, 'runs_with_cost']):,} of {int(metrics.at[v, 'runs']):,} runs"
+               for v in (a, b) if v in metrics.index
+               and min(metrics.at[v, "runs_with_tokens"], metrics.at[v, "runs_with_cost"]) < metrics.at[v, "runs"]]
+    if partial:
+        st.caption("Tokens and cost are over the runs that report them (an imported run's source may not): "
+                   + "; ".join(partial) + ".")
 
     bars = go.Figure()
     for version in (a, b):

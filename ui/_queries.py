@@ -48,6 +48,14 @@ def _num(value: Any) -> float:
 # -- Overview -------------------------------------------------------------------
 
 
+def _tokens(alias: str = "") -> str:
+    """A run's tokens in and out, in SQL: null only when it reports neither
+    (an imported run whose source gives no usage); one it does not report
+    counts as 0 beside the other."""
+    i, o = f"{alias}tokens_in", f"{alias}tokens_out"
+    return f"CASE WHEN {i} IS NULL AND {o} IS NULL THEN NULL ELSE coalesce({i}, 0) + coalesce({o}, 0) END"
+
+
 def overview(t: Traces) -> dict[str, Any]:
     """Headline numbers and the breakdowns of the Overview page."""
     t.require("runs")
@@ -60,7 +68,7 @@ def overview(t: Traces) -> dict[str, Any]:
                avg(steps), sum(tokens_in), sum(tokens_out), sum(cost_usd), avg(cost_usd),
                sum(model_attempts), sum(tool_calls),
                count(reward), count(*) FILTER (reward >= 1), avg(reward),
-               count(tokens_in + tokens_out), count(cost_usd)
+               count(""" + _tokens() + """), count(cost_usd)
         FROM flagged
         """,
         _terminal(),
@@ -107,9 +115,9 @@ def overview(t: Traces) -> dict[str, Any]:
         """
     )
     by_version = t.df(
-        """
+        f"""
         SELECT prompt_version, model_route, status, count(*) AS runs,
-               round(avg(steps), 2) AS mean_steps, sum(tokens_in + tokens_out) AS tokens,
+               round(avg(steps), 2) AS mean_steps, sum({_tokens()}) AS tokens,
                round(sum(cost_usd), 6) AS cost_usd
         FROM runs GROUP BY ALL ORDER BY prompt_version, model_route, status
         """
@@ -239,7 +247,7 @@ def runs_page(t: Traces, f: RunFilter, sort: str = "started_at", descending: boo
         f"""
         WITH page AS (
             SELECT r.run_id, r.task_id, r.tenant, r.prompt_version, r.model_route, r.status, r.reason,
-                   r.reward, r.steps, r.tool_calls, r.tokens_in + r.tokens_out AS tokens, r.cost_usd,
+                   r.reward, r.steps, r.tool_calls, {_tokens('r.')} AS tokens, r.cost_usd,
                    r.started_at, r.ended_at,
                    date_diff('microsecond', r.started_at, r.ended_at) / 1e6 AS duration_s
             FROM runs r {where}
@@ -469,8 +477,9 @@ def prompt_compare(t: Traces, a: str, b: str) -> dict[str, Any]:
                count(reward) AS rewarded, count(*) FILTER (reward >= 1) AS solved, avg(reward) AS mean_reward,
                avg(steps) AS mean_steps, quantile_cont(steps, 0.5) AS p50_steps,
                quantile_cont(steps, 0.9) AS p90_steps,
-               avg(tokens_in + tokens_out) AS mean_tokens, avg(cost_usd) AS mean_cost_usd,
-               sum(cost_usd) AS cost_usd, avg(tool_calls) AS mean_tool_calls
+               avg(""" + _tokens() + """) AS mean_tokens, avg(cost_usd) AS mean_cost_usd,
+               sum(cost_usd) AS cost_usd, avg(tool_calls) AS mean_tool_calls,
+               count(""" + _tokens() + """) AS runs_with_tokens, count(cost_usd) AS runs_with_cost
         FROM flagged WHERE prompt_version IN $versions GROUP BY prompt_version
         """,
         {**_terminal(), "versions": versions},

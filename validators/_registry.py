@@ -303,7 +303,12 @@ def get_factory(name: str, version: str | None = None) -> ValidatorFactory:
     if version is None:
         return list(versions.values())[-1]
     if version not in versions:
-        raise RegistryError(name, f"unknown version {version!r}; known: {', '.join(versions)}")
+        try:
+            load_plugins()  # once: an installed plugin may register this version
+        except RegistryError:
+            pass  # a broken plugin: the version stays unknown, as said below
+        if version not in versions:
+            raise RegistryError(name, f"unknown version {version!r}; known: {', '.join(versions)}")
     return versions[version]
 
 

@@ -273,3 +273,13 @@ def test_a_suite_file_is_named_relative_to_the_scenario_wherever_the_command_run
     assert bad.returncode == 2, bad.stdout
     (line,) = bad.stderr.strip().splitlines()
     assert "bad.yaml: suite" in line and "suites/bad.yaml: validators[0].loop.repeated_call.threshold" in line
+
+
+@pytest.mark.parametrize("named", ["suites/Strict.YAML", "suites/strict"])
+def test_a_suite_named_as_a_path_is_read_beside_the_scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             named: str) -> None:
+    (tmp_path / "suites").mkdir()
+    (tmp_path / named).write_text("name: mine\nvalidators: [structure]\n")
+    path = write(tmp_path, GOOD + f"suite: {named}\n")
+    monkeypatch.chdir("/")
+    assert load_scenario(path).suite == str((tmp_path / named).resolve())

@@ -440,3 +440,19 @@ def test_a_broken_plugin_does_not_hide_a_working_ones_validator(recorded_home: P
               "--home", str(tmp_path / "out"), "--fail-on", "never", env={"PYTHONPATH": str(site)})
     assert out.returncode == 0, out.stderr
     assert acme_decisions(tmp_path / "out").get("ask", 0) > 0
+
+
+def test_a_pinned_version_only_an_installed_plugin_registers_is_found(recorded_home: Path, tmp_path: Path) -> None:
+    """Version 1 comes from the suite's imports, version 2 from an installed
+    distribution: ``name@2`` imports the installed plugins to find it."""
+    site = install(tmp_path / "site", module="acme_checks", entry_point=False)
+    install(site, module="acme_two", body=PLUGIN.replace('version="1"', 'version="2"'))
+    path = tmp_path / "pinned.yaml"
+    path.write_text("name: pinned\nimports: [acme_checks]\nvalidators:\n  - structure\n"
+                    "  - acme.refund_limit@2: {max_amount: 10.0}\n")
+    out = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"),
+              "--home", str(tmp_path / "out"), "--fail-on", "never", env={"PYTHONPATH": str(site)})
+    assert out.returncode == 0, out.stderr
+    (replay,) = (tmp_path / "out" / "replays").iterdir()
+    assert duckdb.sql(f"SELECT DISTINCT validator_version FROM '{replay}/decisions/*.parquet' "
+                      "WHERE validator = 'acme.refund_limit'").fetchall() == [("2",)]

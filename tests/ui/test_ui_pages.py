@@ -248,9 +248,11 @@ def test_imported_runs_are_compared_and_listed_with_their_reward(tmp_path: Path,
     assert sorted([shown.loc["Task solved (reward)", a][-5:], shown.loc["Task solved (reward)", b][-5:]]) == \
         ["(0/3)", "(2/3)"]
     assert sorted(frame_with(at, "task_id")["task_id"]) == ["t0", "t1"]
-    # No usage in these chats: unknown, not "nan" and not 0.
+    # No usage in these chats: unknown, not "nan" and not 0, and the page says so.
     assert {shown.loc["Total cost (USD)", a], shown.loc["Mean tokens", b], shown.loc["Mean cost (USD)", "B − A"]} \
         == {"—"}
+    assert any("over the runs that report them" in c.value and "tokens 0, cost 0 of 3 runs" in c.value
+               for c in at.caption), [c.value for c in at.caption]
     at.switch_page("_pages_runs.py").run()
     assert not at.exception
     assert sorted(frame_with(at, "reward", "status")["reward"]) == [0.0] * 4 + [1.0] * 2
@@ -266,7 +268,8 @@ def test_usage_an_import_does_not_give_is_shown_as_unknown(tmp_path: Path, ui_en
                                         {"role": "assistant", "content": "done", **usage}],
                            "metadata": {"id": f"chat-{i}", "task_id": f"t{i}"}})
 
-    lines = [chat(0, usage={"prompt_tokens": 90, "completion_tokens": 10}, cost=0.25), chat(1), chat(2)]
+    lines = [chat(0, usage={"prompt_tokens": 90, "completion_tokens": 10}, cost=0.25), chat(1), chat(2),
+             chat(3, usage={"prompt_tokens": 150})]  # the prompt's tokens only: 150 known, no cost
     (tmp_path / "chats.jsonl").write_text("\n".join(lines) + "\n")
     home = tmp_path / "home"
     done = subprocess.run([str(Path(sys.executable).with_name("loopledger")), "import", "openai-jsonl",
@@ -275,8 +278,9 @@ def test_usage_an_import_does_not_give_is_shown_as_unknown(tmp_path: Path, ui_en
     assert done.returncode == 0, done.stderr
     at = open_app(home, ui_env)
     shown = {m.label: m for m in at.metric}
-    assert (shown["Tokens"].value, shown["Cost (USD)"].value) == ("100", "0.2500")
-    assert "over the 1 of 3 runs that report it" in shown["Cost (USD)"].proto.help
+    assert (shown["Tokens"].value, shown["Cost (USD)"].value) == ("250", "0.2500")
+    assert "over the 1 of 4 runs that report it" in shown["Cost (USD)"].proto.help
+    assert "over the 2 of 4 runs that report it" in shown["Tokens"].proto.help
     unpriced = scalar(f"SELECT run_id FROM {table(home, 'runs')} WHERE task_id = 't1'")
     at = open_app(home, ui_env, run_id=unpriced)
     assert (metrics(at)["Tokens"], metrics(at)["Cost (USD)"]) == ("—", "—")
