@@ -50,6 +50,20 @@ def shown_total(at: AppTest) -> int:
     raise AssertionError("no pager line on the page")
 
 
+def imported_home(tmp_path: Path, lines: list[str]) -> Path:
+    """A data directory holding ``lines`` (openai-jsonl records) imported by the command line."""
+    import subprocess
+    import sys
+
+    (tmp_path / "chats.jsonl").write_text("\n".join(lines) + "\n")
+    home = tmp_path / "home"
+    done = subprocess.run([str(Path(sys.executable).with_name("loopledger")), "import", "openai-jsonl",
+                           str(tmp_path / "chats.jsonl"), "--home", str(home)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return home
+
+
 def test_overview(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
     at = open_app(recorded_home, ui_env)
     runs = table(recorded_home, "runs")
@@ -227,19 +241,12 @@ def test_a_corrupt_file_is_a_message(recorded_home: Path, tmp_path: Path, ui_env
 
 def test_imported_runs_are_compared_and_listed_with_their_reward(tmp_path: Path, ui_env: pytest.MonkeyPatch) -> None:
     import json
-    import subprocess
-    import sys
 
     lines = [json.dumps({"messages": [{"role": "system", "content": policy}, {"role": "user", "content": f"task {i}"},
                                       {"role": "assistant", "content": "done"}],
                          "metadata": {"id": f"{policy}-{i}", "task_id": f"t{i}", "reward": reward}})
              for policy, rewards in (("policy A", (1, 1, 0)), ("policy B", (0, 0, 0))) for i, reward in enumerate(rewards)]
-    (tmp_path / "chats.jsonl").write_text("\n".join(lines) + "\n")
-    home = tmp_path / "home"
-    done = subprocess.run([str(Path(sys.executable).with_name("loopledger")), "import", "openai-jsonl",
-                           str(tmp_path / "chats.jsonl"), "--home", str(home)], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr
+    home = imported_home(tmp_path, lines)
     at = open_app(home, ui_env, "_pages_prompts.py")
     shown = at.table[0].value
     a, b = shown.columns[:2]
@@ -260,8 +267,6 @@ def test_imported_runs_are_compared_and_listed_with_their_reward(tmp_path: Path,
 
 def test_usage_an_import_does_not_give_is_shown_as_unknown(tmp_path: Path, ui_env: pytest.MonkeyPatch) -> None:
     import json
-    import subprocess
-    import sys
 
     def chat(i: int, **usage: object) -> str:
         return json.dumps({"messages": [{"role": "user", "content": f"task {i}"},
@@ -270,12 +275,7 @@ def test_usage_an_import_does_not_give_is_shown_as_unknown(tmp_path: Path, ui_en
 
     lines = [chat(0, usage={"prompt_tokens": 90, "completion_tokens": 10}, cost=0.25), chat(1), chat(2),
              chat(3, usage={"prompt_tokens": 150})]  # the prompt's tokens only: 150 known, no cost
-    (tmp_path / "chats.jsonl").write_text("\n".join(lines) + "\n")
-    home = tmp_path / "home"
-    done = subprocess.run([str(Path(sys.executable).with_name("loopledger")), "import", "openai-jsonl",
-                           str(tmp_path / "chats.jsonl"), "--home", str(home)], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr
+    home = imported_home(tmp_path, lines)
     at = open_app(home, ui_env)
     shown = {m.label: m for m in at.metric}
     assert (shown["Tokens"].value, shown["Cost (USD)"].value) == ("250", "0.2500")
@@ -322,17 +322,10 @@ def test_an_unreadable_table_fails_its_tab_of_the_run_page_only(recorded_home: P
 def test_an_imported_run_without_decisions_can_be_labelled_as_a_whole(tmp_path: Path,
                                                                       ui_env: pytest.MonkeyPatch) -> None:
     import json
-    import subprocess
-    import sys
 
     record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
               "metadata": {"id": "one"}}
-    (tmp_path / "chats.jsonl").write_text(json.dumps(record) + "\n")
-    home = tmp_path / "home"
-    done = subprocess.run([str(Path(sys.executable).with_name("loopledger")), "import", "openai-jsonl",
-                           str(tmp_path / "chats.jsonl"), "--home", str(home)], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr
+    home = imported_home(tmp_path, [json.dumps(record)])
     run_id = scalar(f"SELECT run_id FROM {table(home, 'runs')}")
     at = open_app(home, ui_env, run_id=run_id)
     assert at.selectbox(key="label_pick").options == ["step 1.1 · (the candidate as a whole)"]
