@@ -133,10 +133,9 @@ def build_rules(patterns: Any, custom: Any) -> tuple[Rule, ...]:
     if not isinstance(custom, Mapping):
         raise ParamError("custom", "a mapping of rule name to regular expression", custom)
     for name in sorted(custom):
-        if not isinstance(name, str) or not name.strip() or name in RULES:
-            # A finding names its rules: an empty name, or a built-in's, would say the wrong one.
-            raise ParamError("custom", f"rule names that are not empty and not a built-in rule's "
-                                       f"({', '.join(RULES)})", name)
+        if not isinstance(name, str) or not name.strip():
+            # A finding names its rules: a nameless one would name none.
+            raise ParamError("custom", "rule names that are not empty", name)
         if not isinstance(custom[name], str):
             raise ParamError(f"custom.{name}", "a regular expression string", custom[name])
         try:

@@ -414,20 +414,6 @@ def test_a_reply_to_a_run_whose_suite_cannot_be_loaded_here_leaves_it_waiting(tm
     assert taken.returncode == 0, taken.stderr
 
 
-def test_a_plugin_cannot_register_a_version_of_a_built_in(recorded_home: Path, tmp_path: Path) -> None:
-    """An unpinned member is its latest version: a plugin's ``structure``
-    version 2 would silently replace the built-in in every suite."""
-    body = ("from loopledger.validators import validator\n\n"
-            "@validator(name='structure', version='2')\ndef mine():\n    return lambda inp: []\n")
-    site = install(tmp_path / "site", module="hijack", body=body, entry_point=False)
-    path = tmp_path / "hijack.yaml"
-    path.write_text("name: hijack\nimports: [hijack]\nvalidators: [structure]\n")
-    out = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"),
-              "--home", str(tmp_path / "out"), env={"PYTHONPATH": str(site)})
-    assert out.returncode == 2, out.stderr
-    assert "validator 'structure': is one of loopledger's own validators" in out.stderr, out.stderr
-
-
 def test_a_broken_plugin_does_not_hide_a_working_ones_validator(recorded_home: Path, tmp_path: Path) -> None:
     site = install(tmp_path / "site")  # acme_checks: registers acme.refund_limit
     (site / "broken_ep").mkdir()
@@ -456,3 +442,23 @@ def test_a_pinned_version_only_an_installed_plugin_registers_is_found(recorded_h
     (replay,) = (tmp_path / "out" / "replays").iterdir()
     assert duckdb.sql(f"SELECT DISTINCT validator_version FROM '{replay}/decisions/*.parquet' "
                       "WHERE validator = 'acme.refund_limit'").fetchall() == [("2",)]
+
+
+def test_a_new_version_of_a_built_in_is_used_unpinned_and_shown_as_a_version_change(recorded_home: Path,
+                                                                                    tmp_path: Path) -> None:
+    body = ("from loopledger.validators import Issue, Verdict, validator\n\n"
+            "@validator(name='completion_gate', version='2')\ndef gate_v2():\n"
+            "    return lambda inp: [Issue(Verdict.REJECT, 'v2_gate', 'version 2 rejects')]\n")
+    site = install(tmp_path / "site", module="gate_two", body=body, entry_point=False)
+    for name, member, versions in (("unpinned", "completion_gate", {"2"}), ("pinned", "completion_gate@1", {"1"})):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"name: {name}\nimports: [gate_two]\nvalidators: [structure, {member}]\n")
+        out = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"),
+                  "--home", str(tmp_path / name), "--fail-on", "never", env={"PYTHONPATH": str(site)})
+        assert out.returncode == 0, out.stderr
+        (replay,) = (tmp_path / name / "replays").iterdir()
+        got = duckdb.sql(f"SELECT DISTINCT validator_version FROM '{replay}/decisions/*.parquet' "
+                         "WHERE validator = 'completion_gate'").fetchall()
+        assert {v for (v,) in got} == versions
+        if name == "unpinned":
+            assert "(versions 1→2)" in out.stdout, out.stdout
