@@ -107,6 +107,9 @@ class PeopleMixin:
             raise ReplyRejected(run_id, "already used")
         waiting = view.waiting
         if view.state is not State.WAITING_USER or waiting is None:
+            if view.state is State.EXPIRED and now_us() >= claims.expires_at_us:
+                # The wait this token was for ran out, and the run ended with it.
+                raise ReplyRejected(run_id, "expired", "the wait expired and the run ended EXPIRED")
             raise ReplyRejected(run_id, "stale state version", f"the run is {view.state.value}, not waiting")
         if claims.wait_id != waiting["wait_id"] or claims.state_version != view.state_version:
             raise ReplyRejected(run_id, "stale state version",

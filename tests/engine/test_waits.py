@@ -229,6 +229,8 @@ def test_an_expired_wait_rejects_the_reply_and_the_run_ends_expired(tmp_path: Pa
     (result,) = events(home, run_id, "operation_result")
     assert (result["outcome"], result["error_code"]) == ("permission_denied", "WAIT_EXPIRED")
     assert executions(home, run_id, "deploy.service") == 0
+    # Again, once the run has ended EXPIRED (or a resume ended it): still "expired".
+    rejected(reply(home, run_id, w["resume_token"], "--approve", env={"LOOPLEDGER_NOW": later}), "expired")
     assert all_violations(home) == []
 
 
