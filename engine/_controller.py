@@ -804,7 +804,7 @@ class Controller(PeopleMixin):
             return
         if outcome.error_code == "RATE_LIMIT" and not outcome.executed:
             wait = outcome.retry_after_s or 0.05
-            if op.dispatches <= MAX_RATE_LIMIT_RETRIES and self._time_left(view, config) > wait:
+            if op.dispatches <= MAX_RATE_LIMIT_RETRIES and self._deadline_left(view, config) > wait:
                 # The runtime backs off within the deadline; the model is not asked.
                 self._note(view, "dispatch_refused", op, "RATE_LIMIT", retry_after_s=wait)
                 self.sleep(wait)
@@ -823,12 +823,6 @@ class Controller(PeopleMixin):
         """An event about a send that is not the request's result."""
         payload = {"operation_id": op.operation_id, "error_code": code, **extra}
         self._commit(view, Commit(view.run_id, view.state_version, None, events=(NewEvent(kind, payload),)))
-
-    def _time_left(self, view: RunView, config: RunConfig) -> float:
-        deadline = config.scenario.budgets.deadline_s
-        if deadline is None:
-            return float("inf")
-        return deadline - (now_us() - view.started_at) / 1e6
 
     def _record_result(
         self, view: RunView, op: OpView, outcome: ToolOutcome, to: State | None = None,

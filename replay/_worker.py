@@ -254,9 +254,15 @@ def _loaded(ref: SuiteRef, replay_ids: tuple[str, ...]) -> Any:
     key = (ref.ref, replay_ids)
     suite = _SUITES.get(key)
     if suite is None:
-        if len(_SUITES) >= 8:
-            _SUITES.clear()
-        suite = _SUITES[key] = ref.load()
+        suite = _keep(key, ref.load())
+    return suite
+
+
+def _keep(key: tuple[str, tuple[str, ...]], suite: Any) -> Any:
+    """``suite`` kept under ``key`` (a few at most: one replay's suites)."""
+    if len(_SUITES) >= 8:
+        _SUITES.clear()
+    _SUITES[key] = suite
     return suite
 
 
@@ -265,9 +271,7 @@ def remember(ref: SuiteRef, replay_ids: tuple[str, ...], suite: Any) -> None:
     replays with that object, and does not load the reference again (a
     ``module:attr`` factory that registers validators would run twice)."""
     if ref.ref is not None:
-        if len(_SUITES) >= 8:
-            _SUITES.clear()
-        _SUITES[(ref.ref, replay_ids)] = suite
+        _keep((ref.ref, replay_ids), suite)
 
 
 def warm(suites: Sequence[SuiteRef], replay_ids: tuple[str, ...]) -> None:

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import chart_label, chart_text, code, guarded, load, pct
+from loopledger.ui._st import chart_label, chart_text, code, guarded, load, missing, pct
 
 RATE_NAMES = {"success": "Success rate", "loop": "Loop rate", "budget_stop": "Budget-stop rate"}
 #: Shown when either version has runs whose source scored them (imported runs).
@@ -21,14 +21,9 @@ MEANS = (("runs", "Runs", "{:,.0f}"), ("finished", "Finished runs", "{:,.0f}"),
          ("cost_usd", "Total cost (USD)", "{:.4f}"))
 
 
-def _unknown(value: object) -> bool:
-    """No figure: no run of the version reports it (usage an imported
-    source does not give is null, and so are its sums and means)."""
-    return value is None or value != value  # NaN
-
-
 def _shown(fmt: str, value: object) -> str:
-    return "—" if _unknown(value) else fmt.format(value)
+    """A figure, or a dash where no run of the version reports it."""
+    return "—" if missing(value) else fmt.format(value)
 
 
 def rate_text(r: dict) -> str:
@@ -60,7 +55,7 @@ def _body() -> None:
         va = metrics.at[a, column] if a in metrics.index else 0
         vb = metrics.at[b, column] if b in metrics.index else 0
         rows.append({"metric": label, a: _shown(fmt, va), b: _shown(fmt, vb),
-                     "B − A": _shown(fmt, None if _unknown(va) or _unknown(vb) else vb - va)})
+                     "B − A": _shown(fmt, None if missing(va) or missing(vb) else vb - va)})
     st.caption("Rates over finished runs (the reward's over runs with a reward: an imported run's status only "
                "says how its conversation ended), with a 95% Wilson interval and k/n.")
     st.table(pd.DataFrame(rows).set_index("metric"))

@@ -12,7 +12,7 @@ import streamlit as st
 from loopledger.ui import _queries as q
 from loopledger.ui._data import VERDICTS, DataError
 from loopledger.ui._labels import add_human_label
-from loopledger.ui._st import code, guarded, home, load, store_url
+from loopledger.ui._st import code, guarded, home, load, missing, store_url
 
 
 def _json(text: object) -> object:
@@ -37,12 +37,10 @@ def _header(run: dict, spans: pd.DataFrame) -> None:
     cols[4].metric("Tool calls", int(run["tool_calls"] or 0))
     cols = st.columns(5)
     # Null where an imported run's source gives no usage: unknown, not 0.
-    tokens = [run["tokens_in"], run["tokens_out"]]
-    known = [int(v) for v in tokens if v is not None and v == v]
-    cols[0].metric("Tokens", f"{sum(known):,}" if known else "—",
-                   help=None if len(known) == 2 else "the source of this imported run does not give all its usage")
-    cost = run["cost_usd"]
-    cols[1].metric("Cost (USD)", "—" if cost is None or cost != cost else f"{float(cost):.4f}")
+    partial = missing(run["tokens_in"]) or missing(run["tokens_out"])
+    cols[0].metric("Tokens", "—" if missing(run["tokens"]) else f"{int(run['tokens']):,}",
+                   help="the source of this imported run does not give all its usage" if partial else None)
+    cols[1].metric("Cost (USD)", "—" if missing(run["cost_usd"]) else f"{float(run['cost_usd']):.4f}")
     closed = spans.iloc[:-1] if len(spans) else spans  # the last span is the terminal point or still open
     cols[2].metric("Processing (s)", f"{closed.loc[~closed['waiting'], 'seconds'].sum():.3f}")
     cols[3].metric("Waiting (s)", f"{closed.loc[closed['waiting'], 'seconds'].sum():.3f}")

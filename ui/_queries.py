@@ -270,7 +270,7 @@ def runs_page(t: Traces, f: RunFilter, sort: str = "started_at", descending: boo
 def run_detail(t: Traces, run_id: str) -> dict[str, Any] | None:
     """Everything the Run page shows about one run, or None if it is unknown."""
     t.require("runs")
-    header = t.df("SELECT * FROM runs WHERE run_id = $r", {"r": run_id})
+    header = t.df(f"SELECT *, {_tokens()} AS tokens FROM runs WHERE run_id = $r", {"r": run_id})
     if header.empty:
         return None
     p = {"r": run_id}

@@ -3,6 +3,7 @@ guard, pagination and links to runs. Imported only inside Streamlit."""
 
 from __future__ import annotations
 
+import html
 import importlib
 import math
 import re
@@ -120,6 +121,12 @@ def open_run_picker(run_ids: list[str], key: str) -> None:
         st.switch_page(RUN_PAGE, query_params={"run_id": chosen})
 
 
+def missing(value: Any) -> bool:
+    """No figure: None, or the NaN pandas holds for a null (an imported
+    run's usage its source does not give, and the sums and means of it)."""
+    return value is None or value != value
+
+
 def code(value: Any) -> str:
     """Recorded text (a task id, a model's name, a validator's message) as
     an inline code span for Markdown, shown exactly as written: a fence
@@ -127,7 +134,7 @@ def code(value: Any) -> str:
     breaks written out (a line break would let a ``- item`` or ``# title``
     after it start a block), so nothing in it is read as Markdown, HTML or
     maths. Empty or missing text is a dash."""
-    text = "" if value is None or value != value else str(value)  # NaN: missing
+    text = "" if missing(value) else str(value)
     text = visible(text).replace("\n", "\\n").replace("\t", "\\t")
     if not text.strip():
         return "—" if not text else f"`{text}`"
@@ -153,7 +160,7 @@ def chart_text(frame: Any, *columns: str) -> Any:
 
 def chart_label(text: str) -> str:
     """One label of a chart (see :func:`chart_text`)."""
-    return visible(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return html.escape(visible(text), quote=False)
 
 
 def pct(value: float) -> str:
