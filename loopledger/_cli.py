@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
@@ -165,17 +165,47 @@ def _home(home: str | None, store: str | None = None) -> Any:
     return Home.resolve(home, store)
 
 
-def _runner_for(run_id: str, where: Any, no_journal: str | None = None) -> Any:
+def _runner_for(run_id: str, where: Any, no_journal: str | None = None, *, rejecting: bool = False,
+                as_json: bool = False) -> Any:
     """A runner (no scripted replies) on the data directory ``where`` for a
     command on one existing run; exit 1 when there is no journal (saying
-    ``no_journal``, else that the run is unknown), so none is created."""
+    ``no_journal``, else that the run is unknown), so none is created.
+    ``rejecting``: the command's refusals are rejections (see :func:`_refuse`)."""
     from loopledger.engine._errors import UnknownRun
     from loopledger.engine._runner import Runner
 
     if not where.has_journal:
-        _err(no_journal or str(UnknownRun(run_id)))
+        why = no_journal or str(UnknownRun(run_id))
+        if rejecting:
+            _refuse(run_id, why, as_json)
+        _err(why)
         raise typer.Exit(EXIT_FAILED)
     return Runner(where, auto_reply=False)
+
+
+def _known_line(runner: Any, run_id: str) -> dict[str, Any] | None:
+    """The run's JSON line, or None when the journal does not know it (a
+    token refused before the run was looked up)."""
+    from loopledger.engine._errors import UnknownRun
+
+    try:
+        return _outcome_json(runner.outcome(run_id))
+    except UnknownRun:
+        return None
+
+
+def _refuse(run_id: str, why: str, as_json: bool, line: dict[str, Any] | None = None) -> NoReturn:
+    """Exit 1 for a rejected ``reply`` or ``token``: the reason on stderr and,
+    with ``--json``, the run's line (``line``, else one for a run the journal
+    does not know) with the reason under ``rejected``, so that a script
+    reading stdout gets one object whatever happened."""
+    import json
+
+    if as_json:
+        known = line or {"run_id": run_id, "task_id": None, "status": None, "reason": None}
+        typer.echo(json.dumps({**known, "rejected": why}))
+    _err(f"rejected: {why}")
+    raise typer.Exit(EXIT_FAILED)
 
 
 def _print_export(result: Any, traces: Path) -> None:
@@ -562,8 +592,8 @@ def reply(
         except CanonicalJSONError as exc:
             raise BadInput("--answer", f"expected JSON that a journal can keep, got {answer!r} ({exc})") from None
     where = _home(home, store)
-    runner = _runner_for(run_id, where, no_journal=f"rejected: wrong run: no run {run_id!r} in the journal "
-                                                   f"(there is no journal in {where.root})")
+    runner = _runner_for(run_id, where, no_journal=f"wrong run: no run {run_id!r} in the journal "
+                                                   f"(there is no journal in {where.root})", rejecting=True, as_json=as_json)
     try:
         try:
             view = runner.controller.reply(run_id, token, Reply(approve=True if approve else (False if deny else None),
@@ -574,13 +604,9 @@ def reply(
             # events. The traces get them as the journal has them.
             runner.recorder.flush()
             why = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
-            if as_json:
-                typer.echo(json.dumps({**_outcome_json(runner.outcome(run_id)), "rejected": why}))
-            _err(f"rejected: {why}")
-            raise typer.Exit(EXIT_FAILED) from None
+            _refuse(run_id, why, as_json, _known_line(runner, run_id))
         except UnknownRun as exc:
-            _err(f"rejected: wrong run: {exc}")
-            raise typer.Exit(EXIT_FAILED) from None
+            _refuse(run_id, f"wrong run: {exc}", as_json)
         if view.new_token:
             runner.tokens[run_id] = view.new_token
         if runner.controller.load(run_id).state.name == "WAITING_TOOL":
@@ -610,7 +636,7 @@ def token(
     from loopledger.engine._errors import UnknownRun
     from loopledger.engine._waits import ReplyRejected
 
-    runner = _runner_for(run_id, _home(home, store))
+    runner = _runner_for(run_id, _home(home, store), rejecting=True, as_json=as_json)
     try:
         try:
             view = runner.controller.reissue_token(run_id)
@@ -618,11 +644,10 @@ def token(
             # As for reply: an expired wait ends the run, and a reissue that
             # lost the race keeps its event as a late event.
             runner.recorder.flush()
-            _err(f"rejected: {exc.reason}: {exc.detail}")
-            raise typer.Exit(EXIT_FAILED) from None
+            why = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
+            _refuse(run_id, why, as_json, _known_line(runner, run_id))
         except UnknownRun as exc:
-            _err(str(exc))
-            raise typer.Exit(EXIT_FAILED) from None
+            _refuse(run_id, str(exc), as_json)
         runner.tokens[run_id] = view.new_token
         runner.recorder.flush()
         outcome = runner.outcome(run_id)

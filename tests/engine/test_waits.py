@@ -753,3 +753,36 @@ model:
     assert results == {"DEADLINE"}
     assert executions(home, line["run_id"], "deploy.service") == 0
     assert all_violations(home) == []
+
+
+@pytest.mark.parametrize("command", ["reply", "token"])
+def test_every_rejection_is_one_json_line_under_json(tmp_path: Path, home: Path, command: str) -> None:
+    """A script reading ``--json`` gets one object per refusal: for a run the
+    journal does not know (under a bad token or a good one), a home without
+    a journal, and a run that is not waiting; the reason under ``rejected``."""
+    line = start(tmp_path, home, DEPLOY)
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+
+    def refused(proc: subprocess.CompletedProcess[str], run: str, status: str | None, reason: str) -> None:
+        assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr
+        (out,) = [json.loads(x) for x in proc.stdout.splitlines()]
+        assert (out["run_id"], out["status"]) == (run, status), out
+        assert out["rejected"].startswith(reason), out
+
+    def ask(run: str, where: Path, token: str = "garbage") -> subprocess.CompletedProcess[str]:
+        if command == "reply":
+            return cli("reply", run, "--token", token, "--approve", "--json", home=where)
+        return cli("token", run, "--json", home=where)
+
+    unknown = "bad token" if command == "reply" else "no run"
+    refused(ask("nosuchrun", home), "nosuchrun", None, unknown)
+    refused(ask("nosuchrun", tmp_path / "nowhere"), "nosuchrun", None, "wrong run" if command == "reply" else "no run")
+    assert not (tmp_path / "nowhere").exists()
+    if command == "reply":
+        # A genuine token, sent with another run's id.
+        refused(ask("nosuchrun", home, token), "nosuchrun", None, "wrong run")
+    done = reply(home, run_id, token, "--approve")
+    assert done.returncode == 0, done.stderr
+    refused(ask(run_id, home, token), run_id, "SUCCEEDED", "already used" if command == "reply" else "not waiting")
+    assert state(home, run_id) == ("SUCCEEDED", "completed")
