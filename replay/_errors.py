@@ -73,5 +73,6 @@ class WorkerLost(ReplayError):
     def __init__(self, reason: str) -> None:
         super().__init__(f"a replay worker process ended abruptly ({reason}); nothing was written. A process "
                          "killed for memory or by a signal does this; run again (with fewer --workers if memory is "
-                         "short)")
+                         "short). From a script, call replay() under `if __name__ == \"__main__\":` (its worker "
+                         "processes import the script again)")
         self.reason = reason

@@ -288,13 +288,16 @@ def _replay(request: _Request) -> dict[str, ReplayResult]:
         except OSError as exc:
             raise ReplayInputError("write_to", f"cannot make the folder {replays} ({exc.strerror or exc})") from None
         _claim_outputs(outputs, ids, request.id_arguments)
-    work = Path(tempfile.mkdtemp(prefix=".replay-work-", dir=replays if request.write else None))
     refs = tuple(ref for _, _, ref in request.suites)
     for _, suite, ref in request.suites:
         remember(ref, ids, suite)
-    pool = _start_pool(procs - 1, refs, ids) if procs > 1 else None
+    work: Path | None = None
+    pool: ProcessPoolExecutor | None = None
     results: dict[str, ReplayResult] = {}
     try:
+        work = Path(tempfile.mkdtemp(prefix=".replay-work-", dir=replays if request.write else None))
+        if procs > 1:
+            pool = _start_pool(procs - 1, refs, ids)
         write_partitions(trace_set, baseline_files, work, parts, threads=cores)
         jobs = [Job(work, k, refs, ids, tuple(outputs), True, baseline == "recorded") for k in range(parts)]
         per_suite: list[list[RunReplay]] = [[] for _ in request.suites]
@@ -317,7 +320,8 @@ def _replay(request: _Request) -> dict[str, ReplayResult]:
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-        shutil.rmtree(work, ignore_errors=True)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
     return results
 
 

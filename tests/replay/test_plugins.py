@@ -462,3 +462,26 @@ def test_a_new_version_of_a_built_in_is_used_unpinned_and_shown_as_a_version_cha
         assert {v for (v,) in got} == versions
         if name == "unpinned":
             assert "(versions 1→2)" in out.stdout, out.stdout
+
+
+def test_a_script_without_a_main_guard_is_told_how_to_call_replay(recorded_home: Path, tmp_path: Path) -> None:
+    """Spawned workers import the calling script again: without
+    ``if __name__ == "__main__":`` each one fails while starting. The error
+    says what to do, and the same script with the guard replays."""
+    import subprocess
+    import sys
+
+    call = (f"from loopledger.replay import replay\n"
+            f"r = replay({str(recorded_home / 'traces')!r}, 'default', write_to={str(tmp_path / 'replays')!r}, "
+            f"workers=2)\nprint('flips', r.summary.flips)\n")
+    bare, guarded = tmp_path / "bare.py", tmp_path / "guarded.py"
+    bare.write_text(call)
+    guarded.write_text("def main():\n" + "".join(f"    {line}\n" for line in call.splitlines())
+                       + "\n\nif __name__ == '__main__':\n    main()\n")
+    failed = subprocess.run([sys.executable, str(bare)], capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 1
+    last = failed.stderr.strip().splitlines()[-1]
+    assert "WorkerLost" in last and 'call replay() under `if __name__ == "__main__":`' in last, last
+    assert not [p for p in (tmp_path / "replays").iterdir() if not p.name.startswith(".")]
+    ok = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "flips 0" in ok.stdout, ok.stderr
