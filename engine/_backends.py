@@ -38,6 +38,8 @@ Errors (``execute`` never raises for anything a request can contain)::
 
     EngineError
     └── BackendError          the backend's own state cannot be used
+        ├── BackendUnavailable  its database cannot be opened or read (also an
+        │                       ``Unavailable``: the command exits 3)
         └── UnknownWork       poll_work / cancel_work of a work id never issued
 """
 
@@ -57,7 +59,7 @@ from loopledger.canonical import canonical_json, content_id, loads
 
 from . import _faults
 from ._clock import now_us
-from ._errors import BadInput, EngineError
+from ._errors import BadInput, EngineError, Unavailable
 from . import _services as svc
 from ._testlog import test_run_result
 from ._tools import EVIDENCE_KIND, TOOL_TRAITS, ToolTraits, demo_tool
@@ -65,6 +67,7 @@ from ._workspace import ToolRefused, Workspaces, printable
 
 __all__ = [
     "BackendError",
+    "BackendUnavailable",
     "DemoBackend",
     "FAULT_KINDS",
     "Fault",
@@ -109,6 +112,10 @@ BUSY_TIMEOUT_S = 30.0
 
 class BackendError(EngineError):
     code = "backend_error"
+
+
+class BackendUnavailable(BackendError, Unavailable):
+    code = "backend_unavailable"
 
 
 class UnknownWork(BackendError):
@@ -320,7 +327,7 @@ class DemoBackend:
             #: what was sent).
             self.identity = svc.backend_identity(self._conn)
         except sqlite3.Error as exc:
-            raise BackendError(f"{self.path}: cannot open the demo backend: {exc}") from exc
+            raise BackendUnavailable(f"{self.path}: cannot open the demo backend: {exc}") from exc
 
     def _create(self) -> None:
         # Schema and seed in one transaction, guarded by user_version: two

@@ -99,6 +99,14 @@ class RunsNotResumed(RunsStopped):
         self.left = left
 
 
+class Unavailable(EngineError):
+    """Something a command needs besides the journal (the demo tool
+    backends' database) cannot be opened or used: an infrastructure
+    failure, as a journal's is, not a fault of the input."""
+
+    code = "unavailable"
+
+
 class JournalError(EngineError):
     """The journal cannot be opened, migrated or written."""
 

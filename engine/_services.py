@@ -113,9 +113,9 @@ def create_schema(conn: sqlite3.Connection, now: int, path: object) -> None:
     write transaction, so two processes opening a fresh home do it once."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
-        from ._backends import BackendError
+        from ._backends import BackendUnavailable
 
-        raise BackendError(f"{path}: schema version {version}; this loopledger reads up to {SCHEMA_VERSION}")
+        raise BackendUnavailable(f"{path}: schema version {version}; this loopledger reads up to {SCHEMA_VERSION}")
     if version < SCHEMA_VERSION:
         for statement in _statements(SCHEMA):
             conn.execute(statement)

@@ -64,7 +64,7 @@ def guarded(fn: F) -> F:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from loopledger.engine._errors import BadInput, JournalError, LoopLedgerError, RunsStopped
+        from loopledger.engine._errors import BadInput, JournalError, LoopLedgerError, RunsStopped, Unavailable
 
         try:
             from loopledger.engine._faults import check_hooks
@@ -77,6 +77,9 @@ def guarded(fn: F) -> F:
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except JournalError as exc:
             _err(f"journal: {exc}")
+            raise typer.Exit(EXIT_INFRA) from None
+        except Unavailable as exc:
+            _err(str(exc))
             raise typer.Exit(EXIT_INFRA) from None
         except RunsStopped as exc:
             # Not the input: the engine could not finish these runs.

@@ -120,6 +120,24 @@ def test_a_journal_that_is_not_a_database_is_an_infrastructure_failure(tmp_path:
     assert_one_clear_line(result.stderr, "journal")
 
 
+@pytest.mark.parametrize("command", [["run"], ["demo"], ["resume"]])
+def test_demo_backends_that_are_not_a_database_are_an_infrastructure_failure(tmp_path: Path,
+                                                                            command: list[str]) -> None:
+    """Exit 3, as for the journal: 1 would read as a failed check or a
+    rejection, and nothing recorded in the journal is touched."""
+    home = tmp_path / "home"
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("id: s\ncontract: {goal: hi}\nmodel: [{final: hello}]\n")
+    assert cli("run", str(scenario), "--home", str(home)).returncode == 0
+    runs = sqlite3.connect(home / "journal.sqlite").execute("SELECT run_id, state FROM runs").fetchall()
+    (home / "demo_backend.sqlite").write_bytes(b"this is not an SQLite file at all" * 100)
+    args = [*command, str(scenario)] if command == ["run"] else command
+    result = cli(*args, "--home", str(home))
+    assert result.returncode == 3, (result.returncode, result.stderr)
+    assert_one_clear_line(result.stderr, "demo_backend.sqlite", "cannot open the demo backend")
+    assert sqlite3.connect(home / "journal.sqlite").execute("SELECT run_id, state FROM runs").fetchall() == runs
+
+
 def test_export_creates_the_home_and_every_table(tmp_path: Path) -> None:
     home = tmp_path / "new" / "home"
     result = cli("export", "--home", str(home))
