@@ -327,7 +327,9 @@ def run_job(job: Job) -> list[list[RunReplay]]:
         out = job.outputs[i]
         if out is not None:
             rid = job.replay_ids[i]
-            _write(out / "decisions" / f"part-{job.part:05d}.parquet", DECISION_COLUMNS, decisions[i])
+            part = f"part-{job.part:05d}.parquet"
+            _write(out / "decisions" / part, DECISION_COLUMNS, decisions[i])
+            _also(out / "decisions" / part, out / VALIDATIONS / part)
             _write(out / "diffs" / f"part-{job.part:05d}.parquet", DIFF_COLUMNS, diffs[i])
             _write(out / "loop_diagnoses" / f"part-{job.part:05d}.parquet", DIAGNOSIS_COLUMNS,
                    [(rid, d.run_id, d.step, d.detector, d.detector_version, d.pattern, d.evidence_json)
@@ -597,6 +599,24 @@ def _after(d: Diff, at: tuple[int, int]) -> Diff:
 
 
 # --- output -------------------------------------------------------------------------
+
+#: The replay's decisions are also its ``validations`` table: the CONTRACT
+#: keeps what a replay computes under ``replays/<id>/<table>/``, named as the
+#: trace tables are. The same files, hard-linked (copied where the file
+#: system has no hard links), so nothing is written twice.
+VALIDATIONS = "validations"
+
+
+def _also(path: Path, alias: Path) -> None:
+    import os
+    import shutil
+
+    alias.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(path, alias)
+    except OSError:
+        shutil.copyfile(path, alias)
+
 
 
 def _write(path: Path, columns: Sequence[str], rows: list[tuple[Any, ...]]) -> None:

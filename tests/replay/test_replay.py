@@ -230,6 +230,16 @@ def test_the_replay_tables(default_replay: ReplayResult) -> None:
         assert json.loads(row["evidence_json"])
     meta = json.loads((path / "replay.json").read_text())
     assert meta["suite_version"] == default_replay.summary.suite_version
+    # The decisions are also the replay's `validations` table (the trace
+    # table's name, with its columns), the same files under both names.
+    validation_cols = {"run_id", "step", "attempt", "candidate_id", "validator", "validator_version",
+                       "suite_version", "verdict", "code", "message", "evidence_json"}
+    validations = pq.read_table(path / "validations")
+    assert validation_cols <= set(validations.column_names)
+    assert validations.num_rows == default_replay.summary.decisions > 0
+    assert validations.equals(pq.read_table(path / "decisions"))
+    assert sorted(p.name for p in (path / "validations").iterdir()) == sorted(
+        p.name for p in (path / "decisions").iterdir())
 
 
 def test_results_are_frozen_and_keyed_by_run(default_replay: ReplayResult) -> None:
