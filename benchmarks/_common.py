@@ -19,29 +19,32 @@ def report(
     *,
     value: float,
     unit: str,
-    baseline: float,
+    baseline: float | None,
     goal: float,
     n: int,
     higher_is_better: bool = False,
     **extra: Any,
 ) -> dict[str, Any]:
     """Print the result line. ``goal`` bounds ``ratio``: at most ``goal``, or at
-    least ``goal`` when ``higher_is_better``."""
-    ratio = value / baseline if baseline else float("inf")
-    met = ratio >= goal if higher_is_better else ratio <= goal
+    least ``goal`` when ``higher_is_better``. ``baseline`` None: it could not
+    be measured (say why in ``extra``); ``baseline`` and ``ratio`` are then
+    null and the goal is not met. The line is strict JSON (no NaN, no
+    Infinity)."""
+    ratio = value / baseline if baseline else None
+    met = ratio is not None and (ratio >= goal if higher_is_better else ratio <= goal)
     line = {
         "name": name,
         "value": round(value, 6),
         "unit": unit,
-        "baseline": round(baseline, 6),
-        "ratio": round(ratio, 4),
+        "baseline": round(baseline, 6) if baseline else None,
+        "ratio": round(ratio, 4) if ratio is not None else None,
         "goal": goal,
         "goal_direction": ">=" if higher_is_better else "<=",
         "met": met,
         "n": n,
         **extra,
     }
-    print(json.dumps(line), flush=True)
+    print(json.dumps(line, allow_nan=False), flush=True)
     return line
 
 

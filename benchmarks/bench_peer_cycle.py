@@ -162,7 +162,7 @@ def main() -> None:
     shown = ", ".join(f"{n} {ms:.3f} ms" for n, ms in measured.items())
     print(f"per cycle: loopledger {value:.3f} ms; {shown or 'no peer'}; bare fsync'd commit {bare / 1e3:.3f} ms")
     if not measured:
-        report("peer_cycle", value=value, unit="ms/cycle", baseline=0.0, goal=0.3, n=cycles, best_peer=None,
+        report("peer_cycle", value=value, unit="ms/cycle", baseline=None, goal=0.3, n=cycles, best_peer=None,
                missing=missing, bare_commit_ms=round(bare / 1e3, 3))
         return
     best = min(measured, key=measured.__getitem__)

@@ -43,9 +43,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for line in lines[:-1]:
             print(f"# {name}: {line}")
+        def strict(constant: str) -> None:
+            raise ValueError(f"{constant} is not JSON")
+
         try:
-            json.loads(lines[-1])
-        except json.JSONDecodeError:
+            json.loads(lines[-1], parse_constant=strict)
+        except ValueError:
             failed += 1
             print(f"# {name}: last line is not JSON: {lines[-1]}", file=sys.stderr)
             continue

@@ -21,6 +21,10 @@ def _external_data() -> bool:
     return any((folder / "shared" / "datasets" / "external").is_dir() for folder in (ROOT, *ROOT.parents))
 
 
+def _not_json(constant: str) -> None:
+    raise AssertionError(f"{constant} in a result line is not JSON")
+
+
 def test_every_benchmark_runs_and_reports() -> None:
     names = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
     if not _external_data():
@@ -28,11 +32,14 @@ def test_every_benchmark_runs_and_reports() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", *names],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    # Strict JSON: Python's json reads NaN and Infinity, which are not JSON.
+    lines = [json.loads(line, parse_constant=_not_json) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert sorted(line["name"] for line in lines) == names
     for line in lines:
         assert KEYS <= line.keys(), line
         assert line["value"] > 0, line
         # peer_cycle's baseline is the best peer; without the `bench` extra
         # installed there is none, and the line says which are missing.
-        assert line["baseline"] > 0 or line.get("missing"), line
+        assert (line["baseline"] or 0) > 0 or line.get("missing"), line
+        if line["baseline"] is None:
+            assert line["ratio"] is None and line["met"] is False, line
