@@ -126,7 +126,7 @@ def fingerprint(record: Any) -> str:
 
 
 #: A source name: it becomes the runs' tenant and the start of their ids.
-SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
 
 
 def identifier(value: Any, file: str, where: str) -> str:

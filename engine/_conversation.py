@@ -38,7 +38,7 @@ from typing import Any
 #: Walking a chain longer than this means the links form a cycle.
 MAX_CHAIN = 100_000
 
-_NAME_OK = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_NAME_OK = re.compile(r"^[a-zA-Z0-9_-]{1,64}\Z")
 
 
 def conversation(context_id: str | None, get_context: Callable[[str], dict[str, Any]]) -> list[dict[str, Any]]:

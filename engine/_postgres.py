@@ -106,7 +106,7 @@ def connect(url: str) -> Any:
 
 
 _SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
-_WHOLE = re.compile(r"^\d+$")
+_WHOLE = re.compile(r"^\d+\Z")
 
 
 def _check_settings(url: str, given: dict[str, Any]) -> None:

@@ -46,7 +46,7 @@ REASONS = frozenset({
     "policy", "cancelled", "expired", "waiting_for_user", "waiting_for_approval", "waiting_for_tool",
 })
 #: A scenario id is part of run ids, file names and workspace folders.
-SCENARIO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
+SCENARIO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}\Z")
 
 
 def _stored(info: ValidationInfo) -> bool:
@@ -275,8 +275,8 @@ class Scenario(_Strict):
         if _stored(info):  # the run's id was made from it already
             return value
         if not SCENARIO_ID.match(value):
-            raise ValueError("expected a name of letters, digits and '_', '.', ':', '@', '+', '-' (at most 128, "
-                             "starting with a letter or digit)")
+            raise ValueError("expected a name of ASCII letters and digits and '_', '.', ':', '@', '+', '-' (at most "
+                             "128, starting with a letter or digit)")
         return value
 
     @field_validator("tenant")
@@ -285,8 +285,8 @@ class Scenario(_Strict):
         from ._workspace import TENANT_NAME
 
         if not TENANT_NAME.match(value):
-            raise ValueError("expected a name of letters, digits, '_', '.' or '-' (at most 64, not starting "
-                             "with '.', '_' or '-')")
+            raise ValueError("expected a name of ASCII letters and digits, '_', '.' or '-' (at most 64, not "
+                             "starting with '.', '_' or '-')")
         return value
 
     @field_validator("faults")

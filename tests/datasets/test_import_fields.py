@@ -216,6 +216,7 @@ OPENAI_CASES = [
     (_meta(id=[1]), "metadata.id", "expected a string or an integer, got a list"),
     (_meta(id=True), "metadata.id", "expected a string or an integer, got a boolean"),
     (_meta(source=1), "metadata.source", "expected a string, got an integer"),
+    (_meta(source="bot\n"), "metadata.source", "expected a name of letters"),
     (_meta(termination={}), "metadata.termination", "expected a string, got an object"),
     (_meta(reward="1"), "metadata.reward", "expected a number, got a string"),
     (_meta(reward=True), "metadata.reward", "expected a number, got a boolean"),

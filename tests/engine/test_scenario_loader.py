@@ -54,7 +54,9 @@ model:
         ("id: a\ncontract: {goal: g}\nmodel: {v1: nope}\n", "s.yaml: model.v1", "expected a list, got 'nope'"),
         ("id: a\ncontract: {goal: g}\nuser: [5]\n", "s.yaml: user[0]", "expected a mapping, got 5"),
         ("", "s.yaml", "the file holds no scenario"),
-        ("id: a b\ncontract: {goal: g}\n", "s.yaml: id", "expected a name of letters, digits"),
+        ("id: a b\ncontract: {goal: g}\n", "s.yaml: id", "expected a name of ASCII letters and digits"),
+        ("id: \"a\\n\"\ncontract: {goal: g}\n", "s.yaml: id", "expected a name of ASCII letters and digits"),
+        ("id: remboursement-été\ncontract: {goal: g}\n", "s.yaml: id", "expected a name of ASCII letters"),
         ("- just\n- a list\n", "s.yaml", "mapping"),
         ("id: a\ncontract: {goal: g}\nexpect: {status: DONE}\n", "s.yaml: expect.status",
          "expected a run state (READY, "),
@@ -124,7 +126,7 @@ def test_a_script_needs_a_list_for_the_prompt_version(tmp_path: Path) -> None:
 
 
 def test_a_tenant_names_a_folder(tmp_path: Path) -> None:
-    with pytest.raises(BadInput, match=r"s\.yaml: tenant: expected a name of letters.*got '\.\./globex'"):
+    with pytest.raises(BadInput, match=r"s\.yaml: tenant: expected a name of ASCII letters.*got '\.\./globex'"):
         load_scenario(write(tmp_path, "id: a\ntenant: ../globex\ncontract: {goal: g}\n"))
 
 
