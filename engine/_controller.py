@@ -40,6 +40,7 @@ from itertools import islice
 from functools import lru_cache
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from loopledger.canonical import loads
@@ -114,8 +115,11 @@ class Controller(PeopleMixin):
         config_for: Callable[[RunRecord], RunConfig],
         secret: bytes,
         sleep: Callable[[float], None] = time.sleep,
+        prompts: Path | None = None,
     ) -> None:
         self.secret = secret
+        #: The data directory's own prompt versions (``<home>/prompts``), read before the bundled ones.
+        self.prompts = prompts
         self._contexts: OrderedDict[str, tuple[dict[str, Any], Context | None]] = OrderedDict()
         #: Candidates just recorded, read back from their canonical text
         #: (exactly what the journal returns) by the validation that follows.
@@ -355,7 +359,7 @@ class Controller(PeopleMixin):
         whole conversation, and a step's cost does not grow with it."""
         scenario = config.scenario
         if view.context_id is None:
-            prompt = load_prompt(view.prompt_version)
+            prompt = load_prompt(view.prompt_version, self.prompts)
             prompt_hash = prompt.sha256
             messages = [
                 {"role": "system", "content": prompt.text},

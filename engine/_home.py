@@ -44,6 +44,11 @@ class Home:
         return self.root / "traces"
 
     @property
+    def prompts(self) -> Path:
+        """The data directory's own prompt versions (``NAME.md``)."""
+        return self.root / "prompts"
+
+    @property
     def replays(self) -> Path:
         return self.root / "replays"
 

@@ -204,7 +204,8 @@ class Runner:
         self.store = home.open_store()
         #: The tool backends, made from the data directory (the demo ones by default).
         self.backend = backend(home.root)
-        self.controller = Controller(self.store, self.backend, config_for, load_secret(home.root), sleep=sleep)
+        self.controller = Controller(self.store, self.backend, config_for, load_secret(home.root), sleep=sleep,
+                                     prompts=home.prompts)
         # Written before the terminal state, so a crash right after it
         # cannot lose them (a run in FINALIZING is resumed; a terminal one
         # is not).
@@ -236,7 +237,7 @@ class Runner:
                 task_id=scenario.id,
                 tenant=scenario.tenant,
                 prompt_version=prompt_version,
-                prompt_hash=load_prompt(prompt_version).sha256,
+                prompt_hash=load_prompt(prompt_version, self.home.prompts).sha256,
                 model_route=model_route,
                 spec=scenario.spec(),
                 backend_id=getattr(self.backend, "identity", None),

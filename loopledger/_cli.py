@@ -349,7 +349,8 @@ def _outcome_json(outcome: Any) -> dict[str, Any]:
 def run(
     paths: Annotated[list[Path], typer.Argument(help="Scenario files, or folders of *.yaml.")],
     prompt_version: Annotated[str, typer.Option(
-        "--prompt-version", help="Prompt version to run: a file engine/prompts/NAME.md.")] = "v1",
+        "--prompt-version", help="Prompt version to run: a file HOME/prompts/NAME.md, or a bundled one "
+                                 "(v1, v2).")] = "v1",
     model: Annotated[str, typer.Option(
         "--model", help="Model route: scripted (the scenario's script), openai:MODEL or anthropic:MODEL "
                         "(the scenario's model: entries are then ignored).")] = "scripted",
@@ -369,7 +370,8 @@ def run(
     from loopledger.engine._routes import settings_for
 
     settings_for(model)  # the SDK and the key, before anything is recorded
-    check_prompt_version(prompt_version)
+    where = _home(home, store)
+    check_prompt_version(prompt_version, where.prompts)
     scenarios = load_scenarios(paths)
     if not scenarios:
         raise BadInput(" ".join(map(str, paths)), "no scenario (*.yaml) found")
@@ -377,7 +379,7 @@ def run(
         check_tools(scenario)
         if model == "scripted":
             check_script(scenario, prompt_version)
-    runner = Runner(_home(home, store))
+    runner = Runner(where)
     try:
         created = list(zip(runner.create_all([(s, prompt_version) for s in scenarios], model), scenarios))
         scenario_of = dict(created)

@@ -48,3 +48,48 @@ def test_the_hash_is_on_every_context_and_candidate_of_a_run(tmp_path: Path) -> 
             assert (context["prompt_version"], context["prompt_hash"]) == ("v2", expected)
     finally:
         runner.close()
+
+
+def test_a_home_adds_its_own_prompt_versions(tmp_path: Path) -> None:
+    """``<home>/prompts/NAME.md`` is a version of that home, first before the
+    bundled ones: chosen with --prompt-version, its text is the run's system
+    message and its hash is on the run, its contexts and candidates."""
+    import json
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    (home / "prompts").mkdir(parents=True)
+    (home / "prompts" / "terse.md").write_bytes(b"You are terse.\n")
+    (home / "prompts" / "v2.md").write_bytes(b"This home's own v2.\n")
+    scenario = tmp_path / "pv.yaml"
+    scenario.write_text("id: pv\ncontract: {goal: g}\nmodel: {default: [{final: a}], terse: [{final: b}]}\n")
+    cli = [sys.executable, "-c", "from loopledger._cli import main; main()"]
+
+    def run(version: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, "run", str(scenario), "--prompt-version", version, "--json", "--home", str(home)],
+                              capture_output=True, text=True, timeout=120)
+
+    for version, data, answer in (("terse", b"You are terse.\n", "b"), ("v2", b"This home's own v2.\n", "a")):
+        done = run(version)
+        assert done.returncode == 0, done.stderr
+        run_id = json.loads(done.stdout)["run_id"]
+        runner = Runner(Home.resolve(home, None))
+        try:
+            record = runner.store.get_run(run_id)
+            assert (record.prompt_version, record.prompt_hash) == (version, hashlib.sha256(data).hexdigest())
+            (row,) = runner.store.facts("candidates", run_id)
+            context = runner.store.get_artifact(row["context_artifact_id"])
+            assert context["messages"][0] == {"role": "system", "content": data.decode().strip()}
+            assert context["prompt_hash"] == record.prompt_hash
+            candidate = runner.store.get_artifact(row["candidate_id"])
+            assert candidate["prompt_version"] == version
+            assert candidate["items"] == [{"type": "text", "text": answer}]  # the version's own script
+        finally:
+            runner.close()
+    assert versions(home / "prompts") == sorted({*versions(), "terse"})
+    for bad, said in (("v9", "no prompt file for 'v9'"), ("v3.1", "expected a name of ASCII letters"),
+                      ("../terse", "expected a name of ASCII letters")):
+        refused = run(bad)
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
