@@ -39,7 +39,7 @@ from loopledger._args import as_path
 
 from ._errors import BaselineNotFound, ReplayInputError, SuiteNotFound, WorkerLost
 from ._result import REPLAY_ID, ReplayResult, RunReplay, Summary
-from ._traces import (BASELINE_COLUMNS, TraceSet, _files_sql, check_verdicts, open_traces, table_files,
+from ._traces import (BASELINE_COLUMNS, ReadLock, TraceSet, _files_sql, check_verdicts, open_traces, table_files,
                       write_partitions)
 from ._worker import Job, SuiteRef, remember, run_job, warm
 
@@ -268,6 +268,16 @@ def replay_many(traces: str | os.PathLike[str], suites: SuiteLike | Sequence[Sui
 
 def _replay(request: _Request) -> dict[str, ReplayResult]:
     started = time.perf_counter()
+    # Held until the traces are partitioned: exports wait, so every file read
+    # belongs to one consistent set (see ReadLock).
+    reading = ReadLock(request.traces)
+    try:
+        return _replay_locked(request, reading, started)
+    finally:
+        reading.release()
+
+
+def _replay_locked(request: _Request, reading: ReadLock, started: float) -> dict[str, ReplayResult]:
     baseline, replays = request.baseline, request.replays
     trace_set = open_traces(request.traces, need_validations=baseline == "recorded")
     baseline_files = _baseline_files(trace_set, baseline, replays)
@@ -299,6 +309,7 @@ def _replay(request: _Request) -> dict[str, ReplayResult]:
         if procs > 1:
             pool = _start_pool(procs - 1, refs, ids)
         write_partitions(trace_set, baseline_files, work, parts, threads=cores)
+        reading.release()  # the partitions are the replay's own copy
         jobs = [Job(work, k, refs, ids, tuple(outputs), True, baseline == "recorded") for k in range(parts)]
         per_suite: list[list[RunReplay]] = [[] for _ in request.suites]
         for partial in _run(jobs, pool, procs - 1):
