@@ -61,6 +61,10 @@ OWNER_FILE = ".journal"
 COMPRESSION = "zstd"
 
 
+_REMAKE = ("restore the marker, or move {traces} aside and run `loopledger export` to write the traces again from "
+           "the journal")
+
+
 def has_segments(traces: Path) -> bool:
     """Whether a traces folder holds any table's segment: exported or
     imported rows, which only the journal they belong to may add to."""
@@ -188,30 +192,64 @@ class Recorder:
         """Check the folder's marker (or write it); return the folder's id."""
         journal_id = self.store.journal_id()
         marker = self.traces / OWNER_FILE
+        segments = has_segments(self.traces)
         if marker.exists():
-            owner, _, traces_id = marker.read_text().strip().partition("\n")
+            owner, traces_id = self._read_marker(marker)
             if owner != journal_id:
                 raise JournalError(f"{self.traces}: these traces were exported from another journal (id {owner}; "
-                                   f"this one is {journal_id}); give this journal a --home of its own")
-            self._traces_id = traces_id.strip()
-            return self._traces_id
+                                   f"this one is {journal_id}{self._if_empty()}); give this journal a --home of "
+                                   "its own")
+            if segments and not self._exported_to(traces_id):
+                # Its exports are not this journal's record of the folder: an
+                # export would write every row again beside the ones there.
+                raise JournalError(f"{marker}: names a folder id ({traces_id or 'none'}) this journal never "
+                                   f"exported to, beside exported segments; {_REMAKE.format(traces=self.traces)}")
+            self._traces_id = traces_id
+            return traces_id
         traces_id = secrets.token_hex(8)
         # Segments written before folders named their journal: adopted by a
         # journal that has exported before (the folder of its exports made
         # before they were tracked per folder, id ''), refused by a new one.
-        if has_segments(self.traces):
-            with self.store._lock:
-                exported = self.store.execute(
-                    self.store._conn, "SELECT 1 FROM exports WHERE traces_id = '' LIMIT 1").fetchone()
-            if exported is None:
-                raise JournalError(f"{self.traces}: these traces were exported from another journal; "
-                                   f"give this journal a --home of its own")
+        if segments:
+            if not self._exported_to(""):
+                raise JournalError(f"{self.traces}: holds exported segments but no marker ({OWNER_FILE}) saying "
+                                   f"which journal they came from, and this journal{self._if_empty()} did not "
+                                   f"export them before folders were marked; {_REMAKE.format(traces=self.traces)}")
             traces_id = ""
         tmp = marker.with_name(marker.name + ".tmp")
         tmp.write_text(f"{journal_id}\n{traces_id}\n")
         _durable_replace(tmp, marker)
         self._traces_id = traces_id
         return traces_id
+
+    @staticmethod
+    def _read_marker(marker: Path) -> tuple[str, str]:
+        """(journal id, folder id) from a marker as :meth:`_claim` writes it:
+        ``"<journal id>\\n<folder id>\\n"`` (the folder id empty for a
+        folder adopted from before markers); anything else is refused."""
+        try:
+            text = marker.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        lines = text.split("\n") if text is not None else []
+        if len(lines) != 3 or lines[2] or not lines[0].strip() or lines[0] != lines[0].strip() \
+                or lines[1] != lines[1].strip():
+            raise JournalError(f"{marker}: not a traces marker (expected the journal's id and the folder's id, one "
+                               f"per line, as an export writes it): it was changed or cut short; "
+                               f"{_REMAKE.format(traces=marker.parent)}")
+        return lines[0], lines[1]
+
+    def _exported_to(self, traces_id: str) -> bool:
+        with self.store._lock:
+            return self.store.execute(self.store._conn, "SELECT 1 FROM exports WHERE traces_id = ? LIMIT 1",
+                                      (traces_id,)).fetchone() is not None
+
+    def _if_empty(self) -> str:
+        """A note for a journal that holds no run: a journal file replaced or
+        emptied is the likelier story than two journals."""
+        with self.store._lock:
+            any_run = self.store.execute(self.store._conn, "SELECT 1 FROM runs LIMIT 1").fetchone()
+        return "" if any_run is not None else ", and it holds no run: was the journal file replaced or emptied?"
 
     def _export(self) -> ExportResult:
         traces_id = self._claim()

@@ -748,13 +748,42 @@ def test_segments_from_before_folders_named_their_journal(store: Any, traces: Pa
         conn.close()
     fresh = SQLiteRunStore(tmp_path / "fresh.sqlite")
     try:
-        with pytest.raises(JournalError, match="exported from another journal"):
+        with pytest.raises(JournalError, match="holds exported segments but no marker"):
             Recorder(fresh, traces).claim()
     finally:
         fresh.close()
     Recorder(store, traces).claim()
     assert (traces / ".journal").read_text().split() == [store.journal_id()]
     advance(store, "a")
+    Recorder(store, traces).export()
+    assert_traces_equal_journal(traces, journal)
+
+
+@pytest.mark.parametrize("damage", ["not utf-8", "folder id cut off", "empty", "deleted", "folder id changed"])
+def test_a_damaged_marker_is_refused_and_nothing_is_written_twice(store: Any, traces: Path, journal: Journal,
+                                                                  damage: str) -> None:
+    """A marker that was cut short or changed could make an export take the
+    folder for one it never wrote to and publish every row again beside the
+    ones there: it is refused, naming the marker and the way back (move the
+    folder aside: the next export writes it whole from the journal)."""
+    from loopledger.engine import JournalError
+
+    populate(store, "a")
+    Recorder(store, traces).export()
+    marker = traces / ".journal"
+    journal_id, folder_id = marker.read_text().split("\n")[:2]
+    damaged = {"not utf-8": b"\xff\n", "folder id cut off": f"{journal_id}\n".encode(), "empty": b"",
+               "deleted": None, "folder id changed": f"{journal_id}\n{'0' * 16}\n".encode()}[damage]
+    if damaged is None:
+        marker.unlink()
+    else:
+        marker.write_bytes(damaged)
+    advance(store, "a")
+    before = {t: read_parquet(traces, t) for t in ("runs", "events")}
+    with pytest.raises(JournalError, match="move .* aside and run `loopledger export`"):
+        Recorder(store, traces).export()
+    assert {t: read_parquet(traces, t) for t in ("runs", "events")} == before
+    shutil.move(traces, traces.with_name("traces.damaged"))
     Recorder(store, traces).export()
     assert_traces_equal_journal(traces, journal)
 
