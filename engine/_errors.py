@@ -5,6 +5,7 @@
     └── EngineError
         ├── JournalError              the journal cannot be used (exit 3)
         │   ├── MigrationError
+        │   ├── JournalTooNew         a schema migrated by a newer loopledger
         │   └── SchemaVersionError    a record newer than this code understands
         ├── UnknownRun
         ├── ModelError                a model provider call failed (``retryable``
@@ -135,6 +136,19 @@ class SchemaVersionError(JournalError):
         self.table = table
         self.found = found
         self.supported = supported
+
+
+class JournalTooNew(JournalError):
+    """The journal's schema was migrated by a newer loopledger than this one."""
+
+    code = "journal_too_new"
+
+    def __init__(self, found: int, known: int, where: str = "the journal") -> None:
+        super().__init__(f"{where}: its schema is at version {found}, newer than this loopledger knows ({known}): "
+                         "a newer loopledger wrote it; use that version (or a newer one) with this journal")
+        self.found = found
+        self.known = known
+        self.where = where
 
 
 class UnknownRun(EngineError):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from ._errors import MigrationError
+from ._errors import JournalTooNew, MigrationError
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -102,6 +102,11 @@ def migrate(conn: Any, target: MigrationTarget, now_us: int, upto: int | None = 
     migrations = load_migrations(target.dialect)
     p = target.placeholder()
     target.create_version_table(conn)
+    found = current_version(conn)
+    if found > len(migrations):
+        # Written by a newer loopledger: its tables may have changed in ways
+        # this one would misread or damage. Nothing is written.
+        raise JournalTooNew(found, len(migrations))
     for migration in migrations:
         if upto is not None and migration.version > upto:
             break

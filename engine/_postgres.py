@@ -40,7 +40,7 @@ import sqlite3
 from typing import Any
 
 from ._clock import now_us
-from ._errors import BadInput, JournalError
+from ._errors import BadInput, JournalError, JournalTooNew
 from ._migrate import VERSION_TABLE, MigrationTarget, migrate
 from ._store import SQLRunStore, claim_key
 
@@ -168,6 +168,9 @@ class PostgresRunStore(SQLRunStore):
         self._conn = self._connect()
         try:
             self.schema_version = migrate(self._conn, POSTGRES_MIGRATIONS, now_us(), upto=migrate_to)
+        except JournalTooNew as exc:
+            self._conn.close()
+            raise JournalTooNew(exc.found, exc.known, redact(self.url)) from None
         except Exception:
             self._conn.close()
             raise

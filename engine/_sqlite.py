@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ._clock import now_us
-from ._errors import JournalError
+from ._errors import JournalError, JournalTooNew
 from ._migrate import MigrationTarget, current_version, load_migrations, migrate
 from ._store import SQLRunStore, claim_key
 
@@ -129,6 +129,9 @@ class SQLiteRunStore(SQLRunStore):
                 self.schema_version = _schema_as_is(self._conn, self.path)
             else:
                 self.schema_version = migrate(self._conn, SQLITE_MIGRATIONS, now_us(), upto=migrate_to)
+        except JournalTooNew as exc:
+            self._conn.close()
+            raise JournalTooNew(exc.found, exc.known, str(self.path)) from None
         except Exception:
             self._conn.close()
             raise

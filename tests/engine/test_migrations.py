@@ -238,6 +238,27 @@ def test_an_edited_applied_migration_is_detected(tmp_path: Path, monkeypatch: py
     assert "changed" in str(caught.value)
 
 
+def test_a_journal_migrated_by_a_newer_loopledger_is_refused_and_not_written(tmp_path: Path) -> None:
+    """Its tables may have changed in ways this version would misread or
+    damage: one error naming the journal and both versions (exit 3 from the
+    commands), and the file is left as it was."""
+    from loopledger.engine._errors import JournalTooNew
+
+    path = tmp_path / "journal.sqlite"
+    SQLiteRunStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO schema_migrations VALUES (?, 'from_the_future', 'x', 0)", (latest() + 1,))
+    conn.commit()
+    conn.close()
+    before = _journal_files(tmp_path)
+    with pytest.raises(JournalTooNew) as caught:
+        SQLiteRunStore(path)
+    assert (caught.value.found, caught.value.known) == (latest() + 1, latest())
+    assert str(caught.value).startswith(f"{path}: its schema is at version {latest() + 1}, newer than")
+    assert isinstance(caught.value, JournalError)
+    assert _journal_files(tmp_path) == before
+
+
 def test_load_migrations_refuses_a_gap_and_ignores_other_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "fake_migrations_pkg"
     folder = package / "migrations" / "sqlite"

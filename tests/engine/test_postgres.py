@@ -161,6 +161,22 @@ def test_a_failing_migration_changes_nothing(postgres_url: str, monkeypatch: pyt
         store.close()
 
 
+def test_a_database_migrated_by_a_newer_loopledger_is_refused(postgres_url: str) -> None:
+    import psycopg
+
+    from loopledger.engine._errors import JournalTooNew
+
+    store = PostgresRunStore(postgres_url)
+    latest = store.schema_version
+    store.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO schema_migrations VALUES (%s, 'from_the_future', 'x', 0)", (latest + 1,))
+    with pytest.raises(JournalTooNew, match=f"its schema is at version {latest + 1}, newer than") as caught:
+        PostgresRunStore(postgres_url)
+    assert caught.value.known == latest
+    assert [v for v, _, _ in applied(postgres_url)] == list(range(1, latest + 2))
+
+
 def test_an_edited_applied_migration_is_detected(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     PostgresRunStore(postgres_url).close()
     edited = [
