@@ -41,7 +41,7 @@ from ._errors import BaselineNotFound, ReplayInputError, SuiteNotFound, WorkerLo
 from ._result import REPLAY_ID, ReplayResult, RunReplay, Summary
 from ._traces import (BASELINE_COLUMNS, ReadLock, TraceSet, _files_sql, check_verdicts, open_traces, table_files,
                       write_partitions)
-from ._worker import Job, SuiteRef, remember, run_job, warm
+from ._worker import Job, SuiteRef, remember, run_job, warm, watch_parent
 
 #: Candidates per partition: a partition's rows (bodies included) are held
 #: in one worker's memory, so this bounds a worker's footprint.
@@ -138,8 +138,10 @@ def _new_ids(replay_ids: list[tuple[str, Any]], replays: Path | None) -> tuple[s
         if replays is not None and (replays / rid).exists():
             raise ReplayInputError(argument, f"a replay {rid!r} already exists in {replays}; expected a new id")
         if replays is not None and (replays / f"{rid}.partial").exists():
-            raise ReplayInputError(argument, f"{replays / rid}.partial exists: a replay with this id is under way "
-                                             "or was interrupted; expected a new id (or remove that folder)")
+            _sweep(replays)  # a killed replay's folder frees its id
+            if (replays / f"{rid}.partial").exists():
+                raise ReplayInputError(argument, f"{replays / rid}.partial exists: a replay with this id is under "
+                                                 "way (or was killed less than a minute ago); expected a new id")
     return tuple(rid for _, rid in replay_ids)
 
 
@@ -292,12 +294,14 @@ def _replay_locked(request: _Request, reading: ReadLock, started: float) -> dict
     # process starts at once while the spawned ones are still importing, and
     # whichever is faster takes more.
     parts = max(procs * PARTS_PER_PROCESS if procs > 1 else 1, math.ceil(n / PART_CANDIDATES), 1)
+    holds = _Holds()
     if request.write:
         try:
             replays.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ReplayInputError("write_to", f"cannot make the folder {replays} ({exc.strerror or exc})") from None
-        _claim_outputs(outputs, ids, request.id_arguments)
+        _sweep(replays)
+        _claim_outputs(outputs, ids, request.id_arguments, holds)
     refs = tuple(ref for _, _, ref in request.suites)
     for _, suite, ref in request.suites:
         remember(ref, ids, suite)
@@ -305,7 +309,8 @@ def _replay_locked(request: _Request, reading: ReadLock, started: float) -> dict
     pool: ProcessPoolExecutor | None = None
     results: dict[str, ReplayResult] = {}
     try:
-        work = Path(tempfile.mkdtemp(prefix=".replay-work-", dir=replays if request.write else None))
+        work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=replays if request.write else None))
+        holds.take(work)
         if procs > 1:
             pool = _start_pool(procs - 1, refs, ids)
         write_partitions(trace_set, baseline_files, work, parts, threads=cores)
@@ -333,10 +338,67 @@ def _replay_locked(request: _Request, reading: ReadLock, started: float) -> dict
             pool.shutdown(wait=True, cancel_futures=True)
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
+        holds.release()
     return results
 
 
-def _claim_outputs(outputs: Sequence[Path | None], ids: Sequence[str], arguments: Sequence[str]) -> None:
+#: The folder a replay partitions the traces into, beside its outputs.
+WORK_PREFIX = ".replay-work-"
+#: A working folder younger than this is never swept: its replay locks it
+#: the moment it makes it, so an unlocked one this old was left by a replay
+#: that was killed.
+SWEEP_AFTER_S = 60.0
+
+
+class _Holds:
+    """The replay's working folders (``<id>.partial``, its work folder),
+    each locked (``flock`` on the folder) while the replay lives: the kernel
+    drops the locks of a process that was killed, which is how a later
+    replay tells those folders from the ones of a replay under way."""
+
+    def __init__(self) -> None:
+        self._fds: list[int] = []
+
+    def take(self, folder: Path) -> None:
+        import fcntl
+
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._fds.append(fd)
+
+    def release(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+def _sweep(replays: Path) -> None:
+    """Remove the working folders that killed replays left in ``replays``
+    (an interrupted replay's ``<id>.partial``, whose id is then free again,
+    and its work folder): unlocked, and older than :data:`SWEEP_AFTER_S`."""
+    import fcntl
+
+    now = time.time()
+    for folder in replays.iterdir():
+        if not (folder.name.endswith(".partial") or folder.name.startswith(WORK_PREFIX)):
+            continue
+        try:
+            if not folder.is_dir() or now - folder.stat().st_mtime < SWEEP_AFTER_S:
+                continue
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(folder, ignore_errors=True)
+        except BlockingIOError:
+            pass  # a replay under way holds it
+        finally:
+            os.close(fd)
+
+
+def _claim_outputs(outputs: Sequence[Path | None], ids: Sequence[str], arguments: Sequence[str],
+                   holds: _Holds) -> None:
     """Make each replay's ``<id>.partial`` folder, which is its claim on
     the id: a second replay given the same id at the same moment finds the
     folder made (or the finished replay, if the first one was quicker) and
@@ -350,9 +412,10 @@ def _claim_outputs(outputs: Sequence[Path | None], ids: Sequence[str], arguments
             try:
                 out.mkdir()
             except FileExistsError:
-                raise ReplayInputError(argument, f"{out} exists: a replay with this id is under way or was "
-                                                    "interrupted; expected a new id (or remove that folder)") from None
+                raise ReplayInputError(argument, f"{out} exists: a replay with this id is under way (or was "
+                                                    "killed less than a minute ago); expected a new id") from None
             made.append(out)
+            holds.take(out)
             final = out.with_name(rid)
             if final.exists():
                 raise ReplayInputError(argument, f"a replay {rid!r} already exists in {out.parent}; "
@@ -360,6 +423,7 @@ def _claim_outputs(outputs: Sequence[Path | None], ids: Sequence[str], arguments
     except BaseException:
         for out in made:
             shutil.rmtree(out, ignore_errors=True)
+        holds.release()
         raise
 
 
@@ -370,7 +434,8 @@ def _start_pool(size: int, refs: tuple[SuiteRef, ...], replay_ids: tuple[str, ..
 
     # spawn, not fork: the parent may hold DuckDB's and polars' thread pools,
     # which a forked child would inherit half-locked.
-    pool = ProcessPoolExecutor(max_workers=size, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=size, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=watch_parent, initargs=(os.getpid(),))
     for _ in range(size):
         pool.submit(warm, refs, replay_ids)
     return pool

@@ -64,3 +64,76 @@ def test_the_read_lock_is_shared_and_keeps_exports_out(tmp_path: Path) -> None:
     # A folder where no lock file can be made (missing, or a read-only copy) is read without one.
     ReadLock(tmp_path / "missing").release()
     assert not (tmp_path / "missing").exists()
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_the_workers_of_a_killed_replay_end_with_it(recorded_home: Path, tmp_path: Path) -> None:
+    """Killed outright, a replay cannot shut its pool down: each worker
+    watches its parent and ends when it is gone, instead of waiting on the
+    pool's queue for ever."""
+    import signal
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    replay = subprocess.Popen([LOOPLEDGER, "replay", "--suite", "default", "--traces", str(recorded_home / "traces"),
+                               "--home", str(tmp_path / "out"), "--workers", "2"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    workers: set[int] = set()
+    deadline = time.monotonic() + 60
+    while not workers and time.monotonic() < deadline and replay.poll() is None:
+        workers = {pid for pid in _children(replay.pid)
+                   if b"multiprocessing" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+        time.sleep(0.05)
+    assert workers, "the replay started no worker process"
+    replay.send_signal(signal.SIGKILL)
+    replay.wait()
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in workers if _alive(pid)]
+
+
+def test_folders_left_by_killed_replays_are_swept(recorded_home: Path, tmp_path: Path) -> None:
+    """An interrupted replay's ``<id>.partial`` and work folder: removed by
+    the next replay once nobody holds their lock (its id is free again);
+    those of a replay under way (locked) and brand-new ones stay."""
+    from loopledger.replay import replay
+
+    replays = tmp_path / "replays"
+    killed, work, busy, young = (replays / "killed.partial", replays / ".replay-work-dead",
+                                 replays / "busy.partial", replays / "young.partial")
+    for folder in (killed, work, busy, young):
+        folder.mkdir(parents=True)
+        (folder / "part-00000.parquet").write_bytes(b"half written")
+    old = time.time() - 3600
+    for folder in (killed, work, busy):
+        os.utime(folder, (old, old))
+    fd = os.open(busy, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as the replay writing it holds it
+        result = replay(recorded_home / "traces", "default", write_to=replays, replay_id="killed")
+    finally:
+        os.close(fd)
+    assert result.path == replays / "killed" and result.summary.flips == 0
+    assert not killed.exists() and not work.exists()
+    assert busy.is_dir() and young.is_dir()
+    assert sorted(p.name for p in replays.iterdir()) == ["busy.partial", "killed", "young.partial"]
