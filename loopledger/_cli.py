@@ -147,7 +147,22 @@ def _failed_database(exc: BaseException, store: str | None) -> str:
         from loopledger.engine._postgres import redact
 
         return f"journal: {redact(store)}"
-    return "database"
+    return str(_sqlite_file(exc) or "database")
+
+
+def _sqlite_file(exc: BaseException) -> Path | None:
+    """The SQLite file an error came from: the ``path`` of the innermost
+    loopledger object on the traceback that has one (the journal's store,
+    the demo backends), since sqlite3's errors do not name their file."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        path = getattr(owner, "path", None)
+        if isinstance(path, Path) and type(owner).__module__.startswith("loopledger."):
+            found = path
+        tb = tb.tb_next
+    return found
 
 
 def _is_database_error(exc: BaseException) -> bool:

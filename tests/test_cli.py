@@ -138,6 +138,24 @@ def test_demo_backends_that_are_not_a_database_are_an_infrastructure_failure(tmp
     assert sqlite3.connect(home / "journal.sqlite").execute("SELECT run_id, state FROM runs").fetchall() == runs
 
 
+def test_a_journal_damaged_inside_is_named_in_the_error(tmp_path: Path) -> None:
+    """SQLite's errors do not name their file: the message does, so a user
+    knows which of the home's databases to look at (here a page of rows
+    damaged after the journal opened fine)."""
+    home = tmp_path / "home"
+    refund = Path(__file__).resolve().parents[1] / "datasets" / "scenarios" / "happy-refund.yaml"
+    for _ in range(3):
+        assert cli("run", str(refund), "--home", str(home)).returncode == 0
+    journal = home / "journal.sqlite"
+    with open(journal, "r+b") as handle:
+        handle.seek(journal.stat().st_size // 2)
+        handle.write(b"\x00garbage" * 512)
+    (home / "traces").rename(home / "traces.old")  # so that the export reads every row
+    result = cli("export", "--home", str(home))
+    assert result.returncode == 3, result.stderr
+    assert_one_clear_line(result.stderr, f"{journal}: ", "malformed")
+
+
 def test_export_creates_the_home_and_every_table(tmp_path: Path) -> None:
     home = tmp_path / "new" / "home"
     result = cli("export", "--home", str(home))
