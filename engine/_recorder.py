@@ -71,6 +71,31 @@ def has_segments(traces: Path) -> bool:
     return any(next((traces / name).glob("seg-*.parquet"), None) for name in TABLES)
 
 
+class ReadLock:
+    """The traces folder's export lock, held shared by a reader (a replay, a
+    page of the UI) while it lists and reads the trace files: an export,
+    import or compaction (which hold it exclusively while they publish)
+    then waits, so the reader sees one consistent set of files, never one
+    table's new segment without the others', nor a segment a compaction has
+    just removed. Readers read side by side. A folder where the lock file
+    cannot be made (a read-only copy, which nobody exports into) is read
+    without it."""
+
+    def __init__(self, traces: Path) -> None:
+        self._handle: Any = None
+        try:
+            self._handle = open(traces / LOCK_FILE, "a+b")  # noqa: SIM115 - released by release()
+        except OSError:
+            return
+        fcntl.flock(self._handle.fileno(), fcntl.LOCK_SH)
+
+    def release(self) -> None:
+        """Let exports go on (idempotent)."""
+        if self._handle is not None:
+            self._handle.close()  # closing the file drops its lock
+            self._handle = None
+
+
 @dataclass
 class ExportResult:
     export_id: int | None

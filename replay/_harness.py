@@ -39,7 +39,7 @@ from loopledger._args import as_path
 
 from ._errors import BaselineNotFound, ReplayInputError, SuiteNotFound, WorkerLost
 from ._result import REPLAY_ID, ReplayResult, RunReplay, Summary
-from ._traces import (BASELINE_COLUMNS, ReadLock, TraceSet, _files_sql, check_verdicts, open_traces, table_files,
+from ._traces import (BASELINE_COLUMNS, TraceSet, _files_sql, check_verdicts, open_traces, table_files,
                       write_partitions)
 from ._worker import Job, SuiteRef, remember, run_job, warm, watch_parent
 
@@ -272,6 +272,8 @@ def _replay(request: _Request) -> dict[str, ReplayResult]:
     started = time.perf_counter()
     # Held until the traces are partitioned: exports wait, so every file read
     # belongs to one consistent set (see ReadLock).
+    from loopledger.engine._recorder import ReadLock
+
     reading = ReadLock(request.traces)
     try:
         return _replay_locked(request, reading, started)
@@ -279,7 +281,7 @@ def _replay(request: _Request) -> dict[str, ReplayResult]:
         reading.release()
 
 
-def _replay_locked(request: _Request, reading: ReadLock, started: float) -> dict[str, ReplayResult]:
+def _replay_locked(request: _Request, reading: Any, started: float) -> dict[str, ReplayResult]:
     baseline, replays = request.baseline, request.replays
     trace_set = open_traces(request.traces, need_validations=baseline == "recorded")
     baseline_files = _baseline_files(trace_set, baseline, replays)

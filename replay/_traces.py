@@ -50,34 +50,6 @@ VERDICTS = ("accept", "repair", "ask", "reject")
 BASELINE_COLUMNS = REQUIRED["validations"]
 
 
-class ReadLock:
-    """The traces folder's export lock, held shared while a replay lists and
-    reads the trace files: an export, import or compaction (which hold it
-    exclusively while they publish) then waits, so the replay reads one
-    consistent set of files, never one table's new segment without the
-    others', nor a segment a compaction has just removed. Several replays
-    read at once. A folder where the lock file cannot be made (a read-only
-    copy, which nobody exports into) is read without it."""
-
-    def __init__(self, traces: Path) -> None:
-        import fcntl
-
-        from loopledger.engine._recorder import LOCK_FILE
-
-        self._handle: Any = None
-        try:
-            self._handle = open(traces / LOCK_FILE, "a+b")  # noqa: SIM115 - released by release()
-        except OSError:
-            return
-        fcntl.flock(self._handle.fileno(), fcntl.LOCK_SH)
-
-    def release(self) -> None:
-        """Let exports go on (idempotent)."""
-        if self._handle is not None:
-            self._handle.close()  # closing the file drops its lock
-            self._handle = None
-
-
 def schema_version() -> int:
     from loopledger.engine import SCHEMA_VERSION
 

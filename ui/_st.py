@@ -47,12 +47,21 @@ def _cached(module: str, name: str, root: str, stamp: str, args: tuple[Any, ...]
     # ``stamp`` is only part of the key: a new, removed or rewritten Parquet
     # file changes it, so a cached result never outlives the files it read.
     del stamp
+    from loopledger.engine._recorder import ReadLock
+
     fn = getattr(importlib.import_module(module), name)
-    traces = Traces(Path(root))
+    # Files listed and read under the export lock (shared): an export or a
+    # compaction publishing meanwhile waits, so a page never counts one
+    # table's new rows without the others', nor reads a file being removed.
+    reading = ReadLock(Path(root) / "traces")
     try:
-        return fn(traces, *args, **dict(kwargs))
+        traces = Traces(Path(root))
+        try:
+            return fn(traces, *args, **dict(kwargs))
+        finally:
+            traces.close()
     finally:
-        traces.close()
+        reading.release()
 
 
 def load(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

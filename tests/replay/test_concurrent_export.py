@@ -51,7 +51,7 @@ def test_a_replay_waits_for_an_export_that_is_publishing(tmp_path: Path) -> None
 
 
 def test_the_read_lock_is_shared_and_keeps_exports_out(tmp_path: Path) -> None:
-    from loopledger.replay._traces import ReadLock
+    from loopledger.engine._recorder import ReadLock
 
     first, second = ReadLock(tmp_path), ReadLock(tmp_path)  # replays read side by side
     with open(tmp_path / ".export.lock", "a+b") as exporter:

@@ -549,3 +549,28 @@ def test_runs_recorded_under_different_suites_keep_every_decision_in_the_matrix(
         f"SELECT count(*) FROM {table(home, 'validations')}")
     assert int(matrix.to_numpy().sum() - matrix["(none)"].sum()) == replayed == got["totals"]["decisions"]
     assert int(matrix.loc["(none)"].sum()) > 0
+
+
+def test_a_page_reads_while_no_export_is_publishing(recorded_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page's query lists and reads the files under the export lock
+    (shared): while an export holds it to publish, the page waits, and then
+    reads the whole set."""
+    import fcntl
+    import threading
+    import time
+
+    from loopledger.ui import _st
+
+    monkeypatch.setenv("LOOPLEDGER_HOME", str(recorded_home))
+    _st._cached.clear()
+    got: list[dict] = []
+    with open(recorded_home / "traces" / ".export.lock", "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # as Recorder.export holds it
+        page = threading.Thread(target=lambda: got.append(_st.load(q.overview)))
+        page.start()
+        time.sleep(1.0)
+        assert page.is_alive() and not got  # waiting for the export
+        fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+        page.join(60)
+    assert got and got[0]["totals"] == q.overview(Traces(recorded_home))["totals"]
+    assert got[0]["totals"]["runs"] > 0
