@@ -102,11 +102,6 @@ def migrate(conn: Any, target: MigrationTarget, now_us: int, upto: int | None = 
     migrations = load_migrations(target.dialect)
     p = target.placeholder()
     target.create_version_table(conn)
-    found = current_version(conn)
-    if found > len(migrations):
-        # Written by a newer loopledger: its tables may have changed in ways
-        # this one would misread or damage. Nothing is written.
-        raise JournalTooNew(found, len(migrations))
     for migration in migrations:
         if upto is not None and migration.version > upto:
             break
@@ -138,4 +133,10 @@ def migrate(conn: Any, target: MigrationTarget, now_us: int, upto: int | None = 
             except Exception:  # the failed statement may already have ended it
                 pass
             raise MigrationError(migration.version, migration.name, str(exc)) from exc
-    return current_version(conn)
+    version = current_version(conn)
+    if upto is None and version > len(migrations):
+        # Migrated by a newer loopledger (every migration this one knows was
+        # found applied, so nothing was written): its tables may have changed
+        # in ways this version would misread or damage.
+        raise JournalTooNew(version, len(migrations))
+    return version
