@@ -415,3 +415,13 @@ def test_resume_where_nothing_ran_makes_nothing(tmp_path: Path) -> None:
     assert "nothing to resume" in done.stdout
     assert not home.exists()
     assert cli("resume", "--json", "--home", str(home)).stdout == ""
+
+
+def test_engine_commands_do_not_import_the_columnar_libraries() -> None:
+    """The engine's commands (run, reply, show of a journal run, ...) load
+    the validators but not their batch form: polars, pyarrow, duckdb and
+    pandas are imported when a command reads or writes Parquet, not before."""
+    code = ("import sys, loopledger.engine, loopledger.validators; "
+            "print(sorted(m for m in ('polars', 'pyarrow', 'duckdb', 'pandas', 'streamlit') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

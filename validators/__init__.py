@@ -15,7 +15,6 @@ See docs/validators.md for every validator, its codes and params.
 """
 
 from ._detectors import DETECTORS, DIAGNOSIS_COLUMNS, Detector, Finding, detect_stream, make_detector
-from ._detectors_batch import detect_batch
 from ._errors import InputError, ParamError, PathRejected, RegistryError, SuiteError, ValidatorsError
 from ._model import (
     Candidate,
@@ -126,3 +125,18 @@ __all__ = [
     "InputError",
     "PathRejected",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The batch form needs polars: imported on first use, not by every
+    # command that loads the validators (the engine's do, replays and the
+    # UI use the batch form).
+    if name == "detect_batch":
+        from ._detectors_batch import detect_batch
+
+        return detect_batch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), "detect_batch"})
