@@ -19,7 +19,6 @@ from __future__ import annotations
 import gc
 import os
 import reprlib
-import signal
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from loopledger._args import as_path
+from loopledger._procs import die_with_parent, remove_if_abandoned
 
 from ._import_model import Conversation, ImportInputError
 from ._import_openai import read_openai_jsonl, read_toolbench
@@ -269,7 +269,7 @@ def _write_all(job: _Job) -> tuple[list[FileImport], dict[str, Any]]:
         gc.freeze()
         try:
             with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("fork"),
-                                     initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+                                     initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
                 outcomes = list(pool.map(_write_share, range(len(shares))))
         finally:
             gc.unfreeze()
@@ -319,38 +319,10 @@ def _scratch_folder() -> Iterator[str]:
 def _sweep_scratch() -> None:
     """Remove the scratch folders left by imports that are gone: those whose
     lock file nobody holds. A folder without one is being made: left alone."""
-    import fcntl
-    import shutil
     import tempfile
 
     for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*"):
-        try:
-            lock = os.open(folder / _SCRATCH_LOCK, os.O_RDWR)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            shutil.rmtree(folder, ignore_errors=True)
-        except OSError:
-            pass  # held: its import is alive
-        finally:
-            os.close(lock)
-
-
-def _die_with_parent(parent: int) -> None:
-    """In a share's process: end when the importing process ends (stopped
-    by a signal, it cannot stop its pool). An orphan would keep the traces'
-    lock it inherited, and every later import or export of the home would
-    wait for it."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: Linux
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:  # the parent ended before the line above
-        os._exit(1)
+        remove_if_abandoned(folder, folder / _SCRATCH_LOCK)
 
 
 def _json_bytes(path: Path, size: int) -> int:

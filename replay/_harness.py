@@ -36,12 +36,13 @@ from types import MappingProxyType
 from typing import Any
 
 from loopledger._args import as_path
+from loopledger._procs import die_with_parent, remove_if_abandoned
 
 from ._errors import BaselineNotFound, ReplayInputError, SuiteNotFound, WorkerLost
 from ._result import REPLAY_ID, ReplayResult, RunReplay, Summary
 from ._traces import (BASELINE_COLUMNS, TraceSet, _files_sql, check_verdicts, open_traces, table_files,
                       write_partitions)
-from ._worker import Job, SuiteRef, remember, run_job, warm, watch_parent
+from ._worker import Job, SuiteRef, remember, run_job, warm
 
 #: Candidates per partition: a partition's rows (bodies included) are held
 #: in one worker's memory, so this bounds a worker's footprint.
@@ -378,25 +379,16 @@ def _sweep(replays: Path) -> None:
     """Remove the working folders that killed replays left in ``replays``
     (an interrupted replay's ``<id>.partial``, whose id is then free again,
     and its work folder): unlocked, and older than :data:`SWEEP_AFTER_S`."""
-    import fcntl
-
     now = time.time()
     for folder in replays.iterdir():
         if not (folder.name.endswith(".partial") or folder.name.startswith(WORK_PREFIX)):
             continue
         try:
-            if not folder.is_dir() or now - folder.stat().st_mtime < SWEEP_AFTER_S:
-                continue
-            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+            young = not folder.is_dir() or now - folder.stat().st_mtime < SWEEP_AFTER_S
         except OSError:
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            shutil.rmtree(folder, ignore_errors=True)
-        except BlockingIOError:
-            pass  # a replay under way holds it
-        finally:
-            os.close(fd)
+        if not young:
+            remove_if_abandoned(folder, folder)
 
 
 def _claim_outputs(outputs: Sequence[Path | None], ids: Sequence[str], arguments: Sequence[str],
@@ -437,7 +429,7 @@ def _start_pool(size: int, refs: tuple[SuiteRef, ...], replay_ids: tuple[str, ..
     # spawn, not fork: the parent may hold DuckDB's and polars' thread pools,
     # which a forked child would inherit half-locked.
     pool = ProcessPoolExecutor(max_workers=size, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=watch_parent, initargs=(os.getpid(),))
+                               initializer=die_with_parent, initargs=(os.getpid(),))
     for _ in range(size):
         pool.submit(warm, refs, replay_ids)
     return pool

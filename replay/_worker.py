@@ -274,22 +274,6 @@ def remember(ref: SuiteRef, replay_ids: tuple[str, ...], suite: Any) -> None:
         _keep((ref.ref, replay_ids), suite)
 
 
-def watch_parent(parent: int, every_s: float = 1.0) -> None:
-    """A pool process's initializer: end this process when the replay that
-    started it is gone (killed, so it could not shut its pool down). The
-    pool's queues would otherwise keep it waiting for work for ever."""
-    import os
-    import threading
-    import time
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
-
-
 def warm(suites: Sequence[SuiteRef], replay_ids: tuple[str, ...]) -> None:
     """Import what a job needs and load its suites (a pool process's first
     task, so that the imports overlap the partitioning)."""
