@@ -51,7 +51,7 @@ from ._backends import DemoBackend, Fault, ToolOutcome, ToolRequest, failure
 from ._clock import now_us
 from ._conversation import conversation
 from ._decision import decision_input, resolve_context
-from ._errors import BadInput, ModelError, NotDrivableHere, StaleStateVersion, TerminalAlreadySet
+from ._errors import BadInput, ClaimLost, ModelError, NotDrivableHere, StaleStateVersion, TerminalAlreadySet
 from ._model import Collected, ModelAdapter, ModelRequest, ScriptExhausted, StreamError, collect
 from ._people import PeopleMixin
 from ._prompts import load_prompt
@@ -785,6 +785,10 @@ class Controller(PeopleMixin):
 
     def _send(self, view: RunView, config: RunConfig, op: OpView) -> None:
         """Send an operation already marked as dispatched, and record its result."""
+        if not self.store.still_holds(view.run_id):
+            # Another process may drive the run now: a send from here could
+            # meet its own (it reconciles this dispatch and sends it again).
+            raise ClaimLost(view.run_id)
         request = ToolRequest(
             operation_id=op.operation_id,
             idempotency_key=op.idempotency_key,

@@ -6,6 +6,7 @@
         ├── JournalError              the journal cannot be used (exit 3)
         │   ├── MigrationError
         │   ├── JournalTooNew         a schema migrated by a newer loopledger
+        │   ├── ClaimLost             a run's claim lost while it was driven
         │   └── SchemaVersionError    a record newer than this code understands
         ├── UnknownRun
         ├── ModelError                a model provider call failed (``retryable``
@@ -136,6 +137,20 @@ class SchemaVersionError(JournalError):
         self.table = table
         self.found = found
         self.supported = supported
+
+
+class ClaimLost(JournalError):
+    """The process no longer holds its claim on a run it was driving (its
+    session with the journal's server closed): it sends nothing more, and
+    the run stays at its last committed state for a process that holds it."""
+
+    code = "claim_lost"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id}: this process lost its claim on the run (the journal connection holding it "
+                         "closed); nothing more was sent, and the run stays at its last committed state for "
+                         "`loopledger resume`")
+        self.run_id = run_id
 
 
 class JournalTooNew(JournalError):

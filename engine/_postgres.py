@@ -224,14 +224,35 @@ class PostgresRunStore(SQLRunStore):
     # The server drops a session's locks when it ends: a dead driver's too.
 
     def _open_drivers(self) -> Any:
-        return self._connect()
+        conn = self._connect()
+        # The claims last as long as this session: a server that ends idle
+        # sessions would drop them while their runs are driven.
+        for setting in ("idle_session_timeout", "idle_in_transaction_session_timeout"):
+            try:
+                conn.execute(f"SET {setting} = 0")
+            except _psycopg().Error:
+                pass  # a server without the setting (idle_session_timeout came with PostgreSQL 14)
+        return conn
+
+    def _claims_alive(self) -> bool:
+        try:
+            self._drivers.execute("SELECT 1")
+        except _psycopg().Error:
+            return False
+        return True
 
     def _claim_outside(self, name: str) -> bool:
         (taken,) = self._drivers.execute("SELECT pg_try_advisory_lock(%s)", (claim_key(name),)).fetchone()
         return bool(taken)
 
     def _release_outside(self, name: str) -> None:
-        self._drivers.execute("SELECT pg_advisory_unlock(%s)", (claim_key(name),))
+        try:
+            self._drivers.execute("SELECT pg_advisory_unlock(%s)", (claim_key(name),))
+        except _psycopg().Error:
+            # The session is gone, and its locks with it: nothing to let go
+            # of (and the error that brought the driver here is the one to tell).
+            if not self._drivers.closed:
+                raise
 
     def _close_drivers(self, drivers: Any) -> None:
         drivers.close()

@@ -929,6 +929,18 @@ class SQLRunStore:
             self._release_outside(name)
             return False
 
+    def still_holds(self, run_id: str) -> bool:
+        """Whether this process still holds its claim on ``run_id``: asked
+        before a side effect is sent. A claim can be lost while the process
+        lives only where it lives on a server's session (PostgreSQL: the
+        claims' connection closed, and another process may take the run)."""
+        with self._claims_lock:
+            return run_id in self._claims and self._drivers is not None and self._claims_alive()
+
+    def _claims_alive(self) -> bool:
+        """Whether the claims held on ``self._drivers`` still stand."""
+        return True
+
     def _claim_outside_now(self, name: str) -> bool:
         if self._drivers is None:
             self._drivers = self._open_drivers()

@@ -427,3 +427,44 @@ def test_exports_list_runs_in_code_point_order_whatever_the_database_collation(p
 
     (segment,) = (tmp_path / "traces" / "events").glob("seg-*.parquet")
     assert pq.read_table(segment).column("run_id").to_pylist() == sorted(ids)
+
+
+def test_a_claim_whose_session_ends_sends_nothing_more(tmp_path: Path, postgres_url: str) -> None:
+    """The claims live on a server session: when it ends while the process
+    drives the run (a server restart, a connection cut), another process may
+    take the run. This one sends no side effect after that (ClaimLost), and
+    the run is finished by a resume with each side effect executed once."""
+    import psycopg
+
+    from loopledger.engine._errors import ClaimLost
+    from loopledger.engine._home import Home
+    from loopledger.engine._runner import Runner
+    from loopledger.engine._scenario import load_scenario
+
+    home = Home.resolve(tmp_path / "home", postgres_url)
+    scenarios = Path(loopledger.engine.__file__).resolve().parents[1] / "datasets" / "scenarios"
+    first = Runner(home)
+    sent: list[str] = []
+    try:
+        run_id = first.create(load_scenario(scenarios / "happy-refund.yaml"), "v1")
+        execute = first.backend.execute
+
+        def cut_after_the_lookup(request: Any) -> Any:
+            sent.append(request.tool)
+            if request.tool == "orders.get_order":
+                with psycopg.connect(postgres_url, autocommit=True) as admin:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (first.store._drivers.info.backend_pid,))
+            return execute(request)
+
+        first.backend.execute = cut_after_the_lookup
+        with pytest.raises(ClaimLost, match=f"run {run_id}: this process lost its claim"):
+            first.controller.drive(run_id)
+    finally:
+        first.close()
+    assert sent == ["orders.get_order"]  # the refund was dispatched in the journal, never sent
+    second = Runner(home)
+    try:
+        assert second.controller.drive(run_id).state.value == "SUCCEEDED"
+        assert second.backend.side_effects(run_id) == {"payments.refund": 1}
+    finally:
+        second.close()
