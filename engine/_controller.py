@@ -220,6 +220,14 @@ class Controller(PeopleMixin):
         finally:
             self.store.release(run_id)
 
+    @staticmethod
+    def _nothing_due(view: RunView) -> bool:
+        """A run that waits for a person and has nothing to do until they
+        answer: its wait has not run out and no cancel was asked."""
+        waiting = view.waiting or {}
+        return (view.state is State.WAITING_USER and not view.cancel_requested
+                and now_us() < waiting.get("expires_at_us", 1 << 62))
+
     def _maker_alive(self, view: RunView) -> bool:
         """Whether the ``run`` command that made the run lives in another
         process (holding its batch), and so will drive it."""
@@ -235,8 +243,10 @@ class Controller(PeopleMixin):
             config = self._config_here(view, record)
         except NotDrivableHere:
             # Another data directory's run whose maker is alive and drives
-            # it: not this process's to drive, nor to report as left behind.
-            if self._maker_alive(view):
+            # it, or one that waits for a person with nothing due (no reply
+            # has come, its wait has not run out, no cancel was asked): not
+            # this process's to drive, nor to report as left behind.
+            if self._maker_alive(view) or self._nothing_due(view):
                 return view
             raise
         # An error leaves the view, and the moves it holds, unwritten: as if

@@ -10,6 +10,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from invariants import all_violations
@@ -86,6 +87,13 @@ def test_a_reply_or_a_cancel_from_another_data_directory_is_left_to_the_runs_own
     (line,) = [json.loads(x) for x in started.stdout.splitlines()]
     run_id, token = line["run_id"], line["waiting"]["resume_token"]
 
+    # Waiting for a person, with nothing due: a resume elsewhere leaves it
+    # as it stands, and has nothing to report as left behind.
+    passed = cli("resume", "--json", home=b, store=journal, env=SECRET)
+    assert passed.returncode == 0, (passed.stdout, passed.stderr)
+    (line,) = [json.loads(x) for x in passed.stdout.splitlines()]
+    assert (line["run_id"], line["status"]) == (run_id, "WAITING_USER")
+
     refused = cli("reply", run_id, "--token", token, "--approve", "--json", home=b, store=journal, env=SECRET)
     assert refused.returncode == 1, (refused.stdout, refused.stderr)
     one_line(refused, run_id, "cannot be driven here", "another data directory")
@@ -104,6 +112,7 @@ def test_a_reply_or_a_cancel_from_another_data_directory_is_left_to_the_runs_own
 
 MAKER = """
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from loopledger.engine._home import Home
 from loopledger.engine._runner import Runner
@@ -157,6 +166,7 @@ def test_a_resume_leaves_runs_a_live_run_command_has_not_started_to_it(tmp_path:
 
 DRIVER = """
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from loopledger.engine._home import Home
 from loopledger.engine._runner import Runner
@@ -173,7 +183,9 @@ sys.stdin.read()  # alive, holding its batch, until the test lets go
 def test_a_resume_from_another_data_directory_passes_over_runs_their_live_maker_drives(tmp_path: Path) -> None:
     """A scheduled resume on a shared journal meets the other directories'
     runs: those whose ``run`` process is alive are theirs, not failures of
-    this resume; once that process is gone they are named (exit 3)."""
+    this resume. Once that process is gone, a run that waits for a person
+    with nothing due is still passed over (exit 0): it only waits. (One that
+    needs driving is named, exit 3: the refund test above.)"""
     journal, a, b = tmp_path / "journal.sqlite", tmp_path / "a", tmp_path / "b"
     maker = subprocess.Popen([sys.executable, "-c", DRIVER, str(a), f"sqlite:{journal}",
                               str(SCENARIOS / "approval-waits-for-person.yaml")],
@@ -188,5 +200,11 @@ def test_a_resume_from_another_data_directory_passes_over_runs_their_live_maker_
     finally:
         maker.communicate("", timeout=60)
     gone = cli("resume", "--json", home=b, store=journal)
-    assert gone.returncode == 3
-    assert run_id in gone.stderr and "another data directory" in gone.stderr
+    assert gone.returncode == 0, gone.stderr
+    assert [(x["run_id"], x["status"]) for x in map(json.loads, gone.stdout.splitlines())] == [
+        (run_id, "WAITING_USER")]
+    # Due once the wait has run out: ending it EXPIRED is this directory's run's, named here.
+    later = (datetime.now(timezone.utc) + timedelta(days=30)).isoformat()
+    due = cli("resume", "--json", home=b, store=journal, env={"LOOPLEDGER_NOW": later})
+    assert due.returncode == 3
+    assert run_id in due.stderr and "another data directory" in due.stderr
