@@ -710,6 +710,7 @@ def cancel(
                        f"({exc.why})")
             return
         runner.recorder.flush()
+        reason = runner.store.get_run(run_id).reason
     finally:
         runner.close()
     from loopledger.engine._states import TERMINAL
@@ -720,7 +721,12 @@ def cancel(
         typer.echo(f"{run_id}: cancellation requested; the process that holds the run carries it out "
                    f"(now {view.state.value})")
         return
-    typer.echo(f"{run_id}: {view.state.value} (cancelled)")
+    if view.state.value not in ("CANCELLED", "CANCEL_UNKNOWN"):
+        # It was past cancelling (FINALIZING: its outcome was decided and
+        # committed) and ended as decided: as for a run already ended, exit 1.
+        _err(f"run {run_id} ended {view.state.value} ({reason}) before the cancellation could take effect")
+        raise typer.Exit(EXIT_FAILED)
+    typer.echo(f"{run_id}: {view.state.value} ({reason})")
 
 
 @app.command()

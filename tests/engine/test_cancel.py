@@ -66,8 +66,8 @@ model:
 """
 
 
-def cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+def cli(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}, **(env or {})}
     return subprocess.run([*CLI, *args, "--home", str(home)], capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -362,5 +362,24 @@ def test_resume_leaves_a_run_another_process_drives_and_takes_it_once_that_one_i
         child.kill()
         child.join()
     assert cli("resume", home=home).returncode == 0
+    assert run_state(home, run_id) == ("SUCCEEDED", "completed")
+    assert all_violations(home) == []
+
+
+def test_cancel_of_a_run_past_cancelling_says_how_it_ended(tmp_path: Path) -> None:
+    """A run in FINALIZING has its outcome decided and committed: the cancel
+    is recorded, the run ends as decided, and the command says so (exit 1,
+    as for a run that had already ended), not that it was cancelled."""
+    home = tmp_path / "home"
+    path = tmp_path / "read.yaml"
+    path.write_text(READ_NOTES)
+    killed = cli("run", str(path), "--json", home=home, env={"LOOPLEDGER_CRASH_AT": "before_terminal"})
+    assert killed.returncode == -9
+    (run_id,) = [r for (r,) in sqlite3.connect(home / "journal.sqlite").execute("SELECT run_id FROM runs")]
+    assert run_state(home, run_id)[0] == "FINALIZING"
+    proc = cli("cancel", run_id, home=home)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert f"run {run_id} ended SUCCEEDED (completed) before the cancellation could take effect" in proc.stderr
+    assert "cancelled" not in proc.stdout
     assert run_state(home, run_id) == ("SUCCEEDED", "completed")
     assert all_violations(home) == []
