@@ -190,6 +190,15 @@ class _CoalescingRecorder:
             self.recorder.export()
 
 
+def _server_gone(exc: BaseException) -> bool:
+    """An error of PostgreSQL's driver: the journal's server or the
+    connection to it failed (the driver is imported only for such a journal)."""
+    import sys
+
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(exc, psycopg.OperationalError)
+
+
 class Runner:
     def __init__(self, home: Home, *, sleep: Callable[[float], None] = time.sleep,
                  auto_reply: bool = True, backend: Callable[[Path], Any] = DemoBackend,
@@ -296,6 +305,10 @@ class Runner:
                     except Exception as exc:  # noqa: BLE001 - one run's failure must not stop the others
                         if isinstance(exc, (BadInput, JournalError)):
                             raise
+                        if _server_gone(exc):
+                            # The journal's server, not this run: every run meets it.
+                            raise JournalError(f"{self.home.describe_journal()}: {' '.join(str(exc).split())}") \
+                                from exc
                         stopped.append((run_id, exc))
                         continue
                     # Under a pinned clock (LOOPLEDGER_NOW) no work ever falls

@@ -468,3 +468,44 @@ def test_a_claim_whose_session_ends_sends_nothing_more(tmp_path: Path, postgres_
         assert second.backend.side_effects(run_id) == {"payments.refund": 1}
     finally:
         second.close()
+
+
+def test_a_journal_connection_cut_mid_run_names_the_journal(tmp_path: Path, postgres_url: str) -> None:
+    """The server ending the journal's session is the journal's failure (every
+    run meets it), told as such with the store, not as one run's bug; the run
+    stays at its last commit, and a resume finishes it, each effect once."""
+    import psycopg
+
+    from loopledger.engine._home import Home
+    from loopledger.engine._runner import Runner
+    from loopledger.engine._scenario import load_scenario
+
+    home = Home.resolve(tmp_path / "home", postgres_url)
+    scenarios = Path(loopledger.engine.__file__).resolve().parents[1] / "datasets" / "scenarios"
+    first = Runner(home, export=False)
+    try:
+        run_id = first.create(load_scenario(scenarios / "happy-refund.yaml"), "v1")
+        execute = first.backend.execute
+
+        def cut(request: Any) -> Any:
+            outcome = execute(request)
+            if request.tool == "orders.get_order":
+                with psycopg.connect(postgres_url, autocommit=True) as admin:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (first.store._conn.info.backend_pid,))
+            return outcome
+
+        first.backend.execute = cut
+        with pytest.raises(JournalError, match=r"^PostgreSQL journal at postgresql://.*: .*terminat"):
+            first.drive_all([run_id])
+    finally:
+        try:
+            first.close()
+        except Exception:  # noqa: BLE001 - its connection is gone
+            pass
+    second = Runner(home, export=False)
+    try:
+        second.drive_all([run_id])
+        assert second.store.get_run(run_id).state.value == "SUCCEEDED"
+        assert second.backend.side_effects(run_id) == {"payments.refund": 1}
+    finally:
+        second.close()
