@@ -68,7 +68,8 @@ class StubBackend:
                            evidence=({"kind": EVIDENCE_KIND.get(req.tool, "done"), "subject": subject},),
                            error_code=None, retry_after_s=None, work_id=None, executed=True)
 
-    def lookup(self, idempotency_key: str) -> ToolOutcome | None:
+    def lookup(self, idempotency_key: str, *, run_id: str | None = None,
+               fence: int | None = None) -> ToolOutcome | None:
         return None
 
     def poll_work(self, work_id: str) -> WorkStatus:

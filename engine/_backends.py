@@ -40,6 +40,8 @@ Errors (``execute`` never raises for anything a request can contain)::
     └── BackendError          the backend's own state cannot be used
         ├── BackendUnavailable  its database cannot be opened or read (also an
         │                       ``Unavailable``: the command exits 3)
+        ├── Fenced            a request from a driver that lost the run (a later
+        │                     claim's requests came first): refused, nothing done
         └── UnknownWork       poll_work / cancel_work of a work id never issued
 """
 
@@ -68,6 +70,7 @@ from ._workspace import ToolRefused, Workspaces, printable
 __all__ = [
     "BackendError",
     "BackendUnavailable",
+    "Fenced",
     "DemoBackend",
     "FAULT_KINDS",
     "Fault",
@@ -116,6 +119,17 @@ class BackendError(EngineError):
 
 class BackendUnavailable(BackendError, Unavailable):
     code = "backend_unavailable"
+
+
+class Fenced(BackendError):
+    code = "fenced"
+
+    def __init__(self, run_id: str, epoch: int, current: int) -> None:
+        super().__init__(f"run {run_id}: a request under claim {epoch}, after requests under claim {current}: "
+                         "its driver lost the run; refused, nothing done")
+        self.run_id = run_id
+        self.epoch = epoch
+        self.current = current
 
 
 class UnknownWork(BackendError):
@@ -205,6 +219,11 @@ class ToolRequest:
     #: path on disk as well, which a symlink can make differ from the
     #: canonical path the validators judged.
     forbidden_paths: tuple[str, ...] = ()
+    #: The number of the sender's claim on the run, where a claim can be lost
+    #: while its process lives (a PostgreSQL journal's; None otherwise): a
+    #: side effect sent under a lower number than one already seen for the
+    #: run is refused (:class:`Fenced`).
+    fence: int | None = None
 
 
 @dataclass(frozen=True)
@@ -276,6 +295,20 @@ def _success(tool: str, subject: str, result: Any, *, executed: bool) -> ToolOut
     return ToolOutcome(outcome="success", status="succeeded", result=result,
                        evidence=({"kind": EVIDENCE_KIND[tool], "subject": subject},),
                        error_code=None, retry_after_s=None, work_id=None, executed=executed)
+
+
+def _check_fence(conn: sqlite3.Connection, run_id: str, epoch: int | None) -> None:
+    """Inside the caller's transaction: refuse a request under a lower claim
+    than one already seen for the run (:class:`Fenced`), else record its
+    claim as the run's highest. Claims are numbered in the order they were
+    taken, so the driver that took a run over always holds the higher one."""
+    if epoch is None:
+        return
+    row = conn.execute("SELECT epoch FROM fences WHERE run_id = ?", (run_id,)).fetchone()
+    if row is not None and row[0] > epoch:
+        raise Fenced(run_id, epoch, row[0])
+    conn.execute("INSERT INTO fences (run_id, epoch) VALUES (?, ?) ON CONFLICT (run_id) DO UPDATE SET epoch = "
+                 "excluded.epoch", (run_id, epoch))
 
 
 def _timeout(tool: str) -> ToolOutcome:
@@ -451,6 +484,7 @@ class DemoBackend:
     def _execute_side_effect(self, req: ToolRequest, traits: ToolTraits, fault: Fault | None) -> tuple[ToolOutcome, str | None]:
         args_hash = content_id(req.arguments)
         with self._txn() as conn:
+            _check_fence(conn, req.run_id, req.fence)
             fired = self._fire(conn, req, fault)
             dedup = False
             if fired in _BEFORE:
@@ -550,8 +584,14 @@ class DemoBackend:
 
     # -- reconciliation ---------------------------------------------------------------------
 
-    def lookup(self, idempotency_key: str) -> ToolOutcome | None:
+    def lookup(self, idempotency_key: str, *, run_id: str | None = None,
+               fence: int | None = None) -> ToolOutcome | None:
         """What became of a key whose response was lost.
+
+        ``run_id`` and ``fence``: the asker's claim on the run, as a send's
+        (``ToolRequest.fence``). A lookup raises the run's fence: once a new
+        driver has asked, a send from the driver that lost the run is
+        refused, so what the lookup says stays true until the new driver acts.
 
         * the recorded outcome (of the latest execution) if it executed;
         * None if it is confirmed not executed (including every read-only
@@ -560,6 +600,9 @@ class DemoBackend:
           provider cannot tell: the deploy API after a timed-out request.
           Only a person can settle that one.
         """
+        if run_id is not None and fence is not None:
+            with self._txn() as conn:
+                _check_fence(conn, run_id, fence)
         with self._lock:
             last = self._conn.execute(
                 "SELECT tool, fault FROM deliveries WHERE idempotency_key = ? ORDER BY delivery_id DESC LIMIT 1",

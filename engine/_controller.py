@@ -45,9 +45,10 @@ from typing import Any
 
 from loopledger.canonical import loads
 from loopledger.validators import Context, DecisionInput, Suite, Verdict, tool_allowed
+from loopledger.validators._jsonschema import unusable
 
 from . import _faults
-from ._backends import DemoBackend, Fault, ToolOutcome, ToolRequest, failure
+from ._backends import DemoBackend, Fault, Fenced, ToolOutcome, ToolRequest, failure
 from ._clock import now_us
 from ._conversation import conversation
 from ._decision import decision_input, resolve_context
@@ -753,8 +754,18 @@ class Controller(PeopleMixin):
             return
         if op.tool == "ask_user" and not op.in_flight:
             args = op.arguments
-            self._wait_user(view, config, "user", {"question": args.get("question", ""),
-                                                    "schema": args.get("schema") or {}},
+            schema = args.get("schema") or {}
+            why = unusable(schema)
+            if why is not None:
+                # No answer could ever be taken (a pattern that is not a
+                # regular expression, a $ref to nothing): nobody is asked;
+                # the model learns why from the call's result.
+                self._record_result(view, op, failure(
+                    "validation_failed", "UNANSWERABLE_SCHEMA",
+                    f"ask_user: no answer could fit the schema given ({why}); the question was not asked"))
+                self._cancel_rest(view)
+                return
+            self._wait_user(view, config, "user", {"question": args.get("question", ""), "schema": schema},
                             {}, operation=op)
             return
         if not self._sendable(op, config):
@@ -789,6 +800,15 @@ class Controller(PeopleMixin):
         ))
         self._send(view, config, op)
 
+    def _lookup(self, view: RunView, op: OpView) -> ToolOutcome | None:
+        """What the backend recorded under the operation's key, asked under
+        this process's claim (which fences off the driver that lost the run)."""
+        try:
+            return self.backend.lookup(op.idempotency_key, run_id=view.run_id,
+                                       fence=self.store.claim_number(view.run_id))
+        except Fenced:
+            raise ClaimLost(view.run_id) from None
+
     def _sendable(self, op: OpView, config: RunConfig) -> bool:
         """Can go to its backend without a person first."""
         return not op.denied and op.tool != "ask_user" and (op.tool not in config.approval_required or op.approved)
@@ -810,9 +830,12 @@ class Controller(PeopleMixin):
             call_number=view.dispatches[op.tool],
             faults=config.faults,
             forbidden_paths=tuple(config.scenario.contract.forbidden_paths),
+            fence=self.store.claim_number(view.run_id),
         )
         try:
             outcome = self.backend.execute(request)
+        except Fenced:
+            raise ClaimLost(view.run_id) from None  # the run's new driver came first: nothing was done
         except Exception as exc:  # noqa: BLE001 - whatever broke, the send may have happened
             self._note(view, "dispatch_unknown", op, "BACKEND_ERROR", detail=f"{type(exc).__name__}: {exc}")
             return
@@ -904,7 +927,7 @@ class Controller(PeopleMixin):
 
     def _reconciling(self, view: RunView, config: RunConfig) -> None:
         op = next(o for o in view.step_ops() if o.in_flight)
-        found = self.backend.lookup(op.idempotency_key)
+        found = self._lookup(view, op)
         if found is not None and found.outcome == "unknown_outcome":
             # The backend cannot say either way: a person decides, and
             # nothing is sent again meanwhile.

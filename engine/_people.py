@@ -229,7 +229,7 @@ class PeopleMixin:
                 # under the key is its one result. Otherwise nobody can say it
                 # did not happen (the process that sent it may still be
                 # sending): its result is unknown_outcome, and so is the cancel.
-                found = self.backend.lookup(op.idempotency_key)
+                found = self._lookup(view, op)
                 if found is None or found.outcome == "unknown_outcome":
                     unconfirmed.append(op.operation_id)
                     found = failure("unknown_outcome", "CANCELLED_IN_FLIGHT",

@@ -234,6 +234,12 @@ class PostgresRunStore(SQLRunStore):
                 pass  # a server without the setting (idle_session_timeout came with PostgreSQL 14)
         return conn
 
+    def _claim_number(self) -> int | None:
+        # A transaction id: the server hands them out in order, so the
+        # claim taken after another was lost always gets a higher one.
+        (number,) = self._drivers.execute("SELECT txid_current()").fetchone()
+        return int(number)
+
     def _claims_alive(self) -> bool:
         try:
             self._drivers.execute("SELECT 1")

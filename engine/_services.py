@@ -125,6 +125,9 @@ def create_schema(conn: sqlite3.Connection, now: int, path: object) -> None:
     conn.execute("CREATE TABLE IF NOT EXISTS backend_identity (backend_id TEXT NOT NULL)")
     if conn.execute("SELECT 1 FROM backend_identity").fetchone() is None:
         conn.execute("INSERT INTO backend_identity (backend_id) VALUES (?)", (secrets.token_hex(8),))
+    # Per run, the highest claim number a request came with: a request with
+    # a lower one comes from a driver that lost the run (see DemoBackend.execute).
+    conn.execute("CREATE TABLE IF NOT EXISTS fences (run_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL)")
 
 
 def backend_identity(conn: sqlite3.Connection) -> str:

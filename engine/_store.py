@@ -219,6 +219,9 @@ class SQLRunStore:
         self._stmt["lock_run"] = self._sql(self._lock_run_sql())
         #: Runs this store's threads drive: run_id -> (thread, depth).
         self._claims: dict[str, tuple[int, int]] = {}
+        #: The number of each claim held, where a claim can be lost while
+        #: its process lives (see :meth:`claim_number`).
+        self._numbers: dict[str, int] = {}
         #: Batches this process holds (:meth:`hold_batch`), until it closes the store.
         self._batches: set[str] = set()
         self._claims_lock = threading.Lock()
@@ -902,6 +905,9 @@ class SQLRunStore:
                     return True
                 if holder is None and self._claim_outside_now(run_id):
                     self._claims[run_id] = (me, 1)
+                    number = self._claim_number()
+                    if number is not None:
+                        self._numbers[run_id] = number
                     return True
             if time.monotonic() >= deadline:
                 return False
@@ -941,6 +947,19 @@ class SQLRunStore:
         """Whether the claims held on ``self._drivers`` still stand."""
         return True
 
+    def claim_number(self, run_id: str) -> int | None:
+        """The number of this process's claim on ``run_id``, for the backends
+        to fence with (``ToolRequest.fence``), or None where a claim cannot
+        be lost while its process lives (SQLite's: the kernel's lock). Claims
+        are numbered in the order they are taken, so a driver that took a
+        run over holds a higher number than the one that lost it."""
+        with self._claims_lock:
+            return self._numbers.get(run_id)
+
+    def _claim_number(self) -> int | None:
+        """A new claim number (under ``_claims_lock``, the claim just taken)."""
+        return None
+
     def _claim_outside_now(self, name: str) -> bool:
         if self._drivers is None:
             self._drivers = self._open_drivers()
@@ -953,6 +972,7 @@ class SQLRunStore:
                 self._claims[run_id] = (holder, depth - 1)
                 return
             del self._claims[run_id]
+            self._numbers.pop(run_id, None)
             self._release_outside(run_id)
 
     # The dialect's claims among processes, on ``self._drivers`` (under ``_claims_lock``).
@@ -981,6 +1001,7 @@ class SQLRunStore:
                 self._close_drivers(self._drivers)  # lets go of this store's claims
                 self._drivers = None
                 self._claims.clear()
+                self._numbers.clear()
                 self._batches.clear()
 
 

@@ -171,17 +171,19 @@ def check_answer(run_id: str, waiting: dict[str, Any], reply: Reply) -> None:
         raise ReplyRejected(run_id, "answer not matching the expected schema",
                             "this wait asks a question: reply with --answer JSON")
     schema = waiting.get("schema") or {}
-    from jsonschema import Draft202012Validator
+    from loopledger.validators._jsonschema import BoundedValidator, unusable
 
+    # Such a question cannot be answered (the engine no longer asks one; a
+    # run recorded before may still wait on one): say so instead of failing.
+    why = unusable(schema)
     try:
-        Draft202012Validator.check_schema(schema)
-        errors = sorted(Draft202012Validator(schema).iter_errors(reply.answer), key=lambda e: list(e.path))
-    except Exception as exc:  # noqa: BLE001 - SchemaError, or a schema jsonschema fails on while applying it
-        # Such a question cannot be answered (validation refuses it now; a
-        # run recorded before may still wait on one): say so instead of failing.
+        if why is None:
+            errors = sorted(BoundedValidator(schema).iter_errors(reply.answer), key=lambda e: list(e.path))
+    except Exception as exc:  # noqa: BLE001 - a schema jsonschema fails on while applying it
+        why = _one_line(exc)
+    if why is not None:
         raise ReplyRejected(run_id, "answer not matching the expected schema",
-                            f"the question's schema is not a valid JSON Schema ({_one_line(exc)}); "
-                            "cancel the run") from None
+                            f"the question's schema is not a valid JSON Schema ({why}); cancel the run") from None
     if errors:
         first = errors[0]
         where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.path)

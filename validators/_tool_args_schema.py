@@ -17,6 +17,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 
+from ._jsonschema import BoundedValidator
 from ._model import DecisionInput, ToolSpec, Verdict, split_tool_name
 from ._params import int_param
 from ._proposal import resolve_spec
@@ -35,7 +36,8 @@ def compiled_schema(spec: ToolSpec) -> Draft202012Validator | SchemaError:
         return hit
     try:
         Draft202012Validator.check_schema(spec.schema_)
-        value: Draft202012Validator | SchemaError = Draft202012Validator(spec.schema_)
+        # Patterns bounded in time: a registry may come from an import.
+        value: Draft202012Validator | SchemaError = BoundedValidator(spec.schema_)
     except SchemaError as exc:
         value = exc
     _compiled[key] = value

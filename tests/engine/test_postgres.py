@@ -509,3 +509,45 @@ def test_a_journal_connection_cut_mid_run_names_the_journal(tmp_path: Path, post
         assert second.backend.side_effects(run_id) == {"payments.refund": 1}
     finally:
         second.close()
+
+
+def test_a_send_from_a_driver_that_lost_the_run_is_fenced_off(tmp_path: Path, postgres_url: str) -> None:
+    """The claims' session ends while a refund is on its way to the provider
+    (a slow network); another process takes the run over, finds the refund
+    not executed and sends it. When the first send arrives at last, the
+    backend refuses it: it carries the lost claim's number, lower than the
+    new driver's. One execution, and the run ends once."""
+    import psycopg
+
+    from loopledger.engine._errors import ClaimLost
+    from loopledger.engine._home import Home
+    from loopledger.engine._runner import Runner
+    from loopledger.engine._scenario import load_scenario
+
+    home = Home.resolve(tmp_path / "home", postgres_url)
+    scenarios = Path(loopledger.engine.__file__).resolve().parents[1] / "datasets" / "scenarios"
+    first, second = Runner(home, export=False), Runner(home, export=False)
+    taken_over: list[str] = []
+    try:
+        run_id = first.create(load_scenario(scenarios / "happy-refund.yaml"), "v1")
+        execute = first.backend.execute
+
+        def slow_network(request: Any) -> Any:
+            if request.tool == "payments.refund" and not taken_over:
+                with psycopg.connect(postgres_url, autocommit=True) as admin:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (first.store._drivers.info.backend_pid,))
+                taken_over.append(second.controller.drive(run_id).state.value)  # meanwhile, elsewhere
+            return execute(request)
+
+        first.backend.execute = slow_network
+        with pytest.raises(ClaimLost):
+            first.controller.drive(run_id)
+        assert taken_over == ["SUCCEEDED"]
+        assert second.backend.side_effects(run_id) == {"payments.refund": 1}
+        assert second.store.get_run(run_id).state.value == "SUCCEEDED"
+    finally:
+        second.close()
+        try:
+            first.close()
+        except Exception:  # noqa: BLE001 - its claims' session is gone
+            pass

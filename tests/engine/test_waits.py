@@ -786,3 +786,52 @@ def test_every_rejection_is_one_json_line_under_json(tmp_path: Path, home: Path,
     assert done.returncode == 0, done.stderr
     refused(ask(run_id, home, token), run_id, "SUCCEEDED", "already used" if command == "reply" else "not waiting")
     assert state(home, run_id) == ("SUCCEEDED", "completed")
+
+
+def test_an_answer_a_pattern_would_never_finish_matching_is_refused_in_time(tmp_path: Path, home: Path) -> None:
+    """The question's schema comes from the model: a pattern that backtracks
+    without end on the answer must not hang the reply (nor a run's scripted
+    one). The match is cut off, and the answer refused, saying why."""
+    import time
+
+    line = start(tmp_path, home, """\
+id: redos
+contract: {goal: ask, allowed_tools: [ask_user]}
+model:
+  - tool_calls: [{name: ask_user, arguments: {question: q, schema: {type: string, pattern: "(a|a)*$"}}}]
+  - final: done
+""")
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+    began = time.monotonic()
+    refused = reply(home, run_id, token, "--answer", json.dumps("a" * 40 + "!"))
+    assert time.monotonic() - began < 30
+    rejected(refused, "answer not matching the expected schema")
+    assert "could not be matched against '(a|a)*$' within" in refused.stderr
+    assert state(home, run_id) == ("WAITING_USER", "waiting_for_user")
+    assert reply(home, run_id, token, "--answer", json.dumps("aaaa")).returncode == 0  # one that fits
+
+
+@pytest.mark.parametrize(("schema", "why"), [
+    ({"type": "string", "pattern": "["}, "'[' is not a 'regex'"),
+    ({"type": "object", "patternProperties": {"^x(": {}}}, "'^x(' is not a 'regex'"),
+    ({"$ref": "#/definitions/nope"}, "$ref '#/definitions/nope' resolves to nothing here"),
+    ({"$ref": "http://example.com/answer.json"}, "$ref 'http://example.com/answer.json' resolves to nothing here"),
+])
+def test_a_question_no_answer_could_fit_is_never_asked(tmp_path: Path, home: Path, schema: dict, why: str) -> None:
+    """Valid as JSON Schema's metaschema sees it, yet nothing could be
+    checked against it: the call fails (validation_failed) with the reason,
+    the model goes on, and the run never waits on it (nothing is fetched)."""
+    path = tmp_path / "unanswerable.yaml"
+    path.write_text(json.dumps({
+        "id": "unanswerable", "contract": {"goal": "ask", "allowed_tools": ["ask_user"]},
+        "model": [{"tool_calls": [{"name": "ask_user", "arguments": {"question": "q", "schema": schema}}]},
+                  {"final": "I will not ask after all."}]}))
+    proc = cli("run", str(path), "--json", home=home)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert (line["status"], line["reason"]) == ("SUCCEEDED", "completed")
+    (result,) = events(home, line["run_id"], "operation_result")
+    assert (result["outcome"], result["error_code"]) == ("validation_failed", "UNANSWERABLE_SCHEMA")
+    assert why in json.dumps(result)
+    assert events(home, line["run_id"], "reply_accepted") == []
+    assert all_violations(home) == []
