@@ -904,8 +904,12 @@ class SQLRunStore:
                     self._claims[run_id] = (me, holder[1] + 1)
                     return True
                 if holder is None and self._claim_outside_now(run_id):
+                    try:
+                        number = self._claim_number()
+                    except BaseException:
+                        self._release_outside(run_id)
+                        raise
                     self._claims[run_id] = (me, 1)
-                    number = self._claim_number()
                     if number is not None:
                         self._numbers[run_id] = number
                     return True
