@@ -42,7 +42,7 @@ from ._records import NewRun, RunRecord
 from ._scenario import Scenario, parse_scenario
 from ._states import State
 from ._tools import DEMO_TOOLS, TOOL_TRAITS
-from ._waits import Reply, ReplyRejected, load_secret
+from ._waits import Reply, ReplyRejected, TokenClaims, issue_token, load_secret, token_hash
 
 #: How long a run waiting for background work sleeps before it is polled again.
 POLL_INTERVAL_S = 0.05
@@ -370,17 +370,34 @@ class Runner:
             if view.state is not State.WAITING_USER or not self.auto_reply:
                 return view
             script = scenario_of(self.store.get_run(run_id)).user
-            if view.replies >= len(script) or run_id not in self.tokens:
+            if view.replies >= len(script):
+                return view
+            token = self.tokens.get(run_id) or self._token_of_recorded_wait(view)
+            if token is None:
                 return view
             entry = script[view.replies]
             try:
-                view = self.controller.reply(run_id, self.tokens[run_id], Reply(entry.approve, entry.answer))
+                view = self.controller.reply(run_id, token, Reply(entry.approve, entry.answer))
             except ReplyRejected as exc:
                 # A scripted reply gets no special treatment: refused, it
                 # leaves the run waiting with its token still valid.
                 self.rejections[run_id] = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
                 return self.controller.load(run_id)
             self.tokens.pop(run_id, None)
+
+    def _token_of_recorded_wait(self, view: Any) -> str | None:
+        """The token of the run's current wait, signed again with the data
+        directory's secret, for the scenario's own scripted replies: the
+        process that began the wait (and held the token) is gone, a crash
+        say, and a resume goes on with the scenario's script. None when the
+        run's ``run`` process is alive (it delivers them), or the wait is not
+        one this data directory's secret signed."""
+        waiting = view.waiting or {}
+        if "wait_id" not in waiting or self.controller._maker_alive(view):
+            return None
+        token = issue_token(self.controller.secret, TokenClaims(
+            view.run_id, waiting["wait_id"], waiting["state_version"], waiting["expires_at_us"]))
+        return token if token_hash(token) == waiting.get("token_hash") else None
 
     def outcome(self, run_id: str, scenario: Scenario | None = None) -> RunOutcome:
         record = self.store.get_run(run_id)

@@ -544,7 +544,9 @@ def resume(
         if not as_json:
             typer.echo(f"No journal in {where.root}: nothing to resume.")
         return
-    runner = Runner(where, auto_reply=False)
+    # A run whose scenario scripts replies gets its next one (the `run` that
+    # would have delivered it died): the scenario's script goes on.
+    runner = Runner(where, auto_reply=True)
     try:
         records = runner.store.list_runs(s for s in State if s not in TERMINAL)
         ids = [r.run_id for r in records]

@@ -835,3 +835,35 @@ def test_a_question_no_answer_could_fit_is_never_asked(tmp_path: Path, home: Pat
     assert why in json.dumps(result)
     assert events(home, line["run_id"], "reply_accepted") == []
     assert all_violations(home) == []
+
+
+@pytest.mark.parametrize("name", ["approval-deploy-approved.yaml", "ask-user-answered.yaml"])
+def test_resume_goes_on_with_the_scenarios_scripted_replies_after_a_crash(tmp_path: Path, name: str) -> None:
+    """A `run` killed after any of its commits, then `loopledger resume`: the
+    scenario's `user:` replies the dead process did not deliver are
+    delivered by the resume (through a person's checks, with the wait's
+    token signed again by the data directory's secret), so the run ends as
+    its scenario expects, each side effect once."""
+    from loopledger.engine._scenario import load_scenario
+
+    scenario = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / name
+    expect = load_scenario(scenario).expect
+    for n in range(1, 60):
+        home = tmp_path / f"crash-{n}"
+        killed = cli("run", str(scenario), "--json", home=home, env={"LOOPLEDGER_CRASH_AFTER_COMMITS": str(n)})
+        if killed.returncode == 0:
+            break  # the whole run took fewer commits than that: every crash point was tried
+        assert killed.returncode == -9, killed.stderr
+        if not journal(home).execute("SELECT COUNT(*) FROM runs").fetchone()[0]:
+            continue  # killed before the run was made: nothing to resume
+        resumed = cli("resume", "--json", home=home)
+        assert resumed.returncode == 0, (n, resumed.stderr)
+        # (Killed after its terminal commit, the run is not resumed: it is done.)
+        ((run_id,),) = journal(home).execute("SELECT run_id FROM runs").fetchall()
+        assert state(home, run_id) == (expect.status, expect.reason), (n, resumed.stdout)
+        for tool, count in (expect.side_effects or {}).items():
+            assert executions(home, run_id, tool) == count, (n, tool)
+        assert all_violations(home) == []
+    else:
+        raise AssertionError("the run never finished uninterrupted")
+    assert n > 5  # crash points before, at and after the wait were all tried
