@@ -754,7 +754,7 @@ class Controller(PeopleMixin):
             return
         if op.tool == "ask_user" and not op.in_flight:
             args = op.arguments
-            schema = args.get("schema") or {}
+            schema = args.get("schema", {})  # `false` is a schema too: one that takes no answer
             why = unusable(schema)
             if why is not None:
                 # No answer could ever be taken (a pattern that is not a

@@ -62,7 +62,7 @@ COMPRESSION = "zstd"
 
 
 _REMAKE = ("restore the marker, or move {traces} aside and run `loopledger export` to write the traces again from "
-           "the journal")
+           "the journal (imported runs are not in the journal: import them again)")
 
 
 def has_segments(traces: Path) -> bool:
@@ -84,10 +84,15 @@ class ReadLock:
     def __init__(self, traces: Path) -> None:
         self._handle: Any = None
         try:
-            self._handle = open(traces / LOCK_FILE, "a+b")  # noqa: SIM115 - released by release()
+            handle = open(traces / LOCK_FILE, "a+b")  # noqa: SIM115 - released by release()
         except OSError:
             return
-        fcntl.flock(self._handle.fileno(), fcntl.LOCK_SH)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
+        except BaseException:
+            handle.close()
+            raise
+        self._handle = handle
 
     def release(self) -> None:
         """Let exports go on (idempotent)."""
@@ -257,6 +262,11 @@ class Recorder:
         except UnicodeDecodeError:
             text = None
         lines = text.split("\n") if text is not None else []
+        if len(lines) == 2 and not lines[1]:
+            # The journal's id alone: a marker written before folders had
+            # ids of their own (the folder id ''; its exports carry that id
+            # since migration 0008, which :meth:`_claim` checks).
+            lines.append("")
         if len(lines) != 3 or lines[2] or not lines[0].strip() or lines[0] != lines[0].strip() \
                 or lines[1] != lines[1].strip():
             raise JournalError(f"{marker}: not a traces marker (expected the journal's id and the folder's id, one "

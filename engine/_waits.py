@@ -170,7 +170,7 @@ def check_answer(run_id: str, waiting: dict[str, Any], reply: Reply) -> None:
     if reply.approve is not None:
         raise ReplyRejected(run_id, "answer not matching the expected schema",
                             "this wait asks a question: reply with --answer JSON")
-    schema = waiting.get("schema") or {}
+    schema = waiting.get("schema", {})
     from loopledger.validators._jsonschema import BoundedValidator, unusable
 
     # Such a question cannot be answered (the engine no longer asks one; a

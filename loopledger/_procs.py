@@ -55,9 +55,15 @@ def remove_if_abandoned(folder: Path, lock: Path) -> bool:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Still the lock at that path: another sweeper may have removed the
+        # folder since it was opened, and its owner made a new one there.
+        held, there = os.fstat(fd), os.lstat(lock)
+        if (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino):
+            os.close(fd)
+            return False
     except OSError:
         os.close(fd)
-        return False  # held: its owner is alive
+        return False  # held: its owner is alive (or the folder is gone)
     try:
         shutil.rmtree(folder, ignore_errors=True)
         return True

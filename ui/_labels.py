@@ -36,9 +36,10 @@ def add_human_label(home: Path, *, run_id: str, step: int, attempt: int, candida
             # Before the label is written: traces another journal exported
             # (copied from elsewhere) would never get it, nor a replay see it.
             Recorder(store, where.traces).claim()
-        except JournalError:
-            raise DataError(f"{where.traces} holds traces another journal exported; label these runs where that "
-                            "journal is (its data directory or --store), where replays will see it.") from None
+        except JournalError as exc:
+            # Another journal's traces (label them where that journal is), or
+            # a damaged marker: the recorder's own words say which.
+            raise DataError(f"The label cannot be written: {exc}.") from None
         label: dict[str, Any] = {
             "run_id": run_id, "step": int(step), "attempt": int(attempt), "candidate_id": candidate_id,
             "validator": validator, "expected_verdict": expected_verdict, "source": "human", "note": note,

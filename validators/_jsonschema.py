@@ -75,6 +75,8 @@ def unusable(schema: Any) -> str | None:
         Draft202012Validator.check_schema(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
     except SchemaError as exc:
         return exc.message
+    if schema is False or (isinstance(schema, dict) and schema.get("not") in ({}, True)):
+        return "it accepts no value at all"
     for where, keyword, value in _keywords(schema, "$"):
         if keyword in ("pattern", "patternProperties"):
             for pattern in (value if keyword == "patternProperties" else {value: None}):

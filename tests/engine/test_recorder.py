@@ -759,6 +759,24 @@ def test_segments_from_before_folders_named_their_journal(store: Any, traces: Pa
     assert_traces_equal_journal(traces, journal)
 
 
+def test_a_marker_from_before_folder_ids_is_taken_where_its_exports_were(store: Any, traces: Path,
+                                                                         journal: Journal) -> None:
+    """Markers once held the journal's id alone; migration 0008 gave those
+    folders' exports the folder id ''. Such a home goes on exporting."""
+    populate(store, "a")
+    Recorder(store, traces).export()
+    conn = journal.connect()
+    try:
+        for table in ("exports", "export_marks"):
+            conn.execute(f"UPDATE {table} SET traces_id = ''")
+    finally:
+        conn.close()
+    (traces / ".journal").write_text(f"{store.journal_id()}\n")
+    advance(store, "a")
+    Recorder(store, traces).export()
+    assert_traces_equal_journal(traces, journal)
+
+
 @pytest.mark.parametrize("damage", ["not utf-8", "folder id cut off", "empty", "deleted", "folder id changed"])
 def test_a_damaged_marker_is_refused_and_nothing_is_written_twice(store: Any, traces: Path, journal: Journal,
                                                                   damage: str) -> None:

@@ -816,6 +816,7 @@ model:
     ({"type": "object", "patternProperties": {"^x(": {}}}, "'^x(' is not a 'regex'"),
     ({"$ref": "#/definitions/nope"}, "$ref '#/definitions/nope' resolves to nothing here"),
     ({"$ref": "http://example.com/answer.json"}, "$ref 'http://example.com/answer.json' resolves to nothing here"),
+    ({"not": {}}, "it accepts no value at all"),
 ])
 def test_a_question_no_answer_could_fit_is_never_asked(tmp_path: Path, home: Path, schema: dict, why: str) -> None:
     """Valid as JSON Schema's metaschema sees it, yet nothing could be

@@ -137,3 +137,29 @@ def test_folders_left_by_killed_replays_are_swept(recorded_home: Path, tmp_path:
     assert not killed.exists() and not work.exists()
     assert busy.is_dir() and young.is_dir()
     assert sorted(p.name for p in replays.iterdir()) == ["busy.partial", "killed", "young.partial"]
+
+
+def test_a_sweeper_never_removes_a_folder_made_anew_where_it_looked(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sweepers open the same abandoned folder; the first removes it and
+    its owner makes a new one at that path. The second's lock on the old
+    (removed) folder must not let it remove the new one."""
+    from loopledger._procs import remove_if_abandoned
+
+    folder = tmp_path / "r1.partial"
+    folder.mkdir()
+    stale = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # the second sweeper's view of the old folder
+    try:
+        assert remove_if_abandoned(folder, folder)
+        folder.mkdir()  # a new replay with that id, before it locks it
+        original_open = os.open
+
+        def old_inode(path, flags, *args):  # the second sweeper opened before the removal
+            return os.dup(stale) if Path(path) == folder else original_open(path, flags, *args)
+
+        monkeypatch.setattr(os, "open", old_inode)
+        assert not remove_if_abandoned(folder, folder)
+        monkeypatch.undo()
+        assert folder.is_dir()
+    finally:
+        os.close(stale)

@@ -166,7 +166,8 @@ def test_a_label_on_traces_another_journal_exported_is_refused_before_it_is_writ
     at.radio(key="label_verdict").set_value("accept")
     at.button(key="FormSubmitter:label_form-Save label").click().run()
     assert not at.exception
-    assert any("holds traces another journal exported" in e.value for e in at.error), [e.value for e in at.error]
+    errors = [e.value for e in at.error]
+    assert any("these traces were exported from another journal" in e for e in errors), errors
     assert sqlite3.connect(home / "journal.sqlite").execute("SELECT count(*) FROM labels").fetchone() == (0,)
 
 
