@@ -729,6 +729,17 @@ def test_a_traces_folder_takes_the_exports_of_one_journal_only(store: Any, trace
     assert_traces_equal_journal(traces, journal)
 
 
+def exported_before_folder_ids(journal: Journal) -> None:
+    """The journal as migration 0008 left one that had exported before
+    folders had ids: its exports under the folder id ''."""
+    conn = journal.connect()
+    try:
+        for table in ("exports", "export_marks"):
+            conn.execute(f"UPDATE {table} SET traces_id = ''")
+    finally:
+        conn.close()
+
+
 def test_segments_from_before_folders_named_their_journal(store: Any, traces: Path, tmp_path: Path,
                                                          journal: Journal) -> None:
     """Traces exported before the folder recorded its journal (and before
@@ -740,12 +751,7 @@ def test_segments_from_before_folders_named_their_journal(store: Any, traces: Pa
     populate(store, "a")
     Recorder(store, traces).export()
     (traces / ".journal").unlink()
-    conn = journal.connect()
-    try:
-        for table in ("exports", "export_marks"):
-            conn.execute(f"UPDATE {table} SET traces_id = ''")
-    finally:
-        conn.close()
+    exported_before_folder_ids(journal)
     fresh = SQLiteRunStore(tmp_path / "fresh.sqlite")
     try:
         with pytest.raises(JournalError, match="holds exported segments but no marker"):
@@ -765,12 +771,7 @@ def test_a_marker_from_before_folder_ids_is_taken_where_its_exports_were(store: 
     folders' exports the folder id ''. Such a home goes on exporting."""
     populate(store, "a")
     Recorder(store, traces).export()
-    conn = journal.connect()
-    try:
-        for table in ("exports", "export_marks"):
-            conn.execute(f"UPDATE {table} SET traces_id = ''")
-    finally:
-        conn.close()
+    exported_before_folder_ids(journal)
     (traces / ".journal").write_text(f"{store.journal_id()}\n")
     advance(store, "a")
     Recorder(store, traces).export()
