@@ -66,7 +66,11 @@ class PeopleMixin:
         state version on, so the earlier token, if it exists, stops working;
         the wait itself (question, schema, expiry) is unchanged. Whoever can
         run this holds the data directory's secret anyway."""
-        view = self.load(run_id)
+        view, record = self._load(run_id)
+        # As for a reply: a token from a data directory that cannot drive the
+        # run (another's, on a shared journal) could never be used, and it
+        # would void the token of the one that can.
+        self._config_here(view, record)
         waiting = view.waiting
         if view.state is not State.WAITING_USER or waiting is None:
             raise ReplyRejected(run_id, "not waiting", f"the run is {view.state.value}, not waiting for a person")

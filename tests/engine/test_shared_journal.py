@@ -97,6 +97,10 @@ def test_a_reply_or_a_cancel_from_another_data_directory_is_left_to_the_runs_own
     refused = cli("reply", run_id, "--token", token, "--approve", "--json", home=b, store=journal, env=SECRET)
     assert refused.returncode == 1, (refused.stdout, refused.stderr)
     one_line(refused, run_id, "cannot be driven here", "another data directory")
+    # Nor may it issue a new token, which would void the one home a holds.
+    reissued = cli("token", run_id, "--json", home=b, store=journal, env=SECRET)
+    assert reissued.returncode == 1, (reissued.stdout, reissued.stderr)
+    assert "cannot be driven here" in reissued.stderr and "another data directory" in reissued.stderr
     assert executions(b, "deploy.service") == 0
 
     requested = cli("cancel", run_id, home=b, store=journal, env=SECRET)
