@@ -221,13 +221,10 @@ class Controller(PeopleMixin):
         finally:
             self.store.release(run_id)
 
-    @staticmethod
-    def _nothing_due(view: RunView) -> bool:
+    def _nothing_due(self, view: RunView) -> bool:
         """A run that waits for a person and has nothing to do until they
         answer: its wait has not run out and no cancel was asked."""
-        waiting = view.waiting or {}
-        return (view.state is State.WAITING_USER and not view.cancel_requested
-                and now_us() < waiting.get("expires_at_us", 1 << 62))
+        return view.state is State.WAITING_USER and not view.cancel_requested and not self._wait_over(view)
 
     def _maker_alive(self, view: RunView) -> bool:
         """Whether the ``run`` command that made the run lives in another

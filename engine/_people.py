@@ -180,11 +180,16 @@ class PeopleMixin:
         if outcome.outcome != "success":
             self._cancel_rest(view)
 
+    @staticmethod
+    def _wait_over(view: RunView) -> bool:
+        """Whether the run's wait for a person has run out (its expiry passed)."""
+        return now_us() >= (view.waiting or {}).get("expires_at_us", 1 << 62)
+
     def _expire_if_due(self, view: RunView) -> bool:
         """An expired wait ends the run EXPIRED; an operation it held gets
         its terminal denied result. True when it expired."""
         waiting = view.waiting or {}
-        if view.state is not State.WAITING_USER or now_us() < waiting.get("expires_at_us", 1 << 62):
+        if view.state is not State.WAITING_USER or not self._wait_over(view):
             return False
         op = view.ops.get(waiting["operation_id"]) if waiting.get("operation_id") else None
         if op is not None and not op.settled:

@@ -91,13 +91,13 @@ def load_prompt(version: str, own: Path | None = None) -> Prompt:
 
 def check_prompt_version(version: str, own: Path | None = None) -> Prompt:
     """``--prompt-version`` must name a file, bundled or in ``own``."""
-    known = ", ".join(versions(own))
     if not isinstance(version, str) or not VERSION_NAME.match(version):
         raise BadInput("--prompt-version", f"expected a name of ASCII letters and digits, '_' and '-' (at most 64), "
-                                           f"the name of a file NAME.md; got {version!r} (known: {known})")
+                                           f"the name of a file NAME.md; got {version!r} "
+                                           f"(known: {', '.join(versions(own))})")
     prompt = _read(version, own)
     if prompt is None:
         where = f" or a file {own / f'{version}.md'}" if own is not None else ""
-        raise BadInput("--prompt-version", f"no prompt file for {version!r}; known: {known}; expected one of "
-                                           f"those{where}")
+        raise BadInput("--prompt-version", f"no prompt file for {version!r}; known: {', '.join(versions(own))}; "
+                                           f"expected one of those{where}")
     return prompt

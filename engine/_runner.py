@@ -381,7 +381,7 @@ class Runner:
             except ReplyRejected as exc:
                 # A scripted reply gets no special treatment: refused, it
                 # leaves the run waiting with its token still valid.
-                self.rejections[run_id] = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
+                self.rejections[run_id] = exc.why
                 return self.controller.load(run_id)
             self.tokens.pop(run_id, None)
 

@@ -44,6 +44,11 @@ class ReplyRejected(EngineError):
         self.reason = reason
         self.detail = detail
 
+    @property
+    def why(self) -> str:
+        """The reason and its detail, as a rejection is told to a person."""
+        return f"{self.reason}: {self.detail}" if self.detail else self.reason
+
 
 #: The shortest secret accepted: as long as the one made on first use.
 MIN_SECRET_BYTES = 32

@@ -615,7 +615,8 @@ def reply(
             raise BadInput("--answer", f"expected JSON that a journal can keep, got {answer!r} ({exc})") from None
     where = _home(home, store)
     runner = _runner_for(run_id, where, no_journal=f"wrong run: no run {run_id!r} in the journal "
-                                                   f"(there is no journal in {where.root})", rejecting=True, as_json=as_json)
+                                                   f"(there is no journal in {where.root})",
+                         rejecting=True, as_json=as_json)
     try:
         try:
             view = runner.controller.reply(run_id, token, Reply(approve=True if approve else (False if deny else None),
@@ -625,8 +626,7 @@ def reply(
             # a reply that lost the race to another keeps its events as late
             # events. The traces get them as the journal has them.
             runner.recorder.flush()
-            why = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
-            _refuse(run_id, why, as_json, _known_line(runner, run_id))
+            _refuse(run_id, exc.why, as_json, _known_line(runner, run_id))
         except UnknownRun as exc:
             _refuse(run_id, f"wrong run: {exc}", as_json)
         if view.new_token:
@@ -666,8 +666,7 @@ def token(
             # As for reply: an expired wait ends the run, and a reissue that
             # lost the race keeps its event as a late event.
             runner.recorder.flush()
-            why = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
-            _refuse(run_id, why, as_json, _known_line(runner, run_id))
+            _refuse(run_id, exc.why, as_json, _known_line(runner, run_id))
         except UnknownRun as exc:
             _refuse(run_id, str(exc), as_json)
         runner.tokens[run_id] = view.new_token

@@ -330,8 +330,8 @@ def run_job(job: Job) -> list[list[RunReplay]]:
             part = f"part-{job.part:05d}.parquet"
             _write(out / "decisions" / part, DECISION_COLUMNS, decisions[i])
             _also(out / "decisions" / part, out / VALIDATIONS / part)
-            _write(out / "diffs" / f"part-{job.part:05d}.parquet", DIFF_COLUMNS, diffs[i])
-            _write(out / "loop_diagnoses" / f"part-{job.part:05d}.parquet", DIAGNOSIS_COLUMNS,
+            _write(out / "diffs" / part, DIFF_COLUMNS, diffs[i])
+            _write(out / "loop_diagnoses" / part, DIAGNOSIS_COLUMNS,
                    [(rid, d.run_id, d.step, d.detector, d.detector_version, d.pattern, d.evidence_json)
                     for d in found])
     return results
@@ -616,7 +616,6 @@ def _also(path: Path, alias: Path) -> None:
         os.link(path, alias)
     except OSError:
         shutil.copyfile(path, alias)
-
 
 
 def _write(path: Path, columns: Sequence[str], rows: list[tuple[Any, ...]]) -> None:
