@@ -4,10 +4,13 @@ library, with its regular expressions bounded in time.
 A schema's ``pattern`` may come from outside (a model's ``ask_user``
 question, an imported tool registry) and be one that backtracks without
 end on some text (``(a|a)*$`` against forty ``a`` and a ``!``): Python's
-``re`` would hang the run, the reply or the replay. Here ``pattern`` and
-``patternProperties`` match with the ``regex`` module under a timeout; a
-match that does not finish in :data:`PATTERN_TIMEOUT_S` is a validation
-error saying so. Everything else, messages included, is the library's.
+``re`` would hang the run, the reply or the replay. Here every keyword that
+matches a pattern (``pattern``, ``patternProperties``,
+``additionalProperties`` beside ``patternProperties``, and
+``unevaluatedProperties``, which looks through the applicators for them)
+matches with the ``regex`` module under a timeout; a match that does not
+finish in :data:`PATTERN_TIMEOUT_S` is a validation error saying so.
+Everything else, messages included, is the library's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import regex
 from jsonschema import Draft202012Validator, validators
+from jsonschema import _keywords as library_keywords
 from jsonschema.exceptions import ValidationError
 
 #: Seconds one match of a pattern may take.
@@ -60,9 +64,95 @@ def _pattern_properties(validator: Any, patterns: Mapping[str, Any], instance: A
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
+def _additional_properties(validator: Any, additional: Any, instance: Any,
+                           schema: Mapping[str, Any]) -> Iterator[ValidationError]:
+    """The library's ``additionalProperties``, with the property names
+    matched against ``patternProperties`` (joined into one pattern, as the
+    library does) under the timeout."""
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    joined = "|".join(schema.get("patternProperties", {}))
+    extras = []
+    for key in instance:
+        if key in properties:
+            continue
+        found = _search(joined, key) if joined else False
+        if found is None:
+            yield _unfinished(key, joined)
+        elif not found:
+            extras.append(key)
+    if validator.is_type(additional, "object"):
+        for key in extras:
+            yield from validator.descend(instance[key], additional, path=key)
+    elif not additional and extras:
+        names = sorted(extras, key=str)
+        if "patternProperties" in schema:
+            verb = "does" if len(names) == 1 else "do"
+            patterns = ", ".join(repr(each) for each in sorted(schema["patternProperties"]))
+            yield ValidationError(f"{', '.join(repr(each) for each in names)} {verb} not match any of the regexes: "
+                                  f"{patterns}")
+        else:
+            listed = ", ".join(repr(each) for each in names)
+            yield ValidationError(f"Additional properties are not allowed ({listed} "
+                                  f"{'was' if len(names) == 1 else 'were'} unexpected)")
+
+
+def _unevaluated_properties(validator: Any, unevaluated: Any, instance: Any,
+                            schema: Mapping[str, Any]) -> Iterator[ValidationError]:
+    """The library's ``unevaluatedProperties``, once every pattern it will
+    try on this object's names (``patternProperties`` here and in the
+    schemas applied in place: ``$ref``, ``allOf``, ``if`` and their kin) has
+    been matched under the timeout. A name that cannot be matched in time is
+    an error, and the library is not asked."""
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern in _in_place_patterns(validator, schema):
+        for key in instance:
+            if _search(pattern, key) is None:
+                yield _unfinished(key, pattern)
+                return
+    yield from library_keywords.unevaluatedProperties(validator, unevaluated, instance, schema)
+
+
+_IN_PLACE = ("allOf", "anyOf", "oneOf", "if", "then", "else", "not", "dependentSchemas", "$ref", "$dynamicRef")
+
+
+def _in_place_patterns(validator: Any, schema: Any) -> set[str]:
+    """The ``patternProperties`` patterns of ``schema`` and of every schema
+    applied to the same instance, references followed once each."""
+    patterns: set[str] = set()
+    seen: set[int] = set()
+    todo = [schema]
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        patterns.update(p for p in node.get("patternProperties", {}) if isinstance(p, str))
+        for keyword in _IN_PLACE:
+            value = node.get(keyword)
+            if keyword in ("$ref", "$dynamicRef") and isinstance(value, str):
+                try:
+                    todo.append(validator._resolver.lookup(value).contents)
+                except Exception:  # noqa: BLE001 - the library reports an unresolvable reference itself
+                    pass
+            elif isinstance(value, list):
+                todo.extend(value)
+            elif keyword == "dependentSchemas" and isinstance(value, dict):
+                todo.extend(value.values())
+            elif isinstance(value, dict):
+                todo.append(value)
+    return patterns
+
+
 #: Draft 2020-12 with bounded patterns (use it where ``Draft202012Validator`` would be).
-BoundedValidator = validators.extend(Draft202012Validator, {"pattern": _pattern,
-                                                            "patternProperties": _pattern_properties})
+BoundedValidator = validators.extend(Draft202012Validator, {
+    "pattern": _pattern,
+    "patternProperties": _pattern_properties,
+    "additionalProperties": _additional_properties,
+    "unevaluatedProperties": _unevaluated_properties,
+})
 
 
 def unusable(schema: Any) -> str | None:

@@ -16,6 +16,12 @@ SCHEMAS = [
     {"type": "object", "patternProperties": {"^x-": {"type": "integer"}, "^y": {"type": "string"}},
      "additionalProperties": False},
     {"type": "array", "items": {"type": "string", "pattern": "a|b"}},
+    {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}},
+    {"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+    {"$defs": {"x": {"patternProperties": {"^x": {"type": "integer"}}}},
+     "allOf": [{"$ref": "#/$defs/x"}], "properties": {"b": {}}, "unevaluatedProperties": False},
+    {"if": {"patternProperties": {"^i": {"type": "string"}}}, "then": {"properties": {"t": {}}},
+     "unevaluatedProperties": {"type": "boolean"}},
 ]
 
 
@@ -37,6 +43,19 @@ def test_a_pattern_that_backtracks_without_end_is_cut_off() -> None:
     assert len(errors) == 1 and "could not be matched against '(a|a)*$' within" in errors[0]
     keys = BoundedValidator({"type": "object", "patternProperties": {"^(a|aa)+$": {"type": "integer"}}})
     assert ["could not be matched" in e.message for e in keys.iter_errors({"a" * 40 + "!": 1})] == [True]
+
+
+def test_names_matched_for_additional_and_unevaluated_properties_are_cut_off_too() -> None:
+    slow = {"a" * 40 + "!": 1}
+    for schema in (
+        {"patternProperties": {"^(a|aa)+$": {}}, "additionalProperties": False},
+        {"allOf": [{"$ref": "#/$defs/p"}], "$defs": {"p": {"patternProperties": {"^(a|aa)+$": {}}}},
+         "unevaluatedProperties": False},
+    ):
+        began = time.monotonic()
+        messages = [e.message for e in BoundedValidator(schema).iter_errors(slow)]
+        assert time.monotonic() - began < PATTERN_TIMEOUT_S * 8, schema
+        assert messages and all("could not be matched" in m for m in messages), (schema, messages)
 
 
 def test_unusable_names_what_no_answer_could_fit() -> None:
