@@ -162,32 +162,72 @@ class RunOutcome:
 
 
 class _CoalescingRecorder:
-    """Exports when asked, at most one export at a time, never more often
-    than needed: requests made during an export are served by the next one."""
+    """Exports when asked, in a thread of its own: at most one export at a
+    time, never more often than needed (requests made during an export are
+    served by the next one), and never in the way of the runs. The batch's
+    scheduler, the ``--json`` lines and the polls of background work go on
+    while an export writes; an export reads the journal through a
+    connection of its own. :meth:`flush` waits for the export under way,
+    raises the failure of one that failed, and makes the final export."""
 
     def __init__(self, recorder: Recorder | None) -> None:
         self.recorder = recorder  # None: exports are switched off
-        self._lock = threading.Lock()
-        self._wanted = threading.Event()
+        self._changed = threading.Condition()
+        self._wanted = False
+        self._busy = False  # the thread is exporting
+        self._held = False  # flush() is exporting: the thread waits
+        self._failure: BaseException | None = None
+        self._thread: threading.Thread | None = None
 
     def request(self) -> None:
         if self.recorder is None:
             return
-        self._wanted.set()
-        if self._lock.acquire(blocking=False):
+        with self._changed:
+            self._wanted = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="export", daemon=True)
+                self._thread.start()
+            self._changed.notify_all()
+
+    def _serve(self) -> None:
+        assert self.recorder is not None
+        while True:
+            with self._changed:
+                while not self._wanted or self._held or self._failure is not None:
+                    self._changed.wait()
+                self._wanted, self._busy = False, True
             try:
-                while self._wanted.is_set():
-                    self._wanted.clear()
-                    self.recorder.export()
+                self.recorder.export()
+            except BaseException as exc:  # noqa: BLE001 - raised by flush(), in the caller's thread
+                with self._changed:
+                    self._failure = exc
             finally:
-                self._lock.release()
+                with self._changed:
+                    self._busy = False
+                    self._changed.notify_all()
+
+    def settle(self) -> None:
+        """Wait for the export under way, if any; start none."""
+        with self._changed:
+            while self._busy:
+                self._changed.wait()
 
     def flush(self) -> None:
         if self.recorder is None:
             return
-        with self._lock:
-            self._wanted.clear()
+        with self._changed:
+            while self._busy:
+                self._changed.wait()
+            failure, self._failure = self._failure, None
+            self._wanted, self._held = False, True
+        try:
+            if failure is not None:
+                raise failure
             self.recorder.export()
+        finally:
+            with self._changed:
+                self._held = False
+                self._changed.notify_all()
 
 
 def _server_gone(exc: BaseException) -> bool:
@@ -234,6 +274,7 @@ class Runner:
         self.recorder = _CoalescingRecorder(recorder)
 
     def close(self) -> None:
+        self.recorder.settle()  # an export under way reads through the store
         self.store.close()
         self.backend.close()
 
@@ -316,11 +357,9 @@ class Runner:
                     unmoved = leave_waiting.get(run_id) == view.state_version
                     if view.state is State.WAITING_TOOL and wait_for_tools and not pinned() and not unmoved:
                         heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
-                        self.recorder.request()
-                    else:
-                        self.recorder.request()
-                        if on_settled is not None:
-                            on_settled(run_id)
+                    elif on_settled is not None:
+                        on_settled(run_id)
+                    self.recorder.request()
         self.recorder.flush()
         if left:
             raise RunsNotResumed(left, RunsStopped(stopped) if stopped else None)

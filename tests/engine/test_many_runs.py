@@ -69,3 +69,42 @@ def test_a_run_stopped_by_an_unexpected_error_does_not_stop_the_others(tmp_path:
         runner.close()
     assert states.pop(doomed) is State.READY
     assert set(states.values()) == {State.SUCCEEDED}
+
+
+def test_an_export_never_holds_up_the_batch(tmp_path: Path) -> None:
+    """Exports run beside the runs: while one is writing, the other runs
+    settle (their ``--json`` lines are written) and background work is
+    polled. Here the first export blocks until every run has settled; a
+    scheduler that exported in its own thread would never get there."""
+    import threading
+
+    scenarios = [load_scenario(ROOT / "datasets" / "scenarios" / f"{name}.yaml")
+                 for name in ("happy-refund", "background-export", "happy-read-file")]
+    runner = Runner(Home.resolve(tmp_path / "home"))
+    all_settled = threading.Event()
+    first_export_saw: list[bool] = []
+    export = runner.recorder.recorder.export
+
+    def slow_export():
+        if not first_export_saw:
+            first_export_saw.append(all_settled.wait(timeout=10))
+        return export()
+
+    runner.recorder.recorder.export = slow_export
+    settled: list[str] = []
+    try:
+        ids = [runner.create(scenarios[i % 3], "v1") for i in range(6)]
+
+        def on_settled(run_id: str) -> None:
+            settled.append(run_id)
+            if len(settled) == len(ids):
+                all_settled.set()
+
+        runner.drive_all(ids, concurrency=2, on_settled=on_settled)
+        outcomes = [runner.outcome(run_id) for run_id in ids]
+    finally:
+        runner.close()
+    assert first_export_saw == [True]
+    assert sorted(settled) == sorted(ids)
+    assert [o.status for o in outcomes] == ["SUCCEEDED"] * 6
+    assert all_violations(tmp_path / "home") == []
