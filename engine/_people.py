@@ -35,6 +35,13 @@ class PeopleMixin:
         must fit, the expiry, and only the hash of the resume token."""
         artifact = Artifact("question", {"kind": kind, **question})
         expires = now_us() + int(config.scenario.contract.wait_ttl_s * 1_000_000)
+        # A wait ends at the run's deadline when that comes first: past it no
+        # reply could do anything, so the token and ``expires_at`` say so.
+        deadline_s = config.scenario.budgets.deadline_s
+        deadline = view.started_at + int(deadline_s * 1_000_000) if deadline_s is not None else None
+        by_deadline = deadline is not None and deadline < expires
+        if by_deadline:
+            expires = deadline
         version_after = view.state_version + 1
         wait_id = f"{view.run_id}.w{version_after}"
         token = issue_token(self.secret, TokenClaims(view.run_id, wait_id, version_after, expires))
@@ -48,6 +55,7 @@ class PeopleMixin:
             "schema": question.get("schema") or {},
             "expires_at_us": expires,
             "expires_at": from_us(expires).isoformat(),
+            "ends_with": "deadline" if by_deadline else "wait_ttl",
             "state_version": version_after,
             "token_hash": token_hash(token),
         }
@@ -95,6 +103,9 @@ class PeopleMixin:
         """The wait is over: the run ends EXPIRED (through FINALIZING), and
         what was asked of it is refused."""
         self.drive(run_id, wait_s=HANDOVER_WAIT_S)
+        if waiting.get("ends_with") == "deadline":
+            raise ReplyRejected(run_id, "expired", f"the run's deadline passed at {waiting['expires_at']}, "
+                                                   "and the wait ended with it")
         raise ReplyRejected(run_id, "expired", f"the wait expired at {waiting['expires_at']}")
 
     def reply(self, run_id: str, token: str, reply: Reply) -> RunView:
@@ -111,9 +122,11 @@ class PeopleMixin:
             raise ReplyRejected(run_id, "already used")
         waiting = view.waiting
         if view.state is not State.WAITING_USER or waiting is None:
-            if view.state is State.EXPIRED and now_us() >= claims.expires_at_us:
-                # The wait this token was for ran out, and the run ended with it.
-                raise ReplyRejected(run_id, "expired", "the wait expired and the run ended EXPIRED")
+            if view.state in (State.EXPIRED, State.BUDGET_EXHAUSTED) and now_us() >= claims.expires_at_us:
+                # The wait this token was for ran out (its own expiry, or the
+                # run's deadline), and the run ended with it.
+                raise ReplyRejected(run_id, "expired", f"the wait expired and the run ended {view.state.value} "
+                                                       f"({record.reason})")
             raise ReplyRejected(run_id, "stale state version", f"the run is {view.state.value}, not waiting")
         if claims.wait_id != waiting["wait_id"] or claims.state_version != view.state_version:
             raise ReplyRejected(run_id, "stale state version",
@@ -186,19 +199,30 @@ class PeopleMixin:
         return now_us() >= (view.waiting or {}).get("expires_at_us", 1 << 62)
 
     def _expire_if_due(self, view: RunView) -> bool:
-        """An expired wait ends the run EXPIRED; an operation it held gets
-        its terminal denied result. True when it expired."""
+        """An expired wait ends the run EXPIRED (BUDGET_EXHAUSTED /
+        ``deadline`` when the run's deadline ended it); an operation it held
+        gets its terminal result (denied, or cancelled). True when it
+        expired."""
         waiting = view.waiting or {}
         if view.state is not State.WAITING_USER or not self._wait_over(view):
             return False
         op = view.ops.get(waiting["operation_id"]) if waiting.get("operation_id") else None
+        deadline = waiting.get("ends_with") == "deadline"
         if op is not None and not op.settled:
-            self._record_result(view, op, ToolOutcome(
-                outcome="permission_denied" if waiting["kind"] == "approval" else "cancelled", status="failed",
-                result={"error": "WAIT_EXPIRED", "expired_at": waiting.get("expires_at")}, evidence=(),
-                error_code="WAIT_EXPIRED", retry_after_s=None, work_id=None, executed=False))
+            if deadline:
+                outcome = ToolOutcome(outcome="cancelled", status="failed",
+                                      result={"error": "DEADLINE", "deadline_at": waiting.get("expires_at")},
+                                      evidence=(), error_code="DEADLINE", retry_after_s=None, work_id=None,
+                                      executed=False)
+            else:
+                outcome = ToolOutcome(
+                    outcome="permission_denied" if waiting["kind"] == "approval" else "cancelled", status="failed",
+                    result={"error": "WAIT_EXPIRED", "expired_at": waiting.get("expires_at")}, evidence=(),
+                    error_code="WAIT_EXPIRED", retry_after_s=None, work_id=None, executed=False)
+            self._record_result(view, op, outcome)
         self._cancel_rest(view)
-        self._finalize(view, "EXPIRED", "expired", extra={"set_fields": {"waiting_json": None}})
+        status, reason = ("BUDGET_EXHAUSTED", "deadline") if deadline else ("EXPIRED", "expired")
+        self._finalize(view, status, reason, extra={"set_fields": {"waiting_json": None}})
         return True
 
     # -- cancellation -------------------------------------------------------------------

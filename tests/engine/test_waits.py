@@ -15,7 +15,7 @@ import os
 import sqlite3
 import subprocess
 import sys
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +231,40 @@ def test_an_expired_wait_rejects_the_reply_and_the_run_ends_expired(tmp_path: Pa
     assert executions(home, run_id, "deploy.service") == 0
     # Again, once the run has ended EXPIRED (or a resume ended it): still "expired".
     rejected(reply(home, run_id, w["resume_token"], "--approve", env={"LOOPLEDGER_NOW": later}), "expired")
+    assert all_violations(home) == []
+
+
+def test_a_wait_ends_at_the_runs_deadline_when_that_comes_first(tmp_path: Path, home: Path) -> None:
+    """Past the deadline no reply could do anything: ``expires_at`` is the
+    deadline, ``resume`` then ends the run BUDGET_EXHAUSTED / deadline (the
+    held deploy cancelled, never sent), and the reply is refused."""
+    text = DEPLOY.replace("  wait_ttl_s: 3600\n", "  wait_ttl_s: 3600\nbudgets: {deadline_s: 30}\n")
+    start_at = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    path = tmp_path / "dl.yaml"
+    path.write_text(text)
+    proc = cli("run", str(path), "--json", home=home, env={"LOOPLEDGER_NOW": start_at.isoformat()})
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    run_id, w = line["run_id"], line["waiting"]
+    assert datetime.fromisoformat(w["expires_at"]) == start_at + timedelta(seconds=30)
+    before = (start_at + timedelta(seconds=29)).isoformat()
+    assert json.loads(cli("resume", "--json", home=home, env={"LOOPLEDGER_NOW": before}).stdout)["status"] == \
+        "WAITING_USER"
+    after = (start_at + timedelta(seconds=31)).isoformat()
+    resumed = cli("resume", "--json", home=home, env={"LOOPLEDGER_NOW": after})
+    assert [(x["status"], x["reason"]) for x in map(json.loads, resumed.stdout.splitlines())] == \
+        [("BUDGET_EXHAUSTED", "deadline")]
+    (result,) = events(home, run_id, "operation_result")
+    assert (result["outcome"], result["error_code"]) == ("cancelled", "DEADLINE")
+    assert executions(home, run_id, "deploy.service") == 0
+    refused = reply(home, run_id, w["resume_token"], "--approve", env={"LOOPLEDGER_NOW": after})
+    rejected(refused, "expired")
+    assert "BUDGET_EXHAUSTED (deadline)" in refused.stderr
+    # A wait whose own expiry comes first keeps it.
+    short = DEPLOY.replace("  wait_ttl_s: 3600\n", "  wait_ttl_s: 10\nbudgets: {deadline_s: 30}\n")
+    path.write_text(short.replace("id: wait-deploy", "id: wait-deploy-short"))
+    proc = cli("run", str(path), "--json", home=home, env={"LOOPLEDGER_NOW": start_at.isoformat()})
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert datetime.fromisoformat(line["waiting"]["expires_at"]) == start_at + timedelta(seconds=10)
     assert all_violations(home) == []
 
 
