@@ -17,6 +17,7 @@ adapters (``openai:MODEL``, ``anthropic:MODEL``) live in ``_openai`` and
 from __future__ import annotations
 
 import json
+import math
 import queue
 import threading
 import time
@@ -25,7 +26,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Union
 
-from loopledger.canonical import is_unicode
+from loopledger.canonical import canonical_json, is_unicode
 
 from ._errors import ModelTimeout
 from ._scenario import ModelEntry, Usage as UsageSpec
@@ -267,11 +268,30 @@ def collect(events: Iterator[StreamEvent]) -> Collected:
 
 
 def _parse_object(raw: str) -> dict[str, Any] | None:
+    """The arguments as a JSON object, or None (they are kept as
+    ``raw_arguments`` then, for a repair) when they are not one a journal can
+    keep: not JSON or not an object; ``NaN`` or ``Infinity``, which Python's
+    reader takes; a number too large for a double (``1e400``, read as
+    infinity); nesting too deep to walk."""
     try:
-        value = json.loads(raw) if raw.strip() else {}
-    except ValueError:
+        value = json.loads(raw, parse_constant=_not_a_number, parse_float=_finite) if raw.strip() else {}
+        if not isinstance(value, dict):
+            return None
+        canonical_json(value)
+    except (ValueError, RecursionError):  # CanonicalJSONError is a ValueError
         return None
-    return value if isinstance(value, dict) else None
+    return value
+
+
+def _not_a_number(token: str) -> float:
+    raise ValueError(f"{token} is not a JSON number")
+
+
+def _finite(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+        raise ValueError(f"{token} does not fit a double")
+    return value
 
 
 class ScriptedModel:

@@ -137,6 +137,22 @@ def test_parallel_tool_calls_interleaved_are_assembled_by_index(tmp_path, server
     assert [m["tool_call_id"] for m in tools] == ["call_a", "call_b"]
 
 
+@pytest.mark.parametrize("arguments", ['{"order_id": "ORD-1042", "n": NaN}', '{"order_id": "ORD-1042", "n": 1e400}',
+                                       '{"order_id": ' + "[" * 20000 + "]" * 20000 + "}"])
+def test_arguments_a_journal_cannot_keep_are_raw_arguments_and_repaired(tmp_path, server, env, arguments) -> None:
+    """JSON that Python reads but a journal cannot keep (NaN, a number past
+    a double, nesting too deep to walk) is no parsed call: it is kept as
+    ``raw_arguments`` and repaired, as any unparseable arguments are; the
+    run is not stopped in MODEL_RUNNING by it."""
+    server.script(stream(*call_pieces(0, "call_a", "orders__get_order", arguments, size=4000), finish="tool_calls"),
+                  lookup(), text("ORD-1042 is paid."))
+    rec = run_scenario(tmp_path, ROUTE, env)
+    assert (rec.run.state.value, rec.run.reason) == ("SUCCEEDED", "completed"), rec.output
+    [bad] = items(rec.candidates[0]["items_json"])
+    assert "arguments" not in bad and bad["raw_arguments"] == arguments
+    assert rec.candidates[0]["tokens_out"] == 9  # its usage is counted
+
+
 def test_stream_cut_mid_arguments_is_an_incomplete_attempt_then_a_new_one(tmp_path, server, env) -> None:
     pieces = call_pieces(0, "call_a", "orders__get_order", json.dumps({"order_id": "ORD-1042"}))
     server.script(Reply(frames=[chunk({"role": "assistant"}), *pieces[:3]], cut=True), lookup(), text("Paid."))
