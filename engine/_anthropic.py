@@ -127,7 +127,11 @@ class AnthropicModel:
     def request_body(self, request: ModelRequest) -> tuple[dict[str, Any], ToolNames]:
         tools, names = offered_tools(request.context)
         system, messages = to_messages(turns(request.messages()), names)
-        budget = (request.context.get("budget") or {}).get("tokens")
+        # What is left of the run's tokens now (a retry in the step has had
+        # its earlier attempts counted), else the step's frozen figure.
+        budget = request.tokens_left
+        if budget is None:
+            budget = (request.context.get("budget") or {}).get("tokens")
         limit = self.max_output_tokens
         if isinstance(budget, (int, float)) and budget > 0:
             limit = max(min(limit, int(budget)), 1)

@@ -411,6 +411,7 @@ class Controller(PeopleMixin):
             context=context,
             conversation=lambda: conversation(view.context_id, lambda cid: self._context(cid)[0]),
             time_left_s=self._deadline_left(view, config) if config.scenario.budgets.deadline_s is not None else None,
+            tokens_left=self._tokens_left(view, config),
         )
         try:
             collected = collect(config.model.stream(request))
@@ -516,6 +517,13 @@ class Controller(PeopleMixin):
         if error.retry_after_s is not None:
             return error.retry_after_s
         return float(2 ** (view.attempts_in_step - 1))
+
+    @staticmethod
+    def _tokens_left(view: RunView, config: RunConfig) -> int | None:
+        limit = config.scenario.budgets.max_tokens
+        if limit is None:
+            return None
+        return max(int(limit - view.counters["tokens_in"] - view.counters["tokens_out"]), 0)
 
     def _deadline_left(self, view: RunView, config: RunConfig) -> float:
         deadline = config.scenario.budgets.deadline_s

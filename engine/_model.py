@@ -109,6 +109,10 @@ class ModelRequest:
     #: no deadline). The context's own ``budget`` was frozen when the step
     #: began: a retry in the same step has less time than it says.
     time_left_s: float | None = None
+    #: Tokens left of the run's ``max_tokens`` when this attempt begins
+    #: (None: no such budget); as for the deadline, the context's figure is
+    #: the one of the step's first attempt.
+    tokens_left: int | None = None
 
     def messages(self) -> list[dict[str, Any]]:
         if self.conversation is None:

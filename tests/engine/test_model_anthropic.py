@@ -228,6 +228,18 @@ def test_refusal_and_max_tokens_are_mapped_explicitly(tmp_path, server, env, sto
     assert rec.candidates[0]["finish_reason"] == {"refusal": "content_filter", "max_tokens": "length"}[stop_reason]
 
 
+def test_a_retry_in_the_step_asks_for_no_more_tokens_than_the_run_has_left(tmp_path, server, env) -> None:
+    """``max_tokens`` is capped by the run's remaining budget as it is when
+    each attempt begins: a cut attempt's tokens are counted before the next
+    (the context's figure is frozen with the step's first attempt)."""
+    server.script(message(*text_block(0, "Partial"), stop_reason="max_tokens", output_tokens=4000), text("Done."))
+    scenario = {**SCENARIO, "contract": {"goal": "Say hello.", "allowed_tools": ["orders.get_order"]},
+                "budgets": {"max_tokens": 5000}}
+    rec = run_scenario(tmp_path, ROUTE, env, scenario)
+    assert (rec.run.state.value, rec.run.reason) == ("SUCCEEDED", "completed"), rec.output
+    assert [r["max_tokens"] for r in server.requests] == [4096, 5000 - 30 - 4000]
+
+
 # -- errors -----------------------------------------------------------------------------
 
 
