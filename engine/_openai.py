@@ -10,7 +10,7 @@ one with ``finish_reason``) carries the usage; the finish is therefore
 yielded only when the stream has ended.
 
 Finish reasons: ``stop`` and ``tool_calls`` (``function_call`` from older
-servers) as they are; ``length``; ``content_filter``, and a ``refusal``
+servers, whose one call comes in ``function_call`` deltas) as they are; ``length``; ``content_filter``, and a ``refusal``
 delta makes the finish ``content_filter`` whatever the chunk says. A finish
 this table does not know fails the attempt (``unknown_finish``) rather than
 being taken for a success. A stop signal that contradicts the items is
@@ -149,6 +149,11 @@ class OpenAIModel:
                             fn = call.function
                             yield calls.piece(call.index, call.id, fn.name if fn else None,
                                               fn.arguments if fn else None)
+                        legacy = getattr(delta, "function_call", None)
+                        if legacy is not None:
+                            # An older server's one call (``function_call``
+                            # deltas), its id made up when the candidate is formed.
+                            yield calls.piece("function_call", None, legacy.name, legacy.arguments)
                     if choice.finish_reason:
                         finish = choice.finish_reason
         except Exception as exc:  # noqa: BLE001 - every vendor error becomes a typed one here

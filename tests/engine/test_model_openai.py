@@ -153,6 +153,18 @@ def test_arguments_a_journal_cannot_keep_are_raw_arguments_and_repaired(tmp_path
     assert rec.candidates[0]["tokens_out"] == 9  # its usage is counted
 
 
+def test_an_older_servers_function_call_deltas_are_the_call(tmp_path, server, env) -> None:
+    arguments = json.dumps({"order_id": "ORD-1042"})
+    legacy = [chunk({"function_call": {"name": "orders__get_order", "arguments": ""}}),
+              *(chunk({"function_call": {"arguments": arguments[i:i + 5]}}) for i in range(0, len(arguments), 5))]
+    server.script(stream(*legacy, finish="function_call"), text("ORD-1042 is paid."))
+    rec = run_scenario(tmp_path, ROUTE, env)
+    assert (rec.run.state.value, rec.run.reason) == ("SUCCEEDED", "completed"), rec.output
+    [call] = items(rec.candidates[0]["items_json"])
+    assert (call["name"], call["arguments"]) == ("orders.get_order", {"order_id": "ORD-1042"})
+    assert rec.candidates[0]["finish_reason"] == "tool_calls" and len(rec.operations) == 1
+
+
 def test_stream_cut_mid_arguments_is_an_incomplete_attempt_then_a_new_one(tmp_path, server, env) -> None:
     pieces = call_pieces(0, "call_a", "orders__get_order", json.dumps({"order_id": "ORD-1042"}))
     server.script(Reply(frames=[chunk({"role": "assistant"}), *pieces[:3]], cut=True), lookup(), text("Paid."))
