@@ -281,7 +281,7 @@ def _parse_object(raw: str) -> dict[str, Any] | None:
         value = json.loads(raw, parse_constant=_not_a_number, parse_float=_finite) if raw.strip() else {}
         if not isinstance(value, dict):
             return None
-        canonical_json(value)
+        canonical_json(_clean(value))  # its strings are made storable with the rest of the candidate
     except (ValueError, RecursionError):  # CanonicalJSONError is a ValueError
         return None
     return value

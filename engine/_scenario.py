@@ -143,11 +143,12 @@ class ModelEntry(_Strict):
     @model_validator(mode="after")
     def _shape(self) -> ModelEntry:
         if not (self.tool_calls or self.final is not None or self.text is not None or self.error or self.plan
-                or self.stream or self.finish_reason):
+                or self.stream or self.finish_reason or self.raw_arguments is not None):
             raise ValueError("an entry needs tool_calls, final, text, plan, error, or a faulty form "
-                             "(stream: truncated, finish_reason)")
-        if self.raw_arguments is not None and len(self.tool_calls) != 1:
-            raise ValueError("raw_arguments at entry level needs exactly one tool call")
+                             "(stream: truncated, finish_reason, raw_arguments)")
+        if self.raw_arguments is not None and len(self.tool_calls) > 1:
+            raise ValueError("raw_arguments at entry level is the arguments of the entry's one tool call; "
+                             f"expected one tool call, got {len(self.tool_calls)}")
         return self
 
 
@@ -299,6 +300,43 @@ class Scenario(_Strict):
                 raise ValueError(f"faults[{index}] is a second fault on {fault.tool} call {fault.call} "
                                  f"(faults[{earlier}]); expected one fault per call")
         return faults
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_bare_raw_arguments(cls, data: Any) -> Any:
+        """An entry of ``raw_arguments`` alone (CONTRACT.md's faulty form) is
+        a call, to the contract's first allowed tool, whose arguments do not
+        parse; without ``allowed_tools``, to the tool the script calls next.
+        Anything not shaped as expected is left to the fields' own checks."""
+        if not isinstance(data, dict):
+            return data
+        contract = data.get("contract")
+        allowed = contract.get("allowed_tools") if isinstance(contract, dict) else None
+        first_allowed = allowed[0] if isinstance(allowed, list) and allowed and isinstance(allowed[0], str) else None
+        model = data.get("model")
+        lists = list(model.items()) if isinstance(model, dict) else [(None, model)]
+        named: dict[Any, Any] = {}
+        for key, entries in lists:
+            if not isinstance(entries, list):
+                continue
+            out = list(entries)
+            for index, entry in enumerate(entries):
+                if not (isinstance(entry, dict) and isinstance(entry.get("raw_arguments"), str)
+                        and not entry.get("tool_calls")):
+                    continue
+                later = [e["tool_calls"][0]["name"] for e in entries[index + 1:]
+                         if isinstance(e, dict) and isinstance(e.get("tool_calls"), list) and e["tool_calls"]
+                         and isinstance(e["tool_calls"][0], dict) and isinstance(e["tool_calls"][0].get("name"), str)]
+                name = first_allowed or (later[0] if later else None)
+                if name is None:
+                    where = f"model.{key}[{index}]" if key is not None else f"model[{index}]"
+                    raise ValueError(f"{where}: raw_arguments alone names no tool (no contract.allowed_tools, and "
+                                     "no later entry calls one); expected tool_calls: [{name: TOOL}] beside it")
+                out[index] = {**entry, "tool_calls": [{"name": name}]}
+            named[key] = out
+        if not named:
+            return data
+        return {**data, "model": named[None] if None in named else {**model, **named}}
 
     def entries_for(self, prompt_version: str) -> list[ModelEntry]:
         """The scripted model's entries for a prompt version: its own list, else

@@ -105,6 +105,38 @@ model:
         ("truncated", None), (None, "length"), (None, None)]
 
 
+def test_raw_arguments_alone_is_a_call_whose_arguments_do_not_parse(tmp_path: Path) -> None:
+    """CONTRACT.md lists ``raw_arguments: '{"order_id": "ORD-'`` among the
+    faulty forms: alone, it calls the contract's first allowed tool, else
+    the tool the script calls next; with neither it is refused."""
+    allowed = load_scenario(write(tmp_path, """
+id: raw
+contract: {goal: g, allowed_tools: [orders.get_order, payments.refund]}
+model:
+  default:
+    - raw_arguments: '{"order_id": "ORD-'
+    - final: done
+  v2:
+    - raw_arguments: '{'
+    - final: done
+"""))
+    for version in ("v1", "v2"):
+        first = allowed.entries_for(version)[0]
+        assert [c.name for c in first.tool_calls] == ["orders.get_order"]
+    assert allowed.entries_for("v1")[0].raw_arguments == '{"order_id": "ORD-'
+    following = load_scenario(write(tmp_path, """
+id: raw2
+contract: {goal: g}
+model:
+  - raw_arguments: '{"path": '
+  - tool_calls: [{name: workspace.read_file, arguments: {path: src/app.py}}]
+""", "b.yaml"))
+    assert [c.name for c in following.entries_for("v1")[0].tool_calls] == ["workspace.read_file"]
+    with pytest.raises(BadInput) as refused:
+        load_scenario(write(tmp_path, "id: raw3\ncontract: {goal: g}\nmodel:\n  - raw_arguments: '{'\n", "c.yaml"))
+    assert "c.yaml" in str(refused.value) and "model[0]: raw_arguments alone names no tool" in str(refused.value)
+
+
 def test_decisions_name_a_member_of_the_suite(tmp_path: Path) -> None:
     from loopledger.engine._runner import check_tools
 
