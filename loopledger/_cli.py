@@ -583,7 +583,7 @@ def reply(
     """Deliver a person's reply or approval decision to a waiting run and resume it."""
     import json
 
-    from loopledger.engine._errors import BadInput, UnknownRun
+    from loopledger.engine._errors import BadInput, NotDrivableHere, UnknownRun
     from loopledger.engine._waits import Reply, ReplyRejected
 
     if sum((approve, deny, answer is not None)) != 1:
@@ -629,6 +629,8 @@ def reply(
             _refuse(run_id, exc.why, as_json, _known_line(runner, run_id))
         except UnknownRun as exc:
             _refuse(run_id, f"wrong run: {exc}", as_json)
+        except NotDrivableHere as exc:
+            _refuse(run_id, str(exc), as_json, _known_line(runner, run_id))
         if view.new_token:
             runner.tokens[run_id] = view.new_token
         if runner.controller.load(run_id).state.name == "WAITING_TOOL":
@@ -655,7 +657,7 @@ def token(
     wait itself (question, schema, expiry) is unchanged. Exit 0, or 1 when
     the run does not wait for a person (a wait past its expiry ends the run
     EXPIRED instead)."""
-    from loopledger.engine._errors import UnknownRun
+    from loopledger.engine._errors import NotDrivableHere, UnknownRun
     from loopledger.engine._waits import ReplyRejected
 
     runner = _runner_for(run_id, _home(home, store), rejecting=True, as_json=as_json)
@@ -669,6 +671,8 @@ def token(
             _refuse(run_id, exc.why, as_json, _known_line(runner, run_id))
         except UnknownRun as exc:
             _refuse(run_id, str(exc), as_json)
+        except NotDrivableHere as exc:
+            _refuse(run_id, str(exc), as_json, _known_line(runner, run_id))
         runner.tokens[run_id] = view.new_token
         runner.recorder.flush()
         outcome = runner.outcome(run_id)

@@ -101,6 +101,11 @@ def test_a_reply_or_a_cancel_from_another_data_directory_is_left_to_the_runs_own
     reissued = cli("token", run_id, "--json", home=b, store=journal, env=SECRET)
     assert reissued.returncode == 1, (reissued.stdout, reissued.stderr)
     assert "cannot be driven here" in reissued.stderr and "another data directory" in reissued.stderr
+    # With --json, each refusal is also the run's line, as every rejection is.
+    for proc in (refused, reissued):
+        (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+        assert (line["run_id"], line["status"]) == (run_id, "WAITING_USER")
+        assert "another data directory" in line["rejected"]
     assert executions(b, "deploy.service") == 0
 
     requested = cli("cancel", run_id, home=b, store=journal, env=SECRET)
