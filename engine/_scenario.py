@@ -355,6 +355,19 @@ class Scenario(_Strict):
         return self.model_dump(mode="json", exclude={"source"})
 
 
+def _bundled_hint(path: Path) -> str:
+    """For a missing ``datasets/scenarios/...`` (the docs' examples, run
+    outside a checkout of the project): where the installed copy is."""
+    parts = path.parts
+    for i in range(len(parts) - 1):
+        if parts[i:i + 2] == ("datasets", "scenarios"):
+            from importlib import resources
+
+            installed = Path(str(resources.files("loopledger.datasets").joinpath("scenarios")))
+            return f" (the bundled scenarios are installed in {installed.joinpath(*parts[i + 2:])})"
+    return ""
+
+
 def _where(path: str, loc: Iterable[Any]) -> str:
     field = ""
     for part in loc:
@@ -473,7 +486,8 @@ def scenario_files(paths: Iterable[str | Path]) -> list[Path]:
         elif path.is_file():
             files = [path]
         else:
-            raise BadInput(str(path), not_a_file(path, "a scenario file (.yaml) or a folder of them"))
+            raise BadInput(str(path), not_a_file(path, "a scenario file (.yaml) or a folder of them")
+                           + _bundled_hint(path))
         for file in files:
             real = file.resolve()
             if real not in seen:

@@ -208,7 +208,10 @@ def _load_file(path: Path, where: str) -> Suite:
             raise SuiteError(where, "not a regular file (a pipe, socket or device); expected a suite .yaml file")
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SuiteError(where, f"cannot read the file ({exc.strerror or exc})") from exc
+        hint = ""
+        if isinstance(exc, FileNotFoundError) and path.suffix in (".yaml", ".yml") and path.stem in bundled_suites():
+            hint = f"; the bundled suite of that name is --suite {path.stem}"
+        raise SuiteError(where, f"cannot read the file ({exc.strerror or exc}){hint}") from exc
     except UnicodeDecodeError as exc:
         raise SuiteError(where, not_utf8(exc.object, exc)) from None
     return _parse_text(text, where)

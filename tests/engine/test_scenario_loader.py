@@ -202,7 +202,16 @@ def test_a_folder_leaves_out_hidden_files_and_folders(tmp_path: Path) -> None:
 def test_a_missing_path_is_bad_input(tmp_path: Path) -> None:
     with pytest.raises(BadInput) as info:
         load_scenarios([tmp_path / "nope"])
-    assert "no such file" in str(info.value)
+    assert "no such file" in str(info.value) and "bundled" not in str(info.value)
+
+
+def test_a_missing_bundled_path_names_the_installed_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The docs' ``datasets/scenarios/...``, run outside a checkout."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BadInput) as info:
+        load_scenarios([Path("datasets/scenarios/happy-refund.yaml")])
+    installed = Path(str(info.value).split("installed in ")[1].rstrip(")"))
+    assert installed.is_file() and installed.name == "happy-refund.yaml"
 
 
 def test_every_bundled_scenario_loads() -> None:

@@ -228,3 +228,10 @@ def test_a_suite_file_named_in_capitals_or_without_its_suffix(tmp_path, monkeypa
     assert load_suite("default").name == "default"
     with pytest.raises(SuiteError, match="unknown suite 'nothing'"):
         load_suite("nothing")
+
+
+def test_a_missing_file_named_as_a_bundled_suite_says_how_to_name_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SuiteError) as info:
+        load_suite("datasets/suites/strict.yaml")
+    assert "the bundled suite of that name is --suite strict" in str(info.value)
