@@ -361,11 +361,15 @@ def _bundled_hint(path: Path) -> str:
     parts = path.parts
     for i in range(len(parts) - 1):
         if parts[i:i + 2] == ("datasets", "scenarios"):
-            from importlib import resources
-
-            installed = Path(str(resources.files("loopledger.datasets").joinpath("scenarios")))
-            return f" (the bundled scenarios are installed in {installed.joinpath(*parts[i + 2:])})"
+            return f" (the bundled scenarios are installed in {bundled_folder().joinpath(*parts[i + 2:])})"
     return ""
+
+
+def bundled_folder() -> Path:
+    """The folder of the bundled scenarios, wherever the package is installed."""
+    from importlib import resources
+
+    return Path(str(resources.files("loopledger.datasets").joinpath("scenarios")))
 
 
 def _where(path: str, loc: Iterable[Any]) -> str:

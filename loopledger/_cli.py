@@ -271,12 +271,6 @@ def export(
         run_store.close()
 
 
-def _bundled_scenarios() -> Path:
-    from importlib import resources
-
-    return Path(str(resources.files("loopledger.datasets").joinpath("scenarios")))
-
-
 def _drive(runner: Any, scenarios: list[Any], versions: list[str], model: str, concurrency: int,
            show_progress: bool) -> list[tuple[str, Any]]:
     """Create a run per scenario and prompt version, drive them all; return (run_id, scenario)."""
@@ -747,12 +741,12 @@ def demo(
     from rich.markup import escape
 
     from loopledger.engine._runner import Runner, check_script, check_tools
-    from loopledger.engine._scenario import load_scenarios
+    from loopledger.engine._scenario import bundled_folder, load_scenarios
     from loopledger.engine._show import comparison_table
 
     console = Console()
     where = _home(home, store)
-    scenarios = load_scenarios([_bundled_scenarios()])
+    scenarios = load_scenarios([bundled_folder()])
     for scenario in scenarios:
         check_tools(scenario)
         for version in ("v1", "v2"):
