@@ -915,14 +915,15 @@ class Controller(PeopleMixin):
             set_fields=set_fields or {},
         ), hold=hold)
 
-    def _cancel_rest(self, view: RunView) -> None:
+    def _cancel_rest(self, view: RunView, code: str = "PRECEDING_CALL_FAILED") -> None:
         """Sequential policy: after a failed call, the calls after it in the
-        same candidate are not sent; each still gets its terminal result."""
+        same candidate are not sent; each still gets its terminal result
+        (``code``: why, when it is not the failed call, e.g. ``DEADLINE``)."""
         for op in view.unsettled_ops():
             if not op.in_flight:
                 self._record_result(view, op, ToolOutcome(
                     outcome="cancelled", status="failed", result=None, evidence=(),
-                    error_code="PRECEDING_CALL_FAILED", retry_after_s=None, work_id=None, executed=False,
+                    error_code=code, retry_after_s=None, work_id=None, executed=False,
                 ))
 
     def _after_tools(self, view: RunView) -> None:

@@ -82,6 +82,7 @@ class PeopleMixin:
         waiting = view.waiting
         if view.state is not State.WAITING_USER or waiting is None:
             raise ReplyRejected(run_id, "not waiting", f"the run is {view.state.value}, not waiting for a person")
+        self._refuse_if_cancelling(view)
         if now_us() >= waiting["expires_at_us"]:
             # A token for a wait that is over could only be refused.
             self._refuse_expired(run_id, waiting)
@@ -98,6 +99,16 @@ class PeopleMixin:
             raise ReplyRejected(run_id, "stale state version", "the run moved on meanwhile; try again") from None
         view.new_token = token
         return view
+
+    def _refuse_if_cancelling(self, view: RunView) -> None:
+        """A run whose cancellation was asked for takes no reply and no new
+        token: this process carries the cancel out (or leaves it to the one
+        driving the run), and what was asked of it is refused."""
+        if not view.cancel_requested:
+            return
+        ended = self.drive(view.run_id, wait_s=HANDOVER_WAIT_S)
+        raise ReplyRejected(view.run_id, "cancelled", "the run's cancellation was requested before this; it is "
+                                                      f"{ended.state.value}")
 
     def _refuse_expired(self, run_id: str, waiting: dict[str, Any]) -> NoReturn:
         """The wait is over: the run ends EXPIRED (through FINALIZING), and
@@ -128,6 +139,7 @@ class PeopleMixin:
                 raise ReplyRejected(run_id, "expired", f"the wait expired and the run ended {view.state.value} "
                                                        f"({record.reason})")
             raise ReplyRejected(run_id, "stale state version", f"the run is {view.state.value}, not waiting")
+        self._refuse_if_cancelling(view)
         if claims.wait_id != waiting["wait_id"] or claims.state_version != view.state_version:
             raise ReplyRejected(run_id, "stale state version",
                                 f"the token is for state version {claims.state_version}; "
@@ -220,7 +232,7 @@ class PeopleMixin:
                     result={"error": "WAIT_EXPIRED", "expired_at": waiting.get("expires_at")}, evidence=(),
                     error_code="WAIT_EXPIRED", retry_after_s=None, work_id=None, executed=False)
             self._record_result(view, op, outcome)
-        self._cancel_rest(view)
+        self._cancel_rest(view, "DEADLINE" if deadline else "PRECEDING_CALL_FAILED")
         status, reason = ("BUDGET_EXHAUSTED", "deadline") if deadline else ("EXPIRED", "expired")
         self._finalize(view, status, reason, extra={"set_fields": {"waiting_json": None}})
         return True
@@ -228,17 +240,17 @@ class PeopleMixin:
     # -- cancellation -------------------------------------------------------------------
 
     def request_cancel(self, run_id: str) -> bool:
-        """Record a cancellation request; False when the run already ended."""
-        while True:
-            view = self.load(run_id)
-            if view.state in TERMINAL:
-                return False
-            try:
-                self._commit(view, Commit(run_id, view.state_version, None,
-                                          events=(NewEvent("cancel_requested", {}),)))
-                return True
-            except (StaleStateVersion, TerminalAlreadySet):
-                continue  # moved, or ended, meanwhile: look again
+        """Record a cancellation request; False when the run already ended.
+        Appended at the run's head whatever its state version, so a process
+        driving the run cannot outrun it: that process meets it at its next
+        commit and cancels the run itself."""
+        if self.load(run_id).state in TERMINAL:
+            return False
+        try:
+            self.store.append_at_head(run_id, (NewEvent("cancel_requested", {}),))
+        except TerminalAlreadySet:
+            return False  # ended meanwhile: the request is kept as a late event
+        return True
 
     def _cancel(self, view: RunView) -> None:
         """Stop pending work, then end CANCELLED, or CANCEL_UNKNOWN where a

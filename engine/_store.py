@@ -60,6 +60,7 @@ from ._records import (
     Commit,
     CommitResult,
     EventRecord,
+    NewEvent,
     NewRun,
     RunRecord,
 )
@@ -150,6 +151,8 @@ class RunStore(Protocol):
     def create_run(self, new: NewRun) -> RunRecord: ...
 
     def commit(self, commit: Commit, *then: Commit) -> CommitResult: ...
+
+    def append_at_head(self, run_id: str, events: Sequence[NewEvent]) -> CommitResult: ...
 
     def get_run(self, run_id: str) -> RunRecord: ...
 
@@ -529,6 +532,26 @@ class SQLRunStore:
         # In a batch, _write_retried writes inside the batch's transaction.
         result, late = self._write_retried(lambda conn: self._commit_txn(conn, chain),
                                            lambda: self._heads.pop(commit.run_id, None))
+        if late is not None:
+            raise late
+        return result
+
+    def append_at_head(self, run_id: str, events: Sequence[NewEvent]) -> CommitResult:
+        """Append ``events`` to the run as it stands, in one commit that
+        advances its state version but not its state: the version is the
+        one read under the write lock, so this cannot lose a compare-and-set
+        race. For a request from outside the process driving the run (a
+        cancel): a driver committing every few milliseconds would win every
+        race of a load and a commit. The driver's next commit then meets a
+        stale version and reads the run again. On an ended run the events
+        are kept as late events (``TerminalAlreadySet``)."""
+
+        def work(conn: Any) -> tuple[CommitResult, TerminalAlreadySet | None]:
+            self._heads.pop(run_id, None)
+            version = self._read_head(conn, run_id)[0]
+            return self._commit_txn(conn, (Commit(run_id, version, None, events=tuple(events)),))
+
+        result, late = self._write_retried(work, lambda: self._heads.pop(run_id, None))
         if late is not None:
             raise late
         return result

@@ -383,3 +383,85 @@ def test_cancel_of_a_run_past_cancelling_says_how_it_ended(tmp_path: Path) -> No
     assert "cancelled" not in proc.stdout
     assert run_state(home, run_id) == ("SUCCEEDED", "completed")
     assert all_violations(home) == []
+
+
+def test_a_cancel_lands_on_a_run_another_process_is_busy_driving(tmp_path: Path) -> None:
+    """``run`` drives a long run, committing every few milliseconds; a
+    ``cancel`` from another process must not lose every compare-and-set
+    race to it (it used to wait for the run to end on its own, then say it
+    had already ended): the driver meets the request and cancels the run."""
+    calls = "\n".join(f"  - tool_calls: [{{name: workspace.write_file, arguments: {{path: exports/n{i}.txt, "
+                      "content: x}}]" for i in range(600))
+    path = tmp_path / "long.yaml"
+    path.write_text(f"""\
+id: many-writes
+contract:
+  goal: Write the notes
+  required_evidence: [file_written]
+  allowed_tools: [workspace.write_file]
+budgets: {{max_steps: 1000, max_tool_calls: 1000}}
+model:
+{calls}
+  - final: Done.
+    claims: [{{text: done, evidence: [file_written]}}]
+""")
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    driver = subprocess.Popen([*CLI, "run", str(path), "--json", "--home", str(home)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        began = time.monotonic()
+        while True:
+            assert time.monotonic() - began < 60 and driver.poll() is None, driver.communicate()
+            if (home / "journal.sqlite").exists():
+                row = sqlite3.connect(home / "journal.sqlite").execute("SELECT run_id, step FROM runs").fetchone()
+                if row and row[1] >= 20:
+                    break
+            time.sleep(0.05)
+        run_id = row[0]
+        cancelled = cli("cancel", run_id, home=home)
+        out, err = driver.communicate(timeout=120)
+    finally:
+        driver.kill()
+    assert cancelled.returncode == 0, (cancelled.stdout, cancelled.stderr)
+    assert driver.returncode == 0, err
+    (line,) = [json.loads(x) for x in out.splitlines()]
+    assert line["status"] in ("CANCELLED", "CANCEL_UNKNOWN"), line
+    assert run_state(home, run_id)[0] == line["status"]
+    written = sqlite3.connect(home / "demo_backend.sqlite").execute(
+        "SELECT count(*) FROM executions WHERE run_id = ?", (run_id,)).fetchone()[0]
+    assert written < 600
+    assert [e for e in events(home, run_id, "late_event") if e.get("kind") == "cancel_requested"] == []
+    assert all_violations(home) == []
+
+
+@pytest.mark.parametrize("asked", ["reply", "token"])
+def test_a_run_whose_cancel_is_pending_takes_no_reply_and_no_new_token(tmp_path: Path, asked: str) -> None:
+    """The cancel is recorded where it cannot be carried out (here: only
+    recorded, as from a data directory sharing the journal); a reply or a
+    new token then is refused, and the run is cancelled by the process
+    that was asked (it used to accept the approval and ignore it)."""
+    from loopledger.engine._waits import Reply, ReplyRejected
+
+    home = tmp_path / "home"
+    path = tmp_path / "deploy.yaml"
+    path.write_text(DEPLOY)
+    runner = Runner(Home.resolve(home), auto_reply=False)
+    try:
+        run_id = runner.create(load_scenario(path), "v1")
+        runner.drive_all([run_id])
+        token = runner.tokens[run_id]
+        assert runner.controller.request_cancel(run_id)
+        with pytest.raises(ReplyRejected) as refused:
+            if asked == "reply":
+                runner.controller.reply(run_id, token, Reply(approve=True))
+            else:
+                runner.controller.reissue_token(run_id)
+        assert refused.value.reason == "cancelled" and "CANCELLED" in refused.value.detail
+        assert runner.store.get_run(run_id).state is State.CANCELLED
+    finally:
+        runner.close()
+    assert events(home, run_id, "reply_accepted") == [] and events(home, run_id, "token_reissued") == []
+    assert sqlite3.connect(home / "demo_backend.sqlite").execute("SELECT COUNT(*) FROM executions").fetchone() == (0,)
+    assert cli("export", home=home).returncode == 0
+    assert all_violations(home) == []

@@ -732,8 +732,9 @@ def test_processes_making_the_secret_at_once_all_get_the_same_whole_one(tmp_path
 
 
 def test_an_approval_that_comes_after_the_deadline_sends_nothing(tmp_path: Path, home: Path) -> None:
-    """The wait counts against the deadline: approved past it, the deploy is
-    not sent; its result says why and the run ends BUDGET_EXHAUSTED."""
+    """The wait counts against the deadline: the wait ends with it, so an
+    approval past it is refused as expired, the deploy is not sent, its
+    result says why and the run ends BUDGET_EXHAUSTED."""
     text = DEPLOY.replace("model:", "budgets: {deadline_s: 60}\nmodel:")
     start_at = "2026-01-01T00:00:00+00:00"
     path = tmp_path / "late.yaml"
@@ -744,7 +745,7 @@ def test_an_approval_that_comes_after_the_deadline_sends_nothing(tmp_path: Path,
     assert line["status"] == "WAITING_USER"
     late = reply(home, line["run_id"], line["waiting"]["resume_token"], "--approve",
                  env={"LOOPLEDGER_NOW": "2026-01-01T00:02:00+00:00"})
-    assert late.returncode == 0, late.stderr
+    rejected(late, "expired")
     assert state(home, line["run_id"]) == ("BUDGET_EXHAUSTED", "deadline")
     assert executions(home, line["run_id"], "deploy.service") == 0
     (result,) = events(home, line["run_id"], "operation_result")
@@ -754,8 +755,9 @@ def test_an_approval_that_comes_after_the_deadline_sends_nothing(tmp_path: Path,
 
 
 def test_past_the_deadline_nobody_is_asked_to_approve_a_call(tmp_path: Path, home: Path) -> None:
-    """An answer that came after the deadline: the deploy proposed with the
-    question is not put to a person for approval; it is cancelled."""
+    """An answer that came after the deadline is refused (the wait ended
+    with the deadline), and the deploy proposed with the question is not
+    put to a person for approval: it is cancelled."""
     text = """\
 id: answer-late
 contract:
@@ -779,7 +781,7 @@ model:
     assert line["waiting"]["kind"] == "user"
     late = reply(home, line["run_id"], line["waiting"]["resume_token"], "--answer", '"1.5.0"',
                  env={"LOOPLEDGER_NOW": "2026-01-01T00:02:00+00:00"})
-    assert late.returncode == 0, late.stderr
+    rejected(late, "expired")
     (after,) = [json.loads(x) for x in late.stdout.splitlines()]
     assert (after["status"], after["reason"]) == ("BUDGET_EXHAUSTED", "deadline"), after
     assert state(home, line["run_id"]) == ("BUDGET_EXHAUSTED", "deadline")
