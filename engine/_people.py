@@ -271,11 +271,18 @@ class PeopleMixin:
         for op in view.step_ops():
             if op.in_flight:
                 # Sent, its answer never recorded. What its backend recorded
-                # under the key is its one result. Otherwise nobody can say it
-                # did not happen (the process that sent it may still be
-                # sending): its result is unknown_outcome, and so is the cancel.
+                # under the key is its one result. No record is a confirmed
+                # "not executed", as reconciliation takes it: this process
+                # holds the run's claim, so the process that sent it is gone
+                # (or fenced off), and a read-only tool has no effect to
+                # record. Only a backend that cannot say either way leaves
+                # the outcome, and so the cancel, unknown.
                 found = self._lookup(view, op)
-                if found is None or found.outcome == "unknown_outcome":
+                if found is None:
+                    found = ToolOutcome(outcome="cancelled", status="failed",
+                                        result={"error": "CANCELLED", "executed": False}, evidence=(),
+                                        error_code="CANCELLED", retry_after_s=None, work_id=None, executed=False)
+                elif found.outcome == "unknown_outcome":
                     unconfirmed.append(op.operation_id)
                     found = failure("unknown_outcome", "CANCELLED_IN_FLIGHT",
                                     f"{op.tool} was sent and its answer never recorded; the run was cancelled "

@@ -280,8 +280,9 @@ model:
   - final: Refunded.
     claims: [{text: refunded, evidence: [refund_confirmed]}]
 """, lambda other, run_id: other.controller._drive(run_id))
-    # The read was in flight when the other cancelled: nobody could confirm it.
-    assert view.state is State.CANCEL_UNKNOWN and sent == ["orders.get_order"]
+    # The read was in flight when the other cancelled: a read-only tool has
+    # no effect for the backend to record, so the lookup's "none" is its result.
+    assert view.state is State.CANCELLED and sent == ["orders.get_order"]
     executions = sqlite3.connect(home / "demo_backend.sqlite").execute(
         "SELECT count(*) FROM executions WHERE tool = 'payments.refund'").fetchone()[0]
     assert executions == 0
@@ -289,8 +290,9 @@ model:
 
 @pytest.mark.parametrize(("crash", "ending"), [
     # After the refund's dispatch was recorded, before it was sent: the
-    # backend has no record of the key, and nobody can say it did not happen.
-    ({"LOOPLEDGER_CRASH_AFTER_COMMITS": "3"}, ("CANCEL_UNKNOWN", "unknown_outcome")),
+    # backend has no record of the key and its sender is gone, so it never
+    # took effect (as reconciliation would take it): cancelled.
+    ({"LOOPLEDGER_CRASH_AFTER_COMMITS": "3"}, ("CANCELLED", "cancelled")),
     # After the backend executed it: its recorded result is the request's one result.
     ({"LOOPLEDGER_CRASH_AT": "after_dispatch"}, ("CANCELLED", "success")),
 ])
@@ -322,6 +324,9 @@ model:
     assert cli("cancel", run_id, home=home).returncode == 0
     outcome = journal.execute("SELECT outcome FROM operations WHERE run_id = ?", (run_id,)).fetchone()[0]
     assert (run_state(home, run_id)[0], outcome) == ending
+    executed = sqlite3.connect(home / "demo_backend.sqlite").execute(
+        "SELECT count(*) FROM executions WHERE run_id = ?", (run_id,)).fetchone()[0]
+    assert executed == (1 if outcome == "success" else 0)
     assert cli("export", home=home).returncode == 0
     assert all_violations(home) == []
 
