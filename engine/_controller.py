@@ -493,6 +493,9 @@ class Controller(PeopleMixin):
                     "detail": f"the provider asked to wait {wait:.1f}s, past the run's deadline"})
                 return
             payload: dict[str, Any] = {"retry_of": candidate.artifact_id, "finish_reason": collected.finish_reason}
+            if collected.error is not None:
+                # Said where a reader of the events looks, not only in the artifact.
+                payload["error"] = {"code": collected.error.code, "message": collected.error.message}
             if wait:
                 payload["backoff_s"] = round(wait, 3)
             self._move(view, State.MODEL_RUNNING, attempt=view.attempt + 1, payload=payload)
@@ -501,6 +504,8 @@ class Controller(PeopleMixin):
                 self.sleep(wait)
         else:
             detail = f"{view.attempts_in_step} attempts ended '{collected.finish_reason}'"
+            if collected.error is not None:
+                detail += f"; the last: {collected.error.code}: {collected.error.message}"
             self._commit(view, Commit(view.run_id, view.state_version, None, **common), hold=True)
             # A budget this attempt used up is the reason, as it would be had
             # the step allowed another attempt: the user's limit comes first.

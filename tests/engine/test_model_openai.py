@@ -214,6 +214,11 @@ def test_500_on_every_attempt_fails_the_run_after_the_engines_attempts(tmp_path,
     assert (rec.run.state.value, rec.run.reason) == ("FAILED", "model_error"), rec.output
     assert [(c["attempt"], c["finish_reason"]) for c in rec.candidates] == [(1, "error"), (2, "error"), (3, "error")]
     assert len(server.requests) == 3
+    # Why, where a reader looks: each retry's event and the run's last detail.
+    retries = [e.payload for e in rec.events if e.kind == "transition" and "retry_of" in e.payload]
+    assert [r["error"]["code"] for r in retries] == ["server_error"] * 2 and "boom" in retries[0]["error"]["message"]
+    (final,) = [e.payload for e in rec.events if e.kind == "transition" and e.to_state == "FINALIZING"]
+    assert final["detail"].startswith("3 attempts ended 'error'; the last: server_error: ") and "boom" in final["detail"]
 
 
 def test_bad_credentials_fail_the_run_without_a_retry(tmp_path, server, env) -> None:
