@@ -56,7 +56,10 @@ def parse_route(route: str) -> tuple[str, str]:
     if not sep or provider not in PROVIDERS or not model.strip():
         raise BadInput("--model", f"unknown model route {route!r}; expected scripted, openai:MODEL "
                        "or anthropic:MODEL")
-    return provider, model.strip()
+    if any(c.isspace() for c in model):
+        # Sent as is, a space would name another model (or none) at the provider.
+        raise BadInput("--model", f"model route {route!r}: a model name has no spaces; expected {provider}:MODEL")
+    return provider, model
 
 
 @dataclass(frozen=True)
@@ -83,15 +86,33 @@ def settings_for(route: str) -> Settings:
     base_url = os.environ.get(p.url_env) or None
     host = urlparse(base_url).hostname if base_url else p.own_hosts[0]
     key = os.environ.get(p.key_env) or ""
+    if key and not key.strip():
+        raise BadInput(p.key_env, "is set but blank; expected the provider's API key (or leave it unset)")
     if not key:
         if host in p.own_hosts:
             raise BadInput("--model", f"{route} needs an API key: set {p.key_env} "
                            f"(or {p.url_env} for a server of your own)")
         key = NO_KEY
-    max_tokens = _env_float("LOOPLEDGER_MAX_OUTPUT_TOKENS", 0) or None
     price_table()  # checked now: otherwise first read to price an answer already paid for
-    return Settings(key, base_url, _env_float("LOOPLEDGER_MODEL_TIMEOUT_S", 120.0),
-                    int(max_tokens) if max_tokens else None)
+    return Settings(key, base_url, _env_float("LOOPLEDGER_MODEL_TIMEOUT_S", 120.0), _env_tokens())
+
+
+#: More output tokens than any model answers with; a larger figure is a typo.
+MAX_OUTPUT_TOKENS = 10_000_000
+
+
+def _env_tokens() -> int | None:
+    raw = os.environ.get("LOOPLEDGER_MAX_OUTPUT_TOKENS")
+    if not raw:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_OUTPUT_TOKENS:
+        raise BadInput("LOOPLEDGER_MAX_OUTPUT_TOKENS",
+                       f"expected a whole number of tokens from 1 to {MAX_OUTPUT_TOKENS:,}, got {raw!r}")
+    return value
 
 
 def _env_float(name: str, default: float) -> float:

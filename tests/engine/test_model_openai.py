@@ -378,12 +378,30 @@ def test_a_chunk_that_is_not_json_is_a_bad_response_and_retried(tmp_path, server
     ("LOOPLEDGER_MODEL_TIMEOUT_S", "abc"),
     ("LOOPLEDGER_MODEL_TIMEOUT_S", "0"),
     ("LOOPLEDGER_MODEL_TIMEOUT_S", "-5"),
-    ("LOOPLEDGER_MAX_OUTPUT_TOKENS", "inf"),
-    ("LOOPLEDGER_MAX_OUTPUT_TOKENS", "nan"),
 ])
 def test_a_setting_that_is_not_a_positive_number_is_bad_input(tmp_path, server, env, name, raw) -> None:
     rec = run_scenario(tmp_path, ROUTE, {**env, name: raw})
     assert rec.exit_code == 2 and f"{name}: expected a positive number, got {raw!r}" in rec.output
+    assert rec.run is None and server.requests == []
+
+
+@pytest.mark.parametrize("raw", ["inf", "nan", "1.5", "0", "-3", "99999999999999999999", "many"])
+def test_max_output_tokens_is_a_whole_number_in_range(tmp_path, server, env, raw) -> None:
+    rec = run_scenario(tmp_path, ROUTE, {**env, "LOOPLEDGER_MAX_OUTPUT_TOKENS": raw})
+    assert rec.exit_code == 2, rec.output
+    assert f"LOOPLEDGER_MAX_OUTPUT_TOKENS: expected a whole number of tokens from 1 to 10,000,000, got {raw!r}" \
+        in rec.output
+    assert rec.run is None and server.requests == []
+
+
+@pytest.mark.parametrize(("route", "extra_env", "expected"), [
+    ("openai: test-model", {}, "a model name has no spaces"),
+    ("openai:test model", {}, "a model name has no spaces"),
+    (ROUTE, {"OPENAI_API_KEY": "   "}, "OPENAI_API_KEY: is set but blank"),
+])
+def test_a_route_with_spaces_or_a_blank_key_is_bad_input(tmp_path, server, env, route, extra_env, expected) -> None:
+    rec = run_scenario(tmp_path, route, {**env, **extra_env})
+    assert rec.exit_code == 2 and expected in rec.output, rec.output
     assert rec.run is None and server.requests == []
 
 
