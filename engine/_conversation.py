@@ -108,15 +108,29 @@ def offered_tools(context: dict[str, Any]) -> tuple[list[OfferedTool], ToolNames
             continue
         if allowed is not None and not any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed):
             continue
-        schema = {k: v for k, v in (spec.get("schema") or {"type": "object"}).items() if k != "$schema"}
+        schema = _for_provider(spec.get("schema") or {"type": "object"})
         notes = []
         if spec.get("requires_approval"):
             notes.append("a person must approve each call")
-        if not spec.get("read_only", False):
+        if name == "ask_user":
+            notes.append("asks the user; `schema` is the JSON Schema (2020-12) the answer must fit")
+        elif not spec.get("read_only", False):
             notes.append("has side effects")
         description = f"{name} (version {spec.get('version')})" + (f"; {'; '.join(notes)}" if notes else "")
         tools.append(OfferedTool(names.add(name), name, str(spec.get("version")), description, schema))
     return tools, names
+
+
+def _for_provider(schema: Any) -> Any:
+    """A tool's JSON Schema as providers take it: no ``$schema``, and no
+    ``$ref`` to a schema elsewhere (a provider fetches nothing; the
+    engine's own check of the arguments still follows it)."""
+    if isinstance(schema, dict):
+        return {k: _for_provider(v) for k, v in schema.items()
+                if k != "$schema" and not (k == "$ref" and isinstance(v, str) and "://" in v)}
+    if isinstance(schema, list):
+        return [_for_provider(v) for v in schema]
+    return schema
 
 
 # -- the neutral conversation ---------------------------------------------------------

@@ -3,6 +3,8 @@ reshaped into turns every provider accepts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from loopledger.engine._conversation import NOT_RUN, ToolNames, conversation, offered_tools, provider_tool_name, turns
@@ -58,6 +60,10 @@ def test_dotted_tool_names_map_reversibly_and_only_allowed_tools_are_offered() -
     assert names.registry("orders__update_address") == "orders.update_address"
     assert names.registry("payments__refund") == "payments.refund"  # not offered: mapped back by rule
     assert all("$schema" not in t.schema for t in tools)
+    # No reference to a schema elsewhere goes to a provider (it fetches nothing).
+    ask = next(t for t in tools if t.name == "ask_user")
+    assert "://" not in json.dumps(ask.schema) and ask.schema["properties"]["schema"] == {"type": "object"}
+    assert "side effects" not in ask.description and "JSON Schema" in ask.description
     clash = ToolNames()
     clash.add("a.b")
     with pytest.raises(ValueError, match="same name"):
