@@ -694,6 +694,7 @@ def cancel(
             _err(str(exc))
             raise typer.Exit(EXIT_FAILED) from None
         if not requested:
+            runner.recorder.flush()  # a request that met the end is kept as a late event: the traces get it
             record = runner.store.get_run(run_id)
             _err(f"run {run_id} already ended: {record.state.value} ({record.reason})")
             raise typer.Exit(EXIT_FAILED)
