@@ -13,6 +13,7 @@ from loopledger._text import plain_cells, visible
 
 from ._clock import from_us
 from ._errors import UnknownRun
+from ._states import WAITING
 from ._store import SQLRunStore
 
 
@@ -105,6 +106,30 @@ def _decoded(row: dict[str, Any]) -> dict[str, Any]:
 LABEL_FIELDS = ("step", "attempt", "candidate_id", "validator", "expected_verdict", "source", "note", "created_at")
 
 
+_WAITING_NAMES = frozenset(s.value for s in WAITING)
+
+
+def time_split(events: Sequence[Any]) -> dict[str, float]:
+    """Seconds the run spent in each kind of state, from its transitions
+    (waiting is reported apart from processing time, as the UI does): a
+    span runs from the transition into a state to the next transition, and
+    the current, still open span is not counted. ``waiting_user_s`` and
+    ``waiting_tool_s`` are the waits; ``processing_s`` every other span
+    (time a process was down while the run stood in a working state, after
+    a crash, is in it: the journal cannot tell it from slow work)."""
+    totals = {"processing_s": 0, "waiting_user_s": 0, "waiting_tool_s": 0}
+    entered: tuple[str, int] | None = None
+    for e in events:
+        if e.to_state is None:
+            continue
+        if entered is not None:
+            state, since = entered
+            key = f"{state.lower()}_s" if state in _WAITING_NAMES else "processing_s"
+            totals[key] += e.ts - since
+        entered = (e.to_state, e.ts)
+    return {key: round(us / 1e6, 6) for key, us in totals.items()}
+
+
 def run_document(store: SQLRunStore | TracedRuns, run_id: str) -> dict[str, Any]:
     """Everything ``show`` prints, whole (nothing clipped), as one JSON-ready
     object: the run's fields and status, its events, candidates, decisions,
@@ -115,10 +140,12 @@ def run_document(store: SQLRunStore | TracedRuns, run_id: str) -> dict[str, Any]
     document.update({name: getattr(run, name, None) for name in RUN_FIELDS})
     waiting = getattr(run, "waiting_json", None)
     document["waiting"] = json.loads(waiting) if isinstance(waiting, str) else waiting
+    events = store.events(run_id)
+    document["time"] = time_split(events)
     document["events"] = [
         {"seq": e.seq, "ts": e.ts, "kind": e.kind, "from_state": e.from_state, "to_state": e.to_state,
          "step": e.step, "attempt": e.attempt, "state_version": e.state_version, "payload": json.loads(e.payload_json)}
-        for e in store.events(run_id)
+        for e in events
     ]
     document["candidates"] = [_decoded(c) for c in store.facts("candidates", run_id)]
     document["decisions"] = [_decoded(d) for d in store.facts("validations", run_id)]
@@ -150,14 +177,24 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
                   f"model attempts {run.model_attempts}  tool calls {run.tool_calls}  "
                   f"tokens {_or_dash(run.tokens_in)}+{_or_dash(run.tokens_out)}  cost {cost}"
                   + ("" if reward is None else f"  reward {reward:g}"))
+    events = store.events(run_id)
+    if events:
+        split = time_split(events)
+        console.print(f"started {from_us(events[0].ts).strftime('%Y-%m-%d %H:%M:%S')} UTC  "
+                      f"processing {split['processing_s']:.3f} s  waiting for a person "
+                      f"{split['waiting_user_s']:.3f} s  waiting for background work {split['waiting_tool_s']:.3f} s")
 
-    timeline = Table(title="timeline")
+    timeline = Table(title="timeline (UTC)")
     for name in ("seq", "time", "step", "att", "event", "detail"):
         timeline.add_column(name)
-    for e in store.events(run_id):
+    day = None
+    for e in events:
         move = f"{e.from_state or '∅'} → {e.to_state}" if e.kind in ("transition", "run_created") else e.kind
         detail = "" if e.payload_json == "{}" else _short(e.payload_json)
-        at = from_us(e.ts).strftime("%H:%M:%S.%f")[:-3]
+        when = from_us(e.ts)
+        # The date where it changes (a wait may span days), the time of day otherwise.
+        at = when.strftime("%H:%M:%S.%f")[:-3] if when.date() == day else when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        day = when.date()
         timeline.add_row(*plain_cells(e.seq, at, e.step, e.attempt, move, detail))
     console.print(timeline)
 

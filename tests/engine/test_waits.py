@@ -466,6 +466,12 @@ def test_waiting_time_is_recorded_apart_from_processing_time(tmp_path: Path, hom
     assert waited == 40 * 60 * 1_000_000, "the time between entering and leaving WAITING_USER is the wait"
     assert processed == (rows[-1][1] - rows[0][1]) - waited
     assert processed < waited
+    # show says it too: in --json under "time", and on the table's status lines.
+    shown = json.loads(cli("show", run_id, "--json", home=home).stdout)["time"]
+    assert shown["waiting_user_s"] == 40 * 60 and shown["waiting_tool_s"] == 0
+    assert shown["processing_s"] == round(processed / 1e6, 6)
+    table = cli("show", run_id, home=home).stdout
+    assert "waiting for a person 2400.000 s" in table and "started " in table
 
 
 def test_two_replies_with_one_token_at_once_exactly_one_is_accepted(tmp_path: Path, home: Path) -> None:
