@@ -253,9 +253,34 @@ class PeopleMixin:
         return True
 
     def _cancel(self, view: RunView) -> None:
-        """Stop pending work, then end CANCELLED, or CANCEL_UNKNOWN where a
-        backend cannot confirm that it stopped."""
+        """Settle the sends in flight, stop pending work, then end CANCELLED,
+        or CANCEL_UNKNOWN where a backend cannot confirm an outcome or a
+        stop."""
         unconfirmed: list[str] = []
+        # This process holds the run's claim (``drive``): whoever sent a
+        # request in flight is gone, or fenced off by the lookup's claim
+        # number. Without the claim the sender may still be sending.
+        mine = self.store.still_holds(view.run_id)
+        for op in view.step_ops():
+            if op.in_flight:
+                # Sent, its answer never recorded. What its backend recorded
+                # under the key is its one result (first: work it accepted is
+                # pending work, stopped below). Under the claim, no record is
+                # a confirmed "not executed", as reconciliation takes it (a
+                # read-only tool has no effect to record). Otherwise, or when
+                # the backend cannot say, the outcome, and so the cancel, is
+                # unknown.
+                found = self._lookup(view, op)
+                if found is None and mine:
+                    found = ToolOutcome(outcome="cancelled", status="failed",
+                                        result={"error": "CANCELLED", "executed": False}, evidence=(),
+                                        error_code="CANCELLED", retry_after_s=None, work_id=None, executed=False)
+                elif found is None or found.outcome == "unknown_outcome":
+                    unconfirmed.append(op.operation_id)
+                    found = failure("unknown_outcome", "CANCELLED_IN_FLIGHT",
+                                    f"{op.tool} was sent and its answer never recorded; the run was cancelled "
+                                    "before anyone could confirm whether it took effect")
+                self._record_result(view, op, found)
         for op in view.pending_background():
             stopped = self.backend.cancel_work(op.work_id)
             if stopped is False:
@@ -268,26 +293,6 @@ class PeopleMixin:
             else:  # None: the backend cannot confirm that it stopped
                 unconfirmed.append(op.operation_id)
                 self._work_completed(view, op, "cancel_unconfirmed", None, "CANCEL_UNCONFIRMED")
-        for op in view.step_ops():
-            if op.in_flight:
-                # Sent, its answer never recorded. What its backend recorded
-                # under the key is its one result. No record is a confirmed
-                # "not executed", as reconciliation takes it: this process
-                # holds the run's claim, so the process that sent it is gone
-                # (or fenced off), and a read-only tool has no effect to
-                # record. Only a backend that cannot say either way leaves
-                # the outcome, and so the cancel, unknown.
-                found = self._lookup(view, op)
-                if found is None:
-                    found = ToolOutcome(outcome="cancelled", status="failed",
-                                        result={"error": "CANCELLED", "executed": False}, evidence=(),
-                                        error_code="CANCELLED", retry_after_s=None, work_id=None, executed=False)
-                elif found.outcome == "unknown_outcome":
-                    unconfirmed.append(op.operation_id)
-                    found = failure("unknown_outcome", "CANCELLED_IN_FLIGHT",
-                                    f"{op.tool} was sent and its answer never recorded; the run was cancelled "
-                                    "before anyone could confirm whether it took effect")
-                self._record_result(view, op, found)
         for op in view.unsettled_ops():
             if not op.in_flight:
                 self._record_result(view, op, ToolOutcome(

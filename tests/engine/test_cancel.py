@@ -280,9 +280,9 @@ model:
   - final: Refunded.
     claims: [{text: refunded, evidence: [refund_confirmed]}]
 """, lambda other, run_id: other.controller._drive(run_id))
-    # The read was in flight when the other cancelled: a read-only tool has
-    # no effect for the backend to record, so the lookup's "none" is its result.
-    assert view.state is State.CANCELLED and sent == ["orders.get_order"]
+    # The read was in flight when the other cancelled, without the run's
+    # claim: its sender may still be sending, so nobody could confirm it.
+    assert view.state is State.CANCEL_UNKNOWN and sent == ["orders.get_order"]
     executions = sqlite3.connect(home / "demo_backend.sqlite").execute(
         "SELECT count(*) FROM executions WHERE tool = 'payments.refund'").fetchone()[0]
     assert executions == 0
@@ -418,10 +418,13 @@ model:
         began = time.monotonic()
         while True:
             assert time.monotonic() - began < 60 and driver.poll() is None, driver.communicate()
-            if (home / "journal.sqlite").exists():
-                row = sqlite3.connect(home / "journal.sqlite").execute("SELECT run_id, step FROM runs").fetchone()
-                if row and row[1] >= 20:
-                    break
+            try:
+                row = sqlite3.connect(f"file:{home / 'journal.sqlite'}?mode=ro", uri=True).execute(
+                    "SELECT run_id, step FROM runs").fetchone()
+            except sqlite3.OperationalError:  # not made yet, or not migrated yet
+                row = None
+            if row and row[1] >= 20:
+                break
             time.sleep(0.05)
         run_id = row[0]
         cancelled = cli("cancel", run_id, home=home)
@@ -470,3 +473,17 @@ def test_a_run_whose_cancel_is_pending_takes_no_reply_and_no_new_token(tmp_path:
     assert sqlite3.connect(home / "demo_backend.sqlite").execute("SELECT COUNT(*) FROM executions").fetchone() == (0,)
     assert cli("export", home=home).returncode == 0
     assert all_violations(home) == []
+
+
+def test_background_work_accepted_by_a_send_in_flight_at_the_cancel_is_stopped(tmp_path: Path) -> None:
+    """The cancel lands while the export's send is out; the send's answer
+    (work accepted) is recorded from the backend, and then that work is
+    stopped like any pending work (it used to be left running under a
+    CANCELLED run: the in-flight send was settled after the work was)."""
+    home, run_id, view, _, sent = race_a_cancel(
+        tmp_path, export_scenario(5), lambda other, run_id: other.controller.drive(run_id).state)
+    assert sent == ["reports.export"] and view.state is State.CANCELLED
+    (completed,) = events(home, run_id, "work_completed")
+    assert completed["state"] == "cancelled"
+    (result,) = events(home, run_id, "operation_result")
+    assert result["outcome"] == "background_accepted"
