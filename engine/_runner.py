@@ -16,6 +16,7 @@ final export when the batch is done.
 from __future__ import annotations
 
 import heapq
+import os
 import secrets
 import threading
 import time
@@ -168,21 +169,34 @@ class _CoalescingRecorder:
     scheduler, the ``--json`` lines and the polls of background work go on
     while an export writes; an export reads the journal through a
     connection of its own. :meth:`flush` waits for the export under way,
-    raises the failure of one that failed, and makes the final export."""
+    raises the failure of one that failed, and makes the final export;
+    :meth:`close` lets a requested export finish and stops the thread.
+
+    Under ``LOOPLEDGER_CRASH_AFTER_COMMITS`` exports are made in the
+    caller's thread, as they are asked for: the hook counts every journal
+    commit of the process, and a sweep of crash points must meet the same
+    commits on every run."""
 
     def __init__(self, recorder: Recorder | None) -> None:
         self.recorder = recorder  # None: exports are switched off
+        self._in_caller = bool(os.environ.get("LOOPLEDGER_CRASH_AFTER_COMMITS"))
         self._changed = threading.Condition()
-        self._wanted = False
+        self._wanted = False  # an export was asked for and not begun
         self._busy = False  # the thread is exporting
         self._held = False  # flush() is exporting: the thread waits
+        self._closed = False
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
 
     def request(self) -> None:
         if self.recorder is None:
             return
+        if self._in_caller:
+            self.recorder.export()
+            return
         with self._changed:
+            if self._closed:
+                return
             self._wanted = True
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name="export", daemon=True)
@@ -193,8 +207,10 @@ class _CoalescingRecorder:
         assert self.recorder is not None
         while True:
             with self._changed:
-                while not self._wanted or self._held or self._failure is not None:
+                while not self._closed and (not self._wanted or self._held or self._failure is not None):
                     self._changed.wait()
+                if not self._wanted or self._failure is not None:
+                    return  # closed, with nothing (more) to do
                 self._wanted, self._busy = False, True
             try:
                 self.recorder.export()
@@ -206,11 +222,23 @@ class _CoalescingRecorder:
                     self._busy = False
                     self._changed.notify_all()
 
-    def settle(self) -> None:
-        """Wait for the export under way, if any; start none."""
+    def _idle(self) -> None:
+        """Wait (under ``_changed``) until no export runs, nor is asked for
+        and about to begin."""
+        while self._busy or (self._wanted and not self._held and self._failure is None and self._thread is not None):
+            self._changed.wait()
+
+    def close(self) -> None:
+        """Let an export under way, or asked for, finish; stop the thread.
+        Its failure is not raised here (the caller is closing, often on
+        another error): :meth:`flush` is where exports are made sure of."""
         with self._changed:
-            while self._busy:
-                self._changed.wait()
+            self._idle()
+            self._closed = True
+            self._changed.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
 
     def flush(self) -> None:
         if self.recorder is None:
@@ -274,7 +302,7 @@ class Runner:
         self.recorder = _CoalescingRecorder(recorder)
 
     def close(self) -> None:
-        self.recorder.settle()  # an export under way reads through the store
+        self.recorder.close()  # an export under way, or asked for, reads through the store
         self.store.close()
         self.backend.close()
 

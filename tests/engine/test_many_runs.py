@@ -108,3 +108,46 @@ def test_an_export_never_holds_up_the_batch(tmp_path: Path) -> None:
     assert sorted(settled) == sorted(ids)
     assert [o.status for o in outcomes] == ["SUCCEEDED"] * 6
     assert all_violations(tmp_path / "home") == []
+
+
+def test_closing_lets_an_export_asked_for_finish_and_stops_its_thread() -> None:
+    """A request made just before the runner closes its store is exported
+    before close returns (it used to return at once and leave the export
+    to run on a closed store), and the export thread ends."""
+    import threading
+    import time
+
+    from loopledger.engine._runner import _CoalescingRecorder
+
+    class SlowRecorder:
+        exports = 0
+
+        def export(self) -> None:
+            time.sleep(0.2)
+            SlowRecorder.exports += 1
+
+    for _ in range(20):
+        SlowRecorder.exports = 0
+        coalescing = _CoalescingRecorder(SlowRecorder())  # type: ignore[arg-type]
+        coalescing.request()
+        coalescing.close()
+        assert SlowRecorder.exports == 1
+        assert not any(t.name == "export" and t.is_alive() for t in threading.enumerate())
+    coalescing.request()  # after close: nothing more is exported
+    assert SlowRecorder.exports == 1
+
+
+def test_a_failed_export_is_raised_by_the_flush_that_follows() -> None:
+    from loopledger.engine._runner import _CoalescingRecorder
+
+    class Failing:
+        def export(self) -> None:
+            raise OSError("disk full")
+
+    coalescing = _CoalescingRecorder(Failing())  # type: ignore[arg-type]
+    coalescing.request()
+    import pytest
+
+    with pytest.raises(OSError, match="disk full"):
+        coalescing.flush()
+    coalescing.close()
