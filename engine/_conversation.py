@@ -121,16 +121,33 @@ def offered_tools(context: dict[str, Any]) -> tuple[list[OfferedTool], ToolNames
     return tools, names
 
 
+#: Keywords whose values are data, not schemas: left exactly as they are.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+#: Keywords whose values map names to schemas (a property may be named ``$ref``).
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
 def _for_provider(schema: Any) -> Any:
     """A tool's JSON Schema as providers take it: no ``$schema``, and no
     ``$ref`` to a schema elsewhere (a provider fetches nothing; the
-    engine's own check of the arguments still follows it)."""
-    if isinstance(schema, dict):
-        return {k: _for_provider(v) for k, v in schema.items()
-                if k != "$schema" and not (k == "$ref" and isinstance(v, str) and "://" in v)}
+    engine's own check of the arguments still follows it). Only schema
+    keywords are touched: property names and data (``enum``, ``default``,
+    ...) are kept as they are."""
     if isinstance(schema, list):
         return [_for_provider(v) for v in schema]
-    return schema
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$schema" or (key == "$ref" and isinstance(value, str) and not value.startswith("#")):
+            continue
+        if key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in _NAMED_SCHEMAS and isinstance(value, dict):
+            out[key] = {name: _for_provider(sub) for name, sub in value.items()}
+        else:
+            out[key] = _for_provider(value)
+    return out
 
 
 # -- the neutral conversation ---------------------------------------------------------

@@ -305,14 +305,15 @@ class Scenario(_Strict):
     @classmethod
     def _name_bare_raw_arguments(cls, data: Any) -> Any:
         """An entry of ``raw_arguments`` alone (CONTRACT.md's faulty form) is
-        a call, to the contract's first allowed tool, whose arguments do not
+        a call, to the contract's first allowed tool (a glob's first demo
+        tool), whose arguments do not
         parse; without ``allowed_tools``, to the tool the script calls next.
         Anything not shaped as expected is left to the fields' own checks."""
         if not isinstance(data, dict):
             return data
         contract = data.get("contract")
         allowed = contract.get("allowed_tools") if isinstance(contract, dict) else None
-        first_allowed = allowed[0] if isinstance(allowed, list) and allowed and isinstance(allowed[0], str) else None
+        first_allowed = _first_tool(allowed) if isinstance(allowed, list) else None
         model = data.get("model")
         lists = list(model.items()) if isinstance(model, dict) else [(None, model)]
         named: dict[Any, Any] = {}
@@ -353,6 +354,25 @@ class Scenario(_Strict):
     def spec(self) -> dict[str, Any]:
         """The scenario as plain JSON, frozen into the run's spec."""
         return self.model_dump(mode="json", exclude={"source"})
+
+
+def _first_tool(allowed: list[Any]) -> str | None:
+    """The first tool ``allowed_tools`` names: its first plain name, else the
+    first demo tool its first glob (``orders.*``) matches."""
+    import fnmatch
+
+    from ._tools import tool_registry_snapshot
+
+    patterns = [a for a in allowed if isinstance(a, str) and a]
+    for pattern in patterns:
+        if not any(c in pattern for c in "*?["):
+            return pattern
+    names = [spec["name"] for spec in tool_registry_snapshot()]
+    for pattern in patterns:
+        for name in names:
+            if fnmatch.fnmatchcase(name, pattern):
+                return name
+    return None
 
 
 def _bundled_hint(path: Path) -> str:

@@ -650,7 +650,8 @@ def token(
     began the wait and printing it). The earlier token stops working; the
     wait itself (question, schema, expiry) is unchanged. Exit 0, or 1 when
     the run does not wait for a person (a wait past its expiry ends the run
-    EXPIRED instead)."""
+    instead: EXPIRED, or BUDGET_EXHAUSTED when the run's deadline ended it),
+    or when its cancellation was requested."""
     from loopledger.engine._errors import NotDrivableHere, UnknownRun
     from loopledger.engine._waits import ReplyRejected
 
@@ -706,6 +707,7 @@ def cancel(
             view = runner.controller.drive(run_id, wait_s=HANDOVER_WAIT_S)
         except NotDrivableHere as exc:
             # The request is recorded: whoever can drive the run cancels it.
+            runner.recorder.flush()  # the request is in the journal: the traces get it too
             typer.echo(f"{run_id}: cancellation requested; it takes effect where the run can be driven "
                        f"({exc.why})")
             return

@@ -64,6 +64,13 @@ def test_dotted_tool_names_map_reversibly_and_only_allowed_tools_are_offered() -
     ask = next(t for t in tools if t.name == "ask_user")
     assert "://" not in json.dumps(ask.schema) and ask.schema["properties"]["schema"] == {"type": "object"}
     assert "side effects" not in ask.description and "JSON Schema" in ask.description
+    # Only schema keywords are touched: names and data stay as they are.
+    from loopledger.engine._conversation import _for_provider
+
+    assert _for_provider({"$schema": "x", "properties": {"$schema": {"type": "string"}}, "enum": [{"$ref": "http://a"}],
+                          "items": {"$ref": "#/$defs/a"}, "allOf": [{"$ref": "urn:other"}]}) == {
+        "properties": {"$schema": {"type": "string"}}, "enum": [{"$ref": "http://a"}], "items": {"$ref": "#/$defs/a"},
+        "allOf": [{}]}
     clash = ToolNames()
     clash.add("a.b")
     with pytest.raises(ValueError, match="same name"):

@@ -132,6 +132,9 @@ model:
   - tool_calls: [{name: workspace.read_file, arguments: {path: src/app.py}}]
 """, "b.yaml"))
     assert [c.name for c in following.entries_for("v1")[0].tool_calls] == ["workspace.read_file"]
+    globbed = load_scenario(write(tmp_path, "id: raw4\ncontract: {goal: g, allowed_tools: ['orders.*']}\n"
+                                            "model:\n  - raw_arguments: '{'\n", "d.yaml"))
+    assert [c.name for c in globbed.entries_for("v1")[0].tool_calls] == ["orders.get_order"]
     with pytest.raises(BadInput) as refused:
         load_scenario(write(tmp_path, "id: raw3\ncontract: {goal: g}\nmodel:\n  - raw_arguments: '{'\n", "c.yaml"))
     assert "c.yaml" in str(refused.value) and "model[0]: raw_arguments alone names no tool" in str(refused.value)
