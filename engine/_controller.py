@@ -183,8 +183,36 @@ class Controller(PeopleMixin):
             view.unwritten = (*held, commit)
             version = view.state_version + 1
         else:
-            version = self.store.commit(*held, commit).state_version
+            try:
+                version = self.store.commit(*held, commit).state_version
+            except StaleStateVersion:
+                if held:
+                    self._keep_held(view.run_id, held)
+                raise
         self._fold(view, commit, version)
+
+    #: What a process other than the driver appends to a run (at its head,
+    #: whatever its version): a request, which moves no state.
+    _REQUESTS = frozenset({"cancel_requested"})
+
+    def _keep_held(self, run_id: str, held: tuple[Commit, ...]) -> None:
+        """The driver's held moves met a version moved on by a request only
+        (a cancel, appended at the run's head): they record what already
+        happened (a model call's candidate, its tokens and cost, its
+        decisions), so they are written after it instead of being lost. The
+        commit that met the request is not: what it would have started is
+        the driver's to reconsider, with the request in view. Anything else
+        that moved the run, or a second race, leaves them unwritten, as
+        before."""
+        expected = held[0].expected_version
+        later = [e for e in self.store.events(run_id) if e.state_version > expected]
+        if not later or any(e.kind not in self._REQUESTS or e.to_state is not None for e in later):
+            return
+        shift = max(e.state_version for e in later) - expected
+        try:
+            self.store.commit(*(replace(c, expected_version=c.expected_version + shift) for c in held))
+        except (StaleStateVersion, TerminalAlreadySet):
+            pass
 
     def _flush(self, view: RunView) -> None:
         """Write the view's held commits, if any."""
