@@ -792,9 +792,13 @@ def _demo_replay(console: Any, where: Any, made: int) -> None:
     if replayed > made:
         # A replay reads the whole traces folder: say so when it holds more
         # than this demo made, so the figures are not taken for the demo's.
+        if where.store_url is not None:
+            # A journal named by --store may be shared: its other runs are exported here too.
+            how = "give --home an empty folder and --store a journal of its own to see the demo alone"
+        else:
+            how = "give --home an empty folder to see the demo alone"
         console.print(f"(these replays cover every run in the traces folder: {replayed:,}, of which "
-                      f"{replayed - made:,} were there before this demo; give --home an empty folder to see "
-                      "the demo alone)")
+                      f"{replayed - made:,} were not made by this demo; {how})")
     console.print(f"Open the workbench:  [bold]loopledger ui {escape(where.options())}[/]", soft_wrap=True)
     if where.store_url is not None and redact(where.store_url) != where.store_url:
         console.print("(the --store URL above has its password masked: give yours in its place)")

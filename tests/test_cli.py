@@ -308,10 +308,10 @@ def test_the_demo_runs_and_says_when_its_replays_cover_earlier_runs(tmp_path: Pa
     command = shlex.split(inspect.split(":", 1)[1])
     assert command[:2] == ["loopledger", "show"] and command[-2:] == ["--home", str(home)]
     assert cli(*command[1:]).returncode == 0
-    assert "were there before" not in first.stdout
+    assert "not made by this demo" not in first.stdout
     second = cli("demo", "--home", str(home), env={"COLUMNS": "400"})
     assert second.returncode == 0, second.stderr
-    assert "212, of which 106 were there before this demo" in second.stdout
+    assert "212, of which 106 were not made by this demo; give --home an empty folder" in second.stdout
 
 
 @pytest.mark.parametrize(("url", "names"), [
