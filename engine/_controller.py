@@ -515,11 +515,15 @@ class Controller(PeopleMixin):
                     "detail": f"attempt {view.attempt} ended '{collected.finish_reason}'; no retry past {exhausted}"})
                 return
             wait = self._backoff(view, collected.error)
-            if wait is not None and wait > self._deadline_left(view, config):
+            left = self._deadline_left(view, config)
+            if wait is not None and collected.error is not None and collected.error.code == "rate_limited" \
+                    and wait > left:
                 self._move(view, State.FINALIZING, payload={
                     "status": "BUDGET_EXHAUSTED", "reason": "deadline",
                     "detail": f"the provider asked to wait {wait:.1f}s, past the run's deadline"})
                 return
+            if wait is not None:
+                wait = min(wait, max(left, 0.0))  # the engine's own pause never outlasts the deadline
             payload: dict[str, Any] = {"retry_of": candidate.artifact_id, "finish_reason": collected.finish_reason}
             if collected.error is not None:
                 # Said where a reader of the events looks, not only in the artifact.
@@ -541,15 +545,24 @@ class Controller(PeopleMixin):
             status, reason = ("BUDGET_EXHAUSTED", exhausted) if exhausted else ("FAILED", "model_error")
             self._move(view, State.FINALIZING, payload={"status": status, "reason": reason, "detail": detail})
 
-    @staticmethod
-    def _backoff(view: RunView, error: StreamError | None) -> float | None:
+    #: A provider's codes for "struggling": the next attempt waits a little
+    #: instead of going out at once, as the SDKs' own retries would.
+    _STRUGGLING = frozenset({"server_error", "overloaded", "unavailable"})
+
+    @classmethod
+    def _backoff(cls, view: RunView, error: StreamError | None) -> float | None:
         """Seconds to wait before the next attempt: what a rate-limited
-        provider asked for, else 1, 2, 4 s by attempt."""
-        if error is None or error.code != "rate_limited":
+        provider asked for, else 1, 2, 4 s by attempt; after a server error
+        or an overloaded provider, 0.5, 1 s by attempt."""
+        if error is None:
             return None
-        if error.retry_after_s is not None:
-            return error.retry_after_s
-        return float(2 ** (view.attempts_in_step - 1))
+        if error.code == "rate_limited":
+            if error.retry_after_s is not None:
+                return error.retry_after_s
+            return float(2 ** (view.attempts_in_step - 1))
+        if error.code in cls._STRUGGLING:
+            return 0.5 * 2 ** (view.attempts_in_step - 1)
+        return None
 
     @staticmethod
     def _tokens_left(view: RunView, config: RunConfig) -> int | None:

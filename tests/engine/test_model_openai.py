@@ -217,6 +217,8 @@ def test_500_on_every_attempt_fails_the_run_after_the_engines_attempts(tmp_path,
     # Why, where a reader looks: each retry's event and the run's last detail.
     retries = [e.payload for e in rec.events if e.kind == "transition" and "retry_of" in e.payload]
     assert [r["error"]["code"] for r in retries] == ["server_error"] * 2 and "boom" in retries[0]["error"]["message"]
+    # A struggling server is not hammered: each retry waited a little longer.
+    assert [r["backoff_s"] for r in retries] == [0.5, 1.0]
     (final,) = [e.payload for e in rec.events if e.kind == "transition" and e.to_state == "FINALIZING"]
     assert final["detail"].startswith("3 attempts ended 'error'; the last: server_error: ") and "boom" in final["detail"]
 
