@@ -870,6 +870,12 @@ class Controller(PeopleMixin):
             # Another process may drive the run now: a send from here could
             # meet its own (it reconciles this dispatch and sends it again).
             raise ClaimLost(view.run_id)
+        current = self.store.get_run(view.run_id).state_version
+        if current != view.state_version:
+            # A request came in since the dispatch was written (a cancel,
+            # appended at the head): nothing goes out after it. The run is
+            # read again; a cancel finds this call in flight, never sent.
+            raise StaleStateVersion(view.run_id, view.state_version, current)
         request = ToolRequest(
             operation_id=op.operation_id,
             idempotency_key=op.idempotency_key,

@@ -28,6 +28,28 @@ if TYPE_CHECKING:
     from ._controller import RunConfig
 
 
+def record_cancel(store: Any, run_id: str) -> str:
+    """Record a request to cancel ``run_id``, through the journal alone (no
+    tool backend is opened: a driver stalled in a send may hold it).
+    Appended at the run's head whatever its state version, so a process
+    driving the run cannot outrun it: that process meets it at its next
+    commit and cancels the run itself. Returns ``"recorded"``; ``"ended"``
+    when the run already ended (a request that meets the end is kept as a
+    late event); ``"wait over"`` when it waits for a person and that wait
+    ran out (its expiry, or the run's deadline) before this request: nothing
+    is recorded, and the run is to end as its wait says."""
+    record = store.get_run(run_id)
+    if record.state in TERMINAL:
+        return "ended"
+    if record.state is State.WAITING_USER and now_us() >= (record.waiting or {}).get("expires_at_us", 1 << 62):
+        return "wait over"
+    try:
+        store.append_at_head(run_id, (NewEvent("cancel_requested", {}),))
+    except TerminalAlreadySet:
+        return "ended"
+    return "recorded"
+
+
 class PeopleMixin:
     def _wait_user(self, view: RunView, config: RunConfig, kind: str, question: dict[str, Any],
                    recorded: dict[str, Any], operation: OpView | None = None) -> None:
@@ -81,6 +103,9 @@ class PeopleMixin:
         self._config_here(view, record)
         waiting = view.waiting
         if view.state is not State.WAITING_USER or waiting is None:
+            if view.cancel_requested:
+                raise ReplyRejected(run_id, "cancelled", f"the run's cancellation was requested; it is "
+                                                         f"{view.state.value}")
             raise ReplyRejected(run_id, "not waiting", f"the run is {view.state.value}, not waiting for a person")
         self._refuse_if_cancelling(view)
         if now_us() >= waiting["expires_at_us"]:
@@ -138,6 +163,9 @@ class PeopleMixin:
                 # run's deadline), and the run ended with it.
                 raise ReplyRejected(run_id, "expired", f"the wait expired and the run ended {view.state.value} "
                                                        f"({record.reason})")
+            if view.cancel_requested:
+                raise ReplyRejected(run_id, "cancelled", f"the run's cancellation was requested; it is "
+                                                         f"{view.state.value}")
             raise ReplyRejected(run_id, "stale state version", f"the run is {view.state.value}, not waiting")
         self._refuse_if_cancelling(view)
         if claims.wait_id != waiting["wait_id"] or claims.state_version != view.state_version:
@@ -154,6 +182,7 @@ class PeopleMixin:
         except (StaleStateVersion, TerminalAlreadySet):
             # Another reply (or a cancel) moved the run between the checks
             # and the commit: the compare-and-set refused this one.
+            self._refuse_if_cancelling(self.load(run_id))  # a cancel is said as such
             raise ReplyRejected(run_id, "stale state version",
                                 "the run moved on while the reply was checked") from None
         # Another process may be driving the run (a resume that found it
@@ -240,17 +269,9 @@ class PeopleMixin:
     # -- cancellation -------------------------------------------------------------------
 
     def request_cancel(self, run_id: str) -> bool:
-        """Record a cancellation request; False when the run already ended.
-        Appended at the run's head whatever its state version, so a process
-        driving the run cannot outrun it: that process meets it at its next
-        commit and cancels the run itself."""
-        if self.load(run_id).state in TERMINAL:
-            return False
-        try:
-            self.store.append_at_head(run_id, (NewEvent("cancel_requested", {}),))
-        except TerminalAlreadySet:
-            return False  # ended meanwhile: the request is kept as a late event
-        return True
+        """Record a cancellation request; False when the run already ended
+        (or its wait ran out before it: see :func:`record_cancel`)."""
+        return record_cancel(self.store, run_id) == "recorded"
 
     def _cancel(self, view: RunView) -> None:
         """Settle the sends in flight, stop pending work, then end CANCELLED,

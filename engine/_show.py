@@ -113,19 +113,26 @@ def time_split(events: Sequence[Any]) -> dict[str, float]:
     """Seconds the run spent in each kind of state, from its transitions
     (waiting is reported apart from processing time, as the UI does): a
     span runs from the transition into a state to the next transition, and
-    the current, still open span is not counted. ``waiting_user_s`` and
-    ``waiting_tool_s`` are the waits; ``processing_s`` every other span
-    (time a process was down while the run stood in a working state, after
-    a crash, is in it: the journal cannot tell it from slow work)."""
-    totals = {"processing_s": 0, "waiting_user_s": 0, "waiting_tool_s": 0}
+    the current, still open span is not counted. ``queued_s`` is the first
+    span, from the run's creation until an engine took it up (its deadline
+    counts from then); ``waiting_user_s`` and ``waiting_tool_s`` are the
+    waits; ``processing_s`` every other span (time a process was down while
+    the run stood in a working state, after a crash, is in it: the journal
+    cannot tell it from slow work)."""
+    totals = {"processing_s": 0, "queued_s": 0, "waiting_user_s": 0, "waiting_tool_s": 0}
     entered: tuple[str, int] | None = None
+    first = True
     for e in events:
         if e.to_state is None:
             continue
         if entered is not None:
             state, since = entered
-            key = f"{state.lower()}_s" if state in _WAITING_NAMES else "processing_s"
+            if first:
+                key = "queued_s"
+            else:
+                key = f"{state.lower()}_s" if state in _WAITING_NAMES else "processing_s"
             totals[key] += e.ts - since
+            first = False
         entered = (e.to_state, e.ts)
     return {key: round(us / 1e6, 6) for key, us in totals.items()}
 
@@ -181,7 +188,8 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     if events:
         split = time_split(events)
         console.print(f"started {from_us(events[0].ts).strftime('%Y-%m-%d %H:%M:%S')} UTC  "
-                      f"processing {split['processing_s']:.3f} s  waiting for a person "
+                      f"queued {split['queued_s']:.3f} s  processing {split['processing_s']:.3f} s  "
+                      f"waiting for a person "
                       f"{split['waiting_user_s']:.3f} s  waiting for background work {split['waiting_tool_s']:.3f} s")
 
     timeline = Table(title="timeline (UTC)")

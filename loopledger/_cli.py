@@ -685,22 +685,42 @@ def cancel(
 ) -> None:
     """Request cancellation: pending work is cancelled, then the run ends
     CANCELLED, or CANCEL_UNKNOWN where a backend cannot confirm the stop."""
-    from loopledger.engine._errors import NotDrivableHere, UnknownRun
+    from loopledger.engine._errors import NotDrivableHere, Unavailable, UnknownRun
+    from loopledger.engine._people import HANDOVER_WAIT_S, record_cancel
+    from loopledger.engine._runner import Runner
 
-    runner = _runner_for(run_id, _home(home, store))
+    where = _home(home, store)
+    if not where.has_journal:
+        _err(str(UnknownRun(run_id)))
+        raise typer.Exit(EXIT_FAILED)
+    # The request first, through the journal alone: a driver stalled in a
+    # send may hold the tool backend this process would open next.
+    journal = where.open_store()
     try:
-        try:
-            requested = runner.controller.request_cancel(run_id)
-        except UnknownRun as exc:
-            _err(str(exc))
-            raise typer.Exit(EXIT_FAILED) from None
-        if not requested:
+        recorded = record_cancel(journal, run_id)
+    except UnknownRun as exc:
+        _err(str(exc))
+        raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        journal.close()
+    try:
+        runner = Runner(where, auto_reply=False)
+    except Unavailable as exc:
+        if recorded != "recorded":
+            raise
+        typer.echo(f"{run_id}: cancellation requested; the process that holds the run carries it out "
+                   f"({exc})")
+        return
+    try:
+        if recorded != "recorded":
+            # Ended, or its wait ran out first: it ends as that says (a
+            # drive ends an expired wait), and the cancel came too late.
+            if recorded == "wait over":
+                runner.controller.drive(run_id, wait_s=HANDOVER_WAIT_S)
             runner.recorder.flush()  # a request that met the end is kept as a late event: the traces get it
             record = runner.store.get_run(run_id)
             _err(f"run {run_id} already ended: {record.state.value} ({record.reason})")
             raise typer.Exit(EXIT_FAILED)
-        from loopledger.engine._people import HANDOVER_WAIT_S
-
         # A process driving the run meets the request at its next commit and
         # cancels the run itself; this one waits for it to let go.
         try:

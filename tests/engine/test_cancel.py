@@ -487,3 +487,93 @@ def test_background_work_accepted_by_a_send_in_flight_at_the_cancel_is_stopped(t
     assert completed["state"] == "cancelled"
     (result,) = events(home, run_id, "operation_result")
     assert result["outcome"] == "background_accepted"
+
+
+def test_a_cancel_is_recorded_while_the_tool_backend_is_held_by_a_stalled_send(tmp_path: Path) -> None:
+    """The cancel is recorded through the journal before the tool backend
+    is opened: a driver stalled inside a send may hold that backend (it
+    used to wait for it, then fail with exit 3 having recorded nothing)."""
+    home = tmp_path / "home"
+    path = tmp_path / "deploy.yaml"
+    path.write_text(DEPLOY)
+    started = cli("run", str(path), "--json", home=home)
+    run_id = json.loads(started.stdout)["run_id"]
+    backend = sqlite3.connect(home / "demo_backend.sqlite", isolation_level=None)
+    backend.execute("BEGIN EXCLUSIVE")  # as a send in progress would hold it
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    proc = subprocess.Popen([*CLI, "cancel", run_id, "--home", str(home)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        began = time.monotonic()
+        while not events(home, run_id, "cancel_requested"):
+            assert time.monotonic() - began < 30 and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        assert proc.poll() is None, "the cancel goes on to carry the request out"
+    finally:
+        backend.execute("ROLLBACK")
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert run_state(home, run_id) == ("CANCELLED", "cancelled")
+
+
+def test_a_cancel_after_the_wait_ran_out_comes_too_late(tmp_path: Path) -> None:
+    """The run's deadline ended the wait before the cancel was asked for:
+    the run ends as that says (BUDGET_EXHAUSTED / deadline, not CANCELLED,
+    whichever command touches it first), and the cancel exits 1."""
+    home = tmp_path / "home"
+    path = tmp_path / "deploy.yaml"
+    path.write_text(DEPLOY.replace("model:", "budgets: {deadline_s: 60}\nmodel:"))
+    started = cli("run", str(path), "--json", home=home, env={"LOOPLEDGER_NOW": "2030-01-01T00:00:00+00:00"})
+    run_id = json.loads(started.stdout)["run_id"]
+    late = cli("cancel", run_id, home=home, env={"LOOPLEDGER_NOW": "2030-01-01T00:05:00+00:00"})
+    assert late.returncode == 1 and "already ended: BUDGET_EXHAUSTED (deadline)" in late.stderr, late.stderr
+    assert run_state(home, run_id) == ("BUDGET_EXHAUSTED", "deadline")
+    assert events(home, run_id, "cancel_requested") == []
+    assert all_violations(home) == []
+
+
+def test_nothing_is_sent_after_a_cancel_recorded_between_dispatch_and_send(tmp_path: Path) -> None:
+    """The refund's dispatch is written, then a cancel comes in before the
+    send: the send does not go out (it used to, the driver meeting the
+    cancel only at its next commit); the call is settled as never sent."""
+    home = tmp_path / "home"
+    path = tmp_path / "refund.yaml"
+    path.write_text("""\
+id: refund-then-cancel
+contract:
+  goal: Refund ORD-1034
+  required_evidence: [refund_confirmed]
+  allowed_tools: [payments.refund]
+model:
+  - tool_calls: [{name: payments.refund, arguments: {order_id: ORD-1034, amount: 25.0}}]
+  - final: Refunded.
+    claims: [{text: refunded, evidence: [refund_confirmed]}]
+""")
+    driver, other = Runner(Home.resolve(home)), Runner(Home.resolve(home))
+    sent: list[str] = []
+    try:
+        run_id = driver.create(load_scenario(path), "v1")
+        holds, execute = driver.store.still_holds, driver.backend.execute
+
+        def cancel_before_the_send(run: str) -> bool:
+            if not sent and driver.store.operations(run):
+                sent.append("checked")
+                assert other.controller.request_cancel(run)
+            return holds(run)
+
+        def execute_spy(req: Any) -> Any:
+            sent.append(req.tool)
+            return execute(req)
+
+        driver.store.still_holds = cancel_before_the_send  # type: ignore[method-assign]
+        driver.backend.execute = execute_spy  # type: ignore[method-assign]
+        view = driver.controller.drive(run_id)
+    finally:
+        driver.close()
+        other.close()
+    assert sent == ["checked"] and view.state is State.CANCELLED
+    (result,) = events(home, run_id, "operation_result")
+    assert (result["outcome"], result["error_code"]) == ("cancelled", "CANCELLED")
+    assert sqlite3.connect(home / "demo_backend.sqlite").execute("SELECT count(*) FROM executions").fetchone() == (0,)
+    assert cli("export", home=home).returncode == 0
+    assert all_violations(home) == []

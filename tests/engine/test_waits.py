@@ -290,13 +290,17 @@ def test_replies_to_a_run_that_waited_twice(tmp_path: Path, home: Path) -> None:
     assert executions(home, run_id, "deploy.service") == 2
 
 
-def test_a_token_whose_wait_the_run_has_left_is_stale(tmp_path: Path, home: Path) -> None:
-    line = start(tmp_path, home, DEPLOY)
+def test_a_token_whose_wait_the_run_has_left_is_refused(tmp_path: Path, home: Path) -> None:
+    line = start(tmp_path, home, DEPLOY_TWICE)
     run_id, token = line["run_id"], line["waiting"]["resume_token"]
-    assert cli("cancel", run_id, home=home).returncode == 0
-    rejected(reply(home, run_id, token, "--approve"), "stale state version")
-    assert state(home, run_id) == ("CANCELLED", "cancelled")
-    assert executions(home, run_id, "deploy.service") == 0
+    assert reply(home, run_id, token, "--approve").returncode == 0  # the run moves on to its second wait
+    rejected(reply(home, run_id, token, "--approve"), "already used")
+    cancelled = start(tmp_path, home, DEPLOY, name="c")
+    assert cli("cancel", cancelled["run_id"], home=home).returncode == 0
+    # A run that left its wait because it was cancelled says so.
+    rejected(reply(home, cancelled["run_id"], cancelled["waiting"]["resume_token"], "--approve"), "cancelled")
+    assert state(home, cancelled["run_id"]) == ("CANCELLED", "cancelled")
+    assert executions(home, cancelled["run_id"], "deploy.service") == 0
 
 
 def test_an_answer_must_fit_the_question_schema(tmp_path: Path, home: Path) -> None:
@@ -469,7 +473,8 @@ def test_waiting_time_is_recorded_apart_from_processing_time(tmp_path: Path, hom
     # show says it too: in --json under "time", and on the table's status lines.
     shown = json.loads(cli("show", run_id, "--json", home=home).stdout)["time"]
     assert shown["waiting_user_s"] == 40 * 60 and shown["waiting_tool_s"] == 0
-    assert shown["processing_s"] == round(processed / 1e6, 6)
+    assert shown["queued_s"] + shown["processing_s"] == pytest.approx(processed / 1e6)
+    assert shown["queued_s"] == round((rows[1][1] - rows[0][1]) / 1e6, 6)
     table = cli("show", run_id, home=home).stdout
     assert "waiting for a person 2400.000 s" in table and "started " in table
 
