@@ -316,9 +316,12 @@ class PeopleMixin:
                 self._work_completed(view, op, "cancel_unconfirmed", None, "CANCEL_UNCONFIRMED")
         for op in view.unsettled_ops():
             if not op.in_flight:
+                # Never sent: pure records, held and written with the move
+                # to FINALIZING, in one transaction (a step of a thousand
+                # calls is one commit, not a thousand).
                 self._record_result(view, op, ToolOutcome(
                     outcome="cancelled", status="failed", result={"error": "CANCELLED"}, evidence=(),
-                    error_code="CANCELLED", retry_after_s=None, work_id=None, executed=False))
+                    error_code="CANCELLED", retry_after_s=None, work_id=None, executed=False), hold=True)
         status = "CANCEL_UNKNOWN" if unconfirmed else "CANCELLED"
         self._finalize(view, status, "cancelled", extra={"set_fields": {"waiting_json": None}},
                        payload_extra={"unconfirmed": unconfirmed} if unconfirmed else None)

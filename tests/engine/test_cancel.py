@@ -577,3 +577,46 @@ model:
     assert sqlite3.connect(home / "demo_backend.sqlite").execute("SELECT count(*) FROM executions").fetchone() == (0,)
     assert cli("export", home=home).returncode == 0
     assert all_violations(home) == []
+
+
+def test_the_calls_a_cancel_never_sent_are_settled_in_one_commit(tmp_path: Path) -> None:
+    """A step of many calls waits for the first one's approval; the cancel
+    records every call's one result with the move to FINALIZING, in one
+    commit (it used to make a commit, an fsync, per call)."""
+    writes = "\n".join(f"      - {{name: workspace.write_file, arguments: {{path: exports/n{i}.txt, content: x}}}}"
+                       for i in range(40))
+    path = tmp_path / "many.yaml"
+    path.write_text(f"""\
+id: deploy-then-writes
+contract:
+  goal: Deploy, then write the notes
+  allowed_tools: [deploy.service, workspace.write_file]
+budgets: {{max_tool_calls: 100}}
+model:
+  - tool_calls:
+      - {{name: deploy.service, arguments: {{service: checkout, version: 1.5.0}}}}
+{writes}
+  - final: Done.
+""")
+    home = tmp_path / "home"
+    runner = Runner(Home.resolve(home), auto_reply=False)
+    try:
+        run_id = runner.create(load_scenario(path), "v1")
+        runner.drive_all([run_id])
+        assert runner.store.get_run(run_id).state is State.WAITING_USER
+        commits: list[int] = []
+        store_commit = runner.store.commit
+
+        def counted(*chain: Any) -> Any:
+            commits.append(len(chain))
+            return store_commit(*chain)
+
+        runner.store.commit = counted  # type: ignore[method-assign]
+        assert runner.controller.request_cancel(run_id)
+        assert runner.controller.drive(run_id).state is State.CANCELLED
+    finally:
+        runner.close()
+    assert len(commits) == 2 and commits[0] == 42, commits  # 41 results + FINALIZING, then the terminal state
+    assert len(events(home, run_id, "operation_result")) == 41
+    assert cli("export", home=home).returncode == 0
+    assert all_violations(home) == []
