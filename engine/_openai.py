@@ -132,8 +132,10 @@ class OpenAIModel:
             began = True
             return chunks
 
+        chunks = 0
         try:
             for chunk in within(timeout, open_stream, provider="openai"):
+                chunks += 1
                 usage = getattr(chunk, "usage", None) or usage
                 for choice in chunk.choices or ():
                     if choice.index != 0:  # n=1 is asked for; other choices are ignored
@@ -165,6 +167,12 @@ class OpenAIModel:
         yield from calls.names()
         if usage is not None:
             yield self._usage(usage)
+        if finish is None and chunks == 0:
+            # An answer with no stream events at all: most often a compatible
+            # server that ignores ``stream: true`` and sends one JSON body.
+            yield StreamError("the server's answer held no stream events; does it stream (stream: true was asked)?",
+                              "bad_response")
+            return
         if finish is None:
             return  # the stream ended without a finish: an incomplete attempt
         if refusal:

@@ -259,6 +259,19 @@ def test_stream_without_a_finish_reason_is_incomplete(tmp_path, server, env) -> 
     assert rec.run.state.value == "SUCCEEDED"
 
 
+def test_a_server_that_does_not_stream_is_named_as_such(tmp_path, server, env) -> None:
+    """A compatible server that ignores ``stream: true`` answers with one
+    JSON body: each attempt says so, and so does the run's end."""
+    whole = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "test-model",
+             "choices": [{"index": 0, "message": {"role": "assistant", "content": "Paid."}, "finish_reason": "stop"}],
+             "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}
+    server.script(*[Reply(200, body=whole)] * 3)
+    rec = run_scenario(tmp_path, ROUTE, env)
+    assert (rec.run.state.value, rec.run.reason) == ("FAILED", "model_error"), rec.output
+    (final,) = [e.payload for e in rec.events if e.kind == "transition" and e.to_state == "FINALIZING"]
+    assert "bad_response" in final["detail"] and "does it stream" in final["detail"], final
+
+
 # -- errors -----------------------------------------------------------------------------
 
 
