@@ -66,6 +66,21 @@ model:
 """
 
 
+def refund_scenario(scenario_id: str, order: str) -> str:
+    """One full refund of ``order``, then a final answer."""
+    return f"""\
+id: {scenario_id}
+contract:
+  goal: Refund {order}
+  required_evidence: [refund_confirmed]
+  allowed_tools: [payments.refund]
+model:
+  - tool_calls: [{{name: payments.refund, arguments: {{order_id: {order}, amount: 25.0}}}}]
+  - final: Refunded.
+    claims: [{{text: refunded, evidence: [refund_confirmed]}}]
+"""
+
+
 def cli(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}, **(env or {})}
     return subprocess.run([*CLI, *args, "--home", str(home)], capture_output=True, text=True, timeout=120, env=env)
@@ -303,17 +318,7 @@ def test_a_cancel_settles_a_send_whose_answer_was_never_recorded(tmp_path: Path,
     stay ``running`` in a CANCEL_UNKNOWN run, for ever)."""
     home = tmp_path / "home"
     path = tmp_path / "refund.yaml"
-    path.write_text("""\
-id: refund-in-flight
-contract:
-  goal: Refund ORD-1033
-  required_evidence: [refund_confirmed]
-  allowed_tools: [payments.refund]
-model:
-  - tool_calls: [{name: payments.refund, arguments: {order_id: ORD-1033, amount: 25.0}}]
-  - final: Refunded.
-    claims: [{text: refunded, evidence: [refund_confirmed]}]
-""")
+    path.write_text(refund_scenario("refund-in-flight", "ORD-1033"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
     crashed = subprocess.run([*CLI, "run", str(path), "--json", "--home", str(home)], capture_output=True, text=True,
                              timeout=120, env={**env, **crash})
@@ -538,17 +543,7 @@ def test_nothing_is_sent_after_a_cancel_recorded_between_dispatch_and_send(tmp_p
     cancel only at its next commit); the call is settled as never sent."""
     home = tmp_path / "home"
     path = tmp_path / "refund.yaml"
-    path.write_text("""\
-id: refund-then-cancel
-contract:
-  goal: Refund ORD-1034
-  required_evidence: [refund_confirmed]
-  allowed_tools: [payments.refund]
-model:
-  - tool_calls: [{name: payments.refund, arguments: {order_id: ORD-1034, amount: 25.0}}]
-  - final: Refunded.
-    claims: [{text: refunded, evidence: [refund_confirmed]}]
-""")
+    path.write_text(refund_scenario("refund-then-cancel", "ORD-1034"))
     driver, other = Runner(Home.resolve(home)), Runner(Home.resolve(home))
     sent: list[str] = []
     try:
