@@ -54,7 +54,7 @@ from ._conversation import conversation
 from ._decision import decision_input, resolve_context
 from ._errors import BadInput, ClaimLost, ModelError, NotDrivableHere, StaleStateVersion, TerminalAlreadySet
 from ._model import Collected, ModelAdapter, ModelRequest, ScriptExhausted, StreamError, collect
-from ._people import PeopleMixin
+from ._people import PeopleMixin, wait_over
 from ._prompts import load_prompt
 from ._records import Artifact, Commit, NewEvent, RunRecord
 from ._results import reduce_result
@@ -252,7 +252,7 @@ class Controller(PeopleMixin):
     def _nothing_due(self, view: RunView) -> bool:
         """A run that waits for a person and has nothing to do until they
         answer: its wait has not run out and no cancel was asked."""
-        return view.state is State.WAITING_USER and not view.cancel_requested and not self._wait_over(view)
+        return view.state is State.WAITING_USER and not view.cancel_requested and not wait_over(view.waiting)
 
     def _maker_alive(self, view: RunView) -> bool:
         """Whether the ``run`` command that made the run lives in another

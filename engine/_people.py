@@ -28,6 +28,17 @@ if TYPE_CHECKING:
     from ._controller import RunConfig
 
 
+def wait_over(waiting: dict[str, Any] | None) -> bool:
+    """Whether a wait for a person has run out (its expiry, or the run's
+    deadline that ended it, has passed)."""
+    return now_us() >= (waiting or {}).get("expires_at_us", 1 << 62)
+
+
+def _cancelled(run_id: str, state: State, before: str = "") -> ReplyRejected:
+    """The refusal of a reply or a token because the run's cancel was asked for."""
+    return ReplyRejected(run_id, "cancelled", f"the run's cancellation was requested{before}; it is {state.value}")
+
+
 def record_cancel(store: Any, run_id: str) -> str:
     """Record a request to cancel ``run_id``, through the journal alone (no
     tool backend is opened: a driver stalled in a send may hold it).
@@ -41,7 +52,7 @@ def record_cancel(store: Any, run_id: str) -> str:
     record = store.get_run(run_id)
     if record.state in TERMINAL:
         return "ended"
-    if record.state is State.WAITING_USER and now_us() >= (record.waiting or {}).get("expires_at_us", 1 << 62):
+    if record.state is State.WAITING_USER and wait_over(record.waiting):
         return "wait over"
     try:
         store.append_at_head(run_id, (NewEvent("cancel_requested", {}),))
@@ -104,8 +115,7 @@ class PeopleMixin:
         waiting = view.waiting
         if view.state is not State.WAITING_USER or waiting is None:
             if view.cancel_requested:
-                raise ReplyRejected(run_id, "cancelled", f"the run's cancellation was requested; it is "
-                                                         f"{view.state.value}")
+                raise _cancelled(run_id, view.state)
             raise ReplyRejected(run_id, "not waiting", f"the run is {view.state.value}, not waiting for a person")
         self._refuse_if_cancelling(view)
         if now_us() >= waiting["expires_at_us"]:
@@ -132,8 +142,7 @@ class PeopleMixin:
         if not view.cancel_requested:
             return
         ended = self.drive(view.run_id, wait_s=HANDOVER_WAIT_S)
-        raise ReplyRejected(view.run_id, "cancelled", "the run's cancellation was requested before this; it is "
-                                                      f"{ended.state.value}")
+        raise _cancelled(view.run_id, ended.state, " before this")
 
     def _refuse_expired(self, run_id: str, waiting: dict[str, Any]) -> NoReturn:
         """The wait is over: the run ends EXPIRED (through FINALIZING), and
@@ -164,8 +173,7 @@ class PeopleMixin:
                 raise ReplyRejected(run_id, "expired", f"the wait expired and the run ended {view.state.value} "
                                                        f"({record.reason})")
             if view.cancel_requested:
-                raise ReplyRejected(run_id, "cancelled", f"the run's cancellation was requested; it is "
-                                                         f"{view.state.value}")
+                raise _cancelled(run_id, view.state)
             raise ReplyRejected(run_id, "stale state version", f"the run is {view.state.value}, not waiting")
         self._refuse_if_cancelling(view)
         if claims.wait_id != waiting["wait_id"] or claims.state_version != view.state_version:
@@ -234,18 +242,13 @@ class PeopleMixin:
         if outcome.outcome != "success":
             self._cancel_rest(view)
 
-    @staticmethod
-    def _wait_over(view: RunView) -> bool:
-        """Whether the run's wait for a person has run out (its expiry passed)."""
-        return now_us() >= (view.waiting or {}).get("expires_at_us", 1 << 62)
-
     def _expire_if_due(self, view: RunView) -> bool:
         """An expired wait ends the run EXPIRED (BUDGET_EXHAUSTED /
         ``deadline`` when the run's deadline ended it); an operation it held
         gets its terminal result (denied, or cancelled). True when it
         expired."""
         waiting = view.waiting or {}
-        if view.state is not State.WAITING_USER or not self._wait_over(view):
+        if view.state is not State.WAITING_USER or not wait_over(view.waiting):
             return False
         op = view.ops.get(waiting["operation_id"]) if waiting.get("operation_id") else None
         deadline = waiting.get("ends_with") == "deadline"
