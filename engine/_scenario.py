@@ -306,14 +306,13 @@ class Scenario(_Strict):
     def _name_bare_raw_arguments(cls, data: Any) -> Any:
         """An entry of ``raw_arguments`` alone (CONTRACT.md's faulty form) is
         a call, to the contract's first allowed tool (a glob's first demo
-        tool), whose arguments do not
-        parse; without ``allowed_tools``, to the tool the script calls next.
+        tool), whose arguments do not parse; without ``allowed_tools``, to
+        the tool the script calls next.
         Anything not shaped as expected is left to the fields' own checks."""
         if not isinstance(data, dict):
             return data
         contract = data.get("contract")
         allowed = contract.get("allowed_tools") if isinstance(contract, dict) else None
-        first_allowed = _first_tool(allowed) if isinstance(allowed, list) else None
         model = data.get("model")
         lists = list(model.items()) if isinstance(model, dict) else [(None, model)]
         named: dict[Any, Any] = {}
@@ -325,10 +324,10 @@ class Scenario(_Strict):
                 if not (isinstance(entry, dict) and isinstance(entry.get("raw_arguments"), str)
                         and not entry.get("tool_calls")):
                     continue
-                later = [e["tool_calls"][0]["name"] for e in entries[index + 1:]
-                         if isinstance(e, dict) and isinstance(e.get("tool_calls"), list) and e["tool_calls"]
-                         and isinstance(e["tool_calls"][0], dict) and isinstance(e["tool_calls"][0].get("name"), str)]
-                name = first_allowed or (later[0] if later else None)
+                # Worked out only here: most scenarios (and every recorded
+                # run's spec, read back through this) have no such entry.
+                name = (_first_tool(allowed) if isinstance(allowed, list) else None) or _called_next(
+                    entries[index + 1:])
                 if name is None:
                     where = f"model.{key}[{index}]" if key is not None else f"model[{index}]"
                     raise ValueError(f"{where}: raw_arguments alone names no tool (no contract.allowed_tools, and "
@@ -354,6 +353,15 @@ class Scenario(_Strict):
     def spec(self) -> dict[str, Any]:
         """The scenario as plain JSON, frozen into the run's spec."""
         return self.model_dump(mode="json", exclude={"source"})
+
+
+def _called_next(entries: list[Any]) -> str | None:
+    """The tool the first of ``entries`` that calls one calls (raw entries)."""
+    for e in entries:
+        calls = e.get("tool_calls") if isinstance(e, dict) else None
+        if isinstance(calls, list) and calls and isinstance(calls[0], dict) and isinstance(calls[0].get("name"), str):
+            return calls[0]["name"]
+    return None
 
 
 def _first_tool(allowed: list[Any]) -> str | None:
