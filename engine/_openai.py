@@ -10,8 +10,9 @@ one with ``finish_reason``) carries the usage; the finish is therefore
 yielded only when the stream has ended.
 
 Finish reasons: ``stop`` and ``tool_calls`` (``function_call`` from older
-servers, whose one call comes in ``function_call`` deltas) as they are; ``length``; ``content_filter``, and a ``refusal``
-delta makes the finish ``content_filter`` whatever the chunk says. A finish
+servers, whose one call comes in ``function_call`` deltas) as they are;
+``length``; ``content_filter``, and a ``refusal`` delta makes the finish
+``content_filter`` whatever the chunk says. A finish
 this table does not know fails the attempt (``unknown_finish``) rather than
 being taken for a success. A stop signal that contradicts the items is
 passed on unchanged: the ``structure`` validator calls it a protocol error.

@@ -186,11 +186,19 @@ def _home(home: str | None, store: str | None = None) -> Any:
 def _runner_for(run_id: str, where: Any, no_journal: str | None = None, *, rejecting: bool = False,
                 as_json: bool = False) -> Any:
     """A runner (no scripted replies) on the data directory ``where`` for a
-    command on one existing run; exit 1 when there is no journal (saying
-    ``no_journal``, else that the run is unknown), so none is created.
+    command on one existing run; see :func:`_need_journal`."""
+    from loopledger.engine._runner import Runner
+
+    _need_journal(run_id, where, no_journal, rejecting=rejecting, as_json=as_json)
+    return Runner(where, auto_reply=False)
+
+
+def _need_journal(run_id: str, where: Any, no_journal: str | None = None, *, rejecting: bool = False,
+                  as_json: bool = False) -> None:
+    """Exit 1 when ``where`` has no journal (saying ``no_journal``, else that
+    the run is unknown), so a command on one existing run creates none.
     ``rejecting``: the command's refusals are rejections (see :func:`_refuse`)."""
     from loopledger.engine._errors import UnknownRun
-    from loopledger.engine._runner import Runner
 
     if not where.has_journal:
         why = no_journal or str(UnknownRun(run_id))
@@ -198,7 +206,6 @@ def _runner_for(run_id: str, where: Any, no_journal: str | None = None, *, rejec
             _refuse(run_id, why, as_json)
         _err(why)
         raise typer.Exit(EXIT_FAILED)
-    return Runner(where, auto_reply=False)
 
 
 def _known_line(runner: Any, run_id: str) -> dict[str, Any] | None:
@@ -690,9 +697,7 @@ def cancel(
     from loopledger.engine._runner import Runner
 
     where = _home(home, store)
-    if not where.has_journal:
-        _err(str(UnknownRun(run_id)))
-        raise typer.Exit(EXIT_FAILED)
+    _need_journal(run_id, where)
     # The request first, through the journal alone: a driver stalled in a
     # send may hold the tool backend this process would open next.
     journal = where.open_store()
