@@ -260,5 +260,16 @@ class PostgresRunStore(SQLRunStore):
             if not self._drivers.closed:
                 raise
 
+    def _held_outside(self, name: str) -> bool:
+        # A bigint advisory lock shows in pg_locks as its high and low 32
+        # bits (classid, objid) with objsubid 1.
+        key = claim_key(name)
+        (held,) = self._drivers.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND classid::bigint = %s AND objid::bigint = %s AND objsubid = 1 AND pid <> pg_backend_pid())",
+            (key >> 32, key & 0xFFFFFFFF)).fetchone()
+        return bool(held)
+
     def _close_drivers(self, drivers: Any) -> None:
         drivers.close()

@@ -111,6 +111,25 @@ def _byte_lock(fd: int, kind: int, offset: int) -> None:
     fcntl.fcntl(fd, command, struct.pack("hhqqi", kind, os.SEEK_SET, offset, 1, 0))
 
 
+def _byte_held(fd: int, offset: int) -> bool:
+    """Whether another open file description (another store, or another
+    process) holds the lock on one byte of ``fd`` at ``offset``, asked
+    without taking it; where the system has no such locks, by taking the
+    byte and letting go of it."""
+    command = getattr(fcntl, "F_OFD_GETLK", None)
+    if command is None:
+        try:
+            _byte_lock(fd, fcntl.F_WRLCK, offset)
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                return True
+            raise
+        _byte_lock(fd, fcntl.F_UNLCK, offset)
+        return False
+    answer = fcntl.fcntl(fd, command, struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
+    return struct.unpack("hhqqi", answer)[0] != fcntl.F_UNLCK
+
+
 class SQLiteRunStore(SQLRunStore):
     dialect = "sqlite"
 
@@ -161,6 +180,9 @@ class SQLiteRunStore(SQLRunStore):
 
     def _release_outside(self, name: str) -> None:
         _byte_lock(self._drivers, fcntl.F_UNLCK, claim_key(name))
+
+    def _held_outside(self, name: str) -> bool:
+        return _byte_held(self._drivers, claim_key(name))
 
     def _close_drivers(self, drivers: int) -> None:
         os.close(drivers)

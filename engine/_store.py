@@ -956,11 +956,9 @@ class SQLRunStore:
         with self._claims_lock:
             if batch_id in self._batches:
                 return False
-            name = _batch_name(batch_id)
-            if not self._claim_outside_now(name):
-                return True
-            self._release_outside(name)
-            return False
+            if self._drivers is None:
+                self._drivers = self._open_drivers()
+            return self._held_outside(_batch_name(batch_id))
 
     def still_holds(self, run_id: str) -> bool:
         """Whether this process still holds its claim on ``run_id``: asked
@@ -1013,6 +1011,12 @@ class SQLRunStore:
         raise NotImplementedError
 
     def _release_outside(self, name: str) -> None:
+        raise NotImplementedError
+
+    def _held_outside(self, name: str) -> bool:
+        """Whether another process (or another store) holds ``name``, found
+        out without taking it: a claim taken only to ask would be seen by
+        another asker at that moment as a live holder."""
         raise NotImplementedError
 
     def _close_drivers(self, drivers: Any) -> None:

@@ -850,3 +850,37 @@ def test_one_driver_per_run_among_stores_and_processes(store: Any, store_kind: s
         store.release("t")
     finally:
         other.close()
+
+
+def test_asking_whether_a_batch_is_held_takes_nothing_others_can_see(
+        store: Any, store_kind: str, journal_at: Any) -> None:
+    """Two processes resuming runs of one batch whose maker is gone each ask
+    whether the batch is held. An asker that took the batch's lock to find
+    out made the other, asking at that moment, see a live maker and leave a
+    run undriven."""
+    import threading
+    import time
+
+    other = open_store(store_kind, journal_at)
+    try:
+        seen: list[bool] = []
+
+        def ask(s: Any) -> None:
+            seen.extend(s.batch_held_elsewhere("b-1") for _ in range(1500))
+
+        askers = [threading.Thread(target=ask, args=(s,)) for s in (store, other)]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join()
+        assert len(seen) == 3000 and not any(seen)
+        other.hold_batch("b-1")
+        assert store.batch_held_elsewhere("b-1") and not other.batch_held_elsewhere("b-1")
+    finally:
+        other.close()
+    # Its holder closed (a server lets go of a session's locks once the
+    # session has ended, a moment after its client closed it).
+    deadline = time.monotonic() + 10
+    while store.batch_held_elsewhere("b-1") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not store.batch_held_elsewhere("b-1")
