@@ -58,15 +58,17 @@ def _body() -> None:
 
     st.subheader("Processing time vs waiting time")
     st.caption("Waiting: time in WAITING_USER and WAITING_TOOL (a waiting run holds no worker); "
+               "queued: from a run's creation until an engine took it up; "
                "processing: every other state. From the transition events' timestamps.")
     time = data["time"]
     if time.empty:
         st.info("No transition events recorded yet.")
         return
-    cols = st.columns(2)
+    cols = st.columns(3)
     cols[0].metric("Processing (s)", f"{time['processing_s'].sum():,.2f}")
     cols[1].metric("Waiting (s)", f"{time['waiting_s'].sum():,.2f}")
-    long = time.melt(id_vars=["prompt_version", "runs"], value_vars=["processing_s", "waiting_s"],
+    cols[2].metric("Queued (s)", f"{time['queued_s'].sum():,.2f}")
+    long = time.melt(id_vars=["prompt_version", "runs"], value_vars=["processing_s", "waiting_s", "queued_s"],
                      var_name="time", value_name="seconds")
     fig = px.bar(chart_text(long, "prompt_version"), x="prompt_version", y="seconds", color="time", barmode="group",
                  title="Seconds by prompt version")

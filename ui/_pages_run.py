@@ -35,17 +35,20 @@ def _header(run: dict, spans: pd.DataFrame) -> None:
     cols[2].metric("Steps", int(run["steps"] or 0))
     cols[3].metric("Model attempts", int(run["model_attempts"] or 0))
     cols[4].metric("Tool calls", int(run["tool_calls"] or 0))
-    cols = st.columns(5)
+    cols = st.columns(6)
     # Null where an imported run's source gives no usage: unknown, not 0.
     partial = missing(run["tokens_in"]) or missing(run["tokens_out"])
     cols[0].metric("Tokens", "—" if missing(run["tokens"]) else f"{int(run['tokens']):,}",
                    help="the source of this imported run does not give all its usage" if partial else None)
     cols[1].metric("Cost (USD)", "—" if missing(run["cost_usd"]) else f"{float(run['cost_usd']):.4f}")
     closed = spans.iloc[:-1] if len(spans) else spans  # the last span is the terminal point or still open
-    cols[2].metric("Processing (s)", f"{closed.loc[~closed['waiting'], 'seconds'].sum():.3f}")
+    working = ~closed["waiting"] & ~closed["queued"].astype(bool)
+    cols[2].metric("Processing (s)", f"{closed.loc[working, 'seconds'].sum():.3f}")
     cols[3].metric("Waiting (s)", f"{closed.loc[closed['waiting'], 'seconds'].sum():.3f}")
+    cols[4].metric("Queued (s)", f"{closed.loc[closed['queued'].astype(bool), 'seconds'].sum():.3f}",
+                   help="from the run's creation until an engine took it up")
     started, ended = run["started_at"], run["ended_at"]
-    cols[4].metric("Duration (s)", "—" if pd.isna(ended) else f"{(ended - started).total_seconds():.3f}")
+    cols[5].metric("Duration (s)", "—" if pd.isna(ended) else f"{(ended - started).total_seconds():.3f}")
 
 
 def _timeline(spans: pd.DataFrame) -> None:

@@ -132,10 +132,11 @@ def overview(t: Traces) -> dict[str, Any]:
 
 
 def time_split(t: Traces) -> Any:
-    """Seconds spent waiting (WAITING_USER, WAITING_TOOL) and processing (every
-    other state) per prompt version. A state span runs from the transition
-    into it to the run's next transition; a run's current, still open span
-    is not counted.
+    """Seconds spent queued, waiting (WAITING_USER, WAITING_TOOL) and
+    processing (every other state) per prompt version. A state span runs
+    from the transition into it to the run's next transition; a run's
+    current, still open span is not counted. Queued is a run's first span,
+    from its creation until an engine took it up (as ``show`` reports it).
 
     Written without a window over all transitions (sorting millions of
     events per run is what made this slow): a run's closed spans cover its
@@ -148,7 +149,12 @@ def time_split(t: Traces) -> Any:
         WITH moves AS (
             SELECT run_id, seq, epoch_us(ts) AS us, from_state, to_state FROM events WHERE to_state IS NOT NULL
         ),
-        span AS (SELECT run_id, max(us) - min(us) AS total_us FROM moves GROUP BY run_id),
+        span AS (
+            SELECT run_id, max(us) - min(us) AS total_us,
+                   coalesce(min(us) FILTER (WHERE from_state IS NOT NULL)
+                            - min(us) FILTER (WHERE from_state IS NULL), 0) AS queued_us
+            FROM moves GROUP BY run_id
+        ),
         entries AS (
             SELECT run_id, us, row_number() OVER (PARTITION BY run_id ORDER BY seq) AS k
             FROM moves WHERE to_state IN $waiting
@@ -162,8 +168,9 @@ def time_split(t: Traces) -> Any:
             FROM exits x JOIN entries e ON e.run_id = x.run_id AND e.k = x.k GROUP BY x.run_id
         )
         SELECT r.prompt_version, count(*) AS runs,
-               sum(s.total_us - coalesce(w.waiting_us, 0)) / 1e6 AS processing_s,
-               coalesce(sum(w.waiting_us), 0) / 1e6 AS waiting_s
+               sum(s.total_us - s.queued_us - coalesce(w.waiting_us, 0)) / 1e6 AS processing_s,
+               coalesce(sum(w.waiting_us), 0) / 1e6 AS waiting_s,
+               sum(s.queued_us) / 1e6 AS queued_s
         FROM span s JOIN runs r ON r.run_id = s.run_id LEFT JOIN waited w ON w.run_id = s.run_id
         GROUP BY r.prompt_version ORDER BY r.prompt_version
         """,
@@ -319,12 +326,13 @@ def run_detail(t: Traces, run_id: str) -> dict[str, Any] | None:
 def state_spans(events: Any, ended_at: Any) -> Any:
     """The run's states as spans (state, start, end, step, attempt) for the
     Gantt chart: one span per transition, ending at the next one. The final
-    terminal state is drawn as a point at the run's end."""
+    terminal state is drawn as a point at the run's end. ``queued``: the
+    span from the run's creation until an engine took it up."""
     import pandas as pd
 
     moves = events[events["to_state"].notna()].reset_index(drop=True)
     if moves.empty:
-        return pd.DataFrame(columns=["state", "start", "end", "step", "attempt", "seconds", "waiting"])
+        return pd.DataFrame(columns=["state", "start", "end", "step", "attempt", "seconds", "waiting", "queued"])
     end = moves["ts"].shift(-1)
     last = moves["ts"].iloc[-1] if pd.isna(ended_at) else ended_at
     end.iloc[-1] = last
@@ -334,6 +342,7 @@ def state_spans(events: Any, ended_at: Any) -> Any:
     })
     spans["seconds"] = (spans["end"] - spans["start"]).dt.total_seconds()
     spans["waiting"] = spans["state"].isin(WAITING_STATES)
+    spans["queued"] = moves["from_state"].isna()
     return spans
 
 

@@ -116,6 +116,14 @@ def test_run_deep_link_shows_the_run(recorded_home: Path, ui_env: pytest.MonkeyP
     shown = metrics(at)
     assert (shown["Status"], shown["Reason"], shown["Steps"], shown["Tool calls"]) == (
         row[0], row[1], str(row[2]), str(row[3]))
+    # The run's closed spans split into queued (creation until an engine took it up), processing, waiting.
+    moves = __import__("duckdb").sql(
+        f"SELECT epoch_us(ts) FROM {table(recorded_home, 'events')} WHERE run_id = '{run_id}'"
+        " AND to_state IS NOT NULL ORDER BY seq").fetchall()
+    queued, whole = (moves[1][0] - moves[0][0]) / 1e6, (moves[-1][0] - moves[0][0]) / 1e6
+    assert shown["Queued (s)"] == f"{queued:.3f}"
+    split = sum(float(shown[k]) for k in ("Queued (s)", "Processing (s)", "Waiting (s)"))
+    assert split == pytest.approx(whole, abs=0.002)
     assert [t.label for t in at.tabs][:5] == ["Candidates", "Decisions", "Operations", "Waits & replies",
                                               "Loop diagnosis"]
     decisions = frame_with(at, "validator_version", "verdict")

@@ -40,25 +40,29 @@ def test_overview_counts_match_the_runs_table(traces: Traces, recorded_home: Pat
         __import__("duckdb").sql(f"SELECT prompt_version, count(*) FROM {runs} GROUP BY 1").fetchall())
 
 
-def test_waiting_and_processing_time_follow_the_transitions(traces: Traces, recorded_home: Path) -> None:
-    events = pq.read_table(recorded_home / "traces" / "events", columns=["run_id", "seq", "ts", "to_state"])
+def test_queued_waiting_and_processing_time_follow_the_transitions(traces: Traces, recorded_home: Path) -> None:
+    events = pq.read_table(recorded_home / "traces" / "events",
+                           columns=["run_id", "seq", "ts", "from_state", "to_state"])
     versions = dict(__import__("duckdb").sql(
         f"SELECT run_id, prompt_version FROM {table(recorded_home, 'runs')}").fetchall())
-    by_run: dict[str, list[tuple[int, object, str]]] = defaultdict(list)
+    by_run: dict[str, list[tuple[int, object, str, str | None]]] = defaultdict(list)
     for row in events.to_pylist():
         if row["to_state"] is not None:
-            by_run[row["run_id"]].append((row["seq"], row["ts"], row["to_state"]))
-    expected: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+            by_run[row["run_id"]].append((row["seq"], row["ts"], row["to_state"], row["from_state"]))
+    expected: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for run_id, moves in by_run.items():
         moves.sort()
-        for (_, start, state), (_, end, _) in zip(moves, moves[1:], strict=False):
-            waiting = state in ("WAITING_USER", "WAITING_TOOL")
-            expected[versions[run_id]][1 if waiting else 0] += (end - start).total_seconds()
+        for (_, start, state, came_from), (_, end, _, _) in zip(moves, moves[1:], strict=False):
+            # processing, waiting, or queued: the span that starts at the run's creation
+            bucket = 2 if came_from is None else 1 if state in ("WAITING_USER", "WAITING_TOOL") else 0
+            expected[versions[run_id]][bucket] += (end - start).total_seconds()
     got = q.time_split(traces).set_index("prompt_version")
-    for version, (processing, waiting) in expected.items():
+    for version, (processing, waiting, queued) in expected.items():
         assert got.at[version, "processing_s"] == pytest.approx(processing, rel=1e-6)
         assert got.at[version, "waiting_s"] == pytest.approx(waiting, rel=1e-6, abs=1e-9)
-    assert sum(w for _, w in expected.values()) > 0, "the bundled scenarios include waits"
+        assert got.at[version, "queued_s"] == pytest.approx(queued, rel=1e-6, abs=1e-9)
+    assert sum(w for _, w, _ in expected.values()) > 0, "the bundled scenarios include waits"
+    assert sum(qd for _, _, qd in expected.values()) > 0, "runs of a batch wait their turn"
 
 
 def test_runs_filter_sort_and_pages(traces: Traces, recorded_home: Path) -> None:
