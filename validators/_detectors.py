@@ -17,7 +17,12 @@ Patterns (all on runtime facts):
   marker (new evidence, a completed operation, a smaller candidate set).
 * ``loop.oscillation`` — the step tokens (calls, or the states visited)
   repeat with period ``period`` for ``cycles`` cycles, and are not constant
-  (a constant sequence is ``repeated_call``'s business).
+  (a constant sequence is ``repeated_call``'s business). The calls are the
+  tool and argument hashes, so their repeating is a loop whatever comes
+  back; the states a step visits only say what kind of step it was (a read,
+  a call that waited for an approval), and a run doing different work in a
+  steady rhythm repeats them too: a step that adds new evidence breaks a
+  cycle of states.
 """
 
 from __future__ import annotations
@@ -238,11 +243,12 @@ class _Cycle:
         new.buf = deque(self.buf, maxlen=self.k)
         return new
 
-    def push(self, tok: str | None) -> bool:
-        """Feed a token; True when the cycle starts to hold at this step."""
+    def push(self, tok: str | None, progress: bool = False) -> bool:
+        """Feed a token; True when the cycle starts to hold at this step. A
+        step that made ``progress`` matches nothing."""
         buf = self.buf
         back = buf[0] if len(buf) == self.k else None
-        self.matches = self.matches + 1 if tok is not None and tok == back else 0
+        self.matches = self.matches + 1 if tok is not None and tok == back and not progress else 0
         self.same = self.same + 1 if tok is not None and buf and buf[-1] == tok else 1
         buf.append(tok)
         was = self.holds
@@ -250,9 +256,13 @@ class _Cycle:
         return self.holds and not was
 
 
+#: The channels whose cycle a step with new evidence breaks (see the module's docstring).
+BROKEN_BY_PROGRESS = frozenset({"states"})
+
+
 class Oscillation(Detector):
     name = "loop.oscillation"
-    version = "1"
+    version = "2"  # 2: new evidence breaks a cycle of states
 
     def copy(self) -> Oscillation:
         new: Oscillation = self._shallow()
@@ -274,7 +284,7 @@ class Oscillation(Detector):
         out: list[Finding] = []
         active = False
         for channel, token, track in self._tracks:
-            if track.push(token(rec)):
+            if track.push(token(rec), rec.new_evidence > 0 and channel in BROKEN_BY_PROGRESS):
                 out.append(
                     self._finding(
                         rec,

@@ -28,7 +28,7 @@ from typing import Any
 
 import polars as pl
 
-from ._detectors import DIAGNOSIS_COLUMNS, make_detector
+from ._detectors import BROKEN_BY_PROGRESS, DIAGNOSIS_COLUMNS, make_detector
 from ._errors import InputError
 from ._steps import STEP_COLUMNS, step_schema
 
@@ -173,6 +173,8 @@ def _oscillation(lf: pl.LazyFrame, period: int, cycles: int, channels: Iterable[
     for channel in channels:
         tok = pl.col("_tok")
         match = ((tok == tok.shift(period)) & (_IDX - period >= pl.col("_run_start"))).fill_null(False)
+        if channel in BROKEN_BY_PROGRESS:
+            match = match & (pl.col("new_evidence") == 0)
         matches = _IDX - _since(~pl.col("_match"))  # consecutive k-back matches ending here
         same = _IDX - _since(~_same_as_previous("_tok")) + 1  # identical tokens ending here
         holds = (matches >= need) & (same < period)
@@ -185,7 +187,7 @@ def _oscillation(lf: pl.LazyFrame, period: int, cycles: int, channels: Iterable[
         cycle = [source.shift(period - 1 - j).alias(f"_c{j}") for j in range(period)]
         parts = [pl.col(f"_c{j}").list.join("|") if hashed else pl.col(f"_c{j}") for j in range(period)]
         query = (
-            lf.select(_RUN, "step", "_idx", "_new_run", "_run_start", channel, token.alias("_tok"))
+            lf.select(_RUN, "step", "_idx", "_new_run", "_run_start", "new_evidence", channel, token.alias("_tok"))
             .with_columns(match.alias("_match"))
             .with_columns(holds.alias("_holds"))
             .with_columns(was.alias("_was"), *cycle)

@@ -95,6 +95,28 @@ def test_oscillation_of_states_and_constant_sequences_are_not_oscillation():
     assert found == []
 
 
+def test_a_steady_rhythm_of_steps_that_add_evidence_is_not_an_oscillation():
+    # Read a config, then deploy with an approval, three times over: the
+    # states alternate, but every step adds evidence and every call differs.
+    read = ("READY", "MODEL_RUNNING", "VALIDATING", "TOOL_RUNNING")
+    deploy = ("READY", "MODEL_RUNNING", "VALIDATING", "WAITING_USER", "TOOL_RUNNING")
+    working = steps(*[{"states": s, "calls": (f"t:{i}",), "new_evidence": 1}
+                      for i, s in enumerate((read, deploy) * 3)])
+    stalled = steps(*[{"states": s, "calls": (f"t:{i}",)} for i, s in enumerate((read, deploy) * 3)])
+    params = {"period": 2, "cycles": 3}
+    for fn in (lambda recs: detect_stream(recs, [("loop.oscillation", params)]),
+               lambda recs: detect_batch(steps_frame(recs), [("loop.oscillation", params)]).rows()):
+        assert list(fn(working)) == []
+        assert [f[4] if isinstance(f, tuple) else f.pattern for f in fn(stalled)] == ["oscillation_states"]
+    # One step of evidence inside the cycle starts the count again.
+    broken = steps(*[{"states": s, "new_evidence": int(i == 3)} for i, s in enumerate((read, deploy) * 4)])
+    assert [f.step for f in detect_stream(broken, [("loop.oscillation", params)])] == [8]
+    # Calls that repeat are a loop whatever comes back.
+    calls = steps(*[{"calls": (x,), "new_evidence": 1} for x in (A, B, A, B)])
+    assert [f.pattern for f in detect_stream(calls, [("loop.oscillation", {"period": 2, "cycles": 2})])] == [
+        "oscillation_calls"]
+
+
 def test_findings_are_loop_diagnoses_rows():
     (f,) = detect_stream(steps(*[{"calls": (A,)}] * 3), [("loop.repeated_call", {"threshold": 3})])
     assert f.row() == {"run_id": "r1", "step": 3, "detector": "loop.repeated_call", "detector_version": "1",
