@@ -315,6 +315,10 @@ class Controller(PeopleMixin):
     # -- READY ----------------------------------------------------------------
 
     def _ready(self, view: RunView, config: RunConfig) -> None:
+        # Background work that has ended since the last step is recorded now,
+        # so the step's context carries its results and the gate sees its
+        # evidence (not only after a final answer waited for it).
+        self._collect_ended_work(view)
         first = view.step == 0
         if first:
             # The deadline's clock starts when the engine first takes the
@@ -649,7 +653,9 @@ class Controller(PeopleMixin):
                 and all(d.validator in EVIDENCE_CHECKS for d in blocking)):
             # The model is done but work is still running: wait for it, then
             # judge again in a new step. Never a success while a tool runs.
-            self._finalize(view, "SUCCEEDED", "completed", extra=recorded, payload_extra={"await_work": True})
+            # (FINALIZING names no outcome: none is decided yet.)
+            self._close_step(view, State.FINALIZING, extra=recorded, payload={
+                "await_work": True, "pending_work": [op.work_id for op in view.pending_background()]})
             return
         verdict = result.verdict
         if verdict is Verdict.ASK and all(d.code == "approval_required" for d in blocking):
@@ -1028,15 +1034,9 @@ class Controller(PeopleMixin):
         The deadline holds while it waits: past it, the run ends
         BUDGET_EXHAUSTED / deadline, naming in its FINALIZING event the work
         still running (which is not stopped: a backend job runs its course)."""
-        running = []
-        for op in view.pending_background():
-            # Polled first: work that ended is recorded as ended (its outcome
-            # is part of the trace), even when the deadline has passed.
-            status = self.backend.poll_work(op.work_id)
-            if status.state == "running":
-                running.append(op.work_id)
-            else:
-                self._work_completed(view, op, status.state, status.outcome)
+        # Polled first: work that ended is recorded as ended (its outcome
+        # is part of the trace), even when the deadline has passed.
+        running = self._collect_ended_work(view)
         if self._past_deadline(view, config):
             self._move(view, State.FINALIZING,
                        payload={"status": "BUDGET_EXHAUSTED", "reason": "deadline", "pending_work": running})
@@ -1046,6 +1046,38 @@ class Controller(PeopleMixin):
         # A new step: the model sees the results and the gate judges again.
         self._move(view, State.READY, payload={"work_completed": True})
         return True
+
+    def _collect_ended_work(self, view: RunView) -> list[str]:
+        """Poll the run's pending background work; record each that ended.
+        The work ids still running."""
+        running = []
+        for op in view.pending_background():
+            status = self.backend.poll_work(op.work_id)
+            if status.state == "running":
+                running.append(op.work_id)
+            else:
+                self._work_completed(view, op, status.state, status.outcome)
+        return running
+
+    def _stop_background(self, view: RunView) -> list[str]:
+        """Stop the run's pending background work, recording how each ended
+        (cancelled; or how it had ended already; or cancel_unconfirmed when
+        its backend cannot confirm the stop). The operation ids whose stop
+        is unconfirmed."""
+        unconfirmed = []
+        for op in view.pending_background():
+            stopped = self.backend.cancel_work(op.work_id)
+            if stopped is False:
+                # It had already ended: nothing left to stop; record how it
+                # ended, as a poll would have.
+                status = self.backend.poll_work(op.work_id)
+                self._work_completed(view, op, status.state, status.outcome)
+            elif stopped:
+                self._work_completed(view, op, "cancelled", None, "CANCELLED")
+            else:  # None: the backend cannot confirm that it stopped
+                unconfirmed.append(op.operation_id)
+                self._work_completed(view, op, "cancel_unconfirmed", None, "CANCEL_UNCONFIRMED")
+        return unconfirmed
 
     def _work_completed(self, view: RunView, op: OpView, state: str, outcome: ToolOutcome | None,
                         error_code: str | None = None) -> None:
@@ -1105,6 +1137,10 @@ class Controller(PeopleMixin):
             # Completion invariant: every side effect settled. The gate
             # should have caught this; the terminal state never lies.
             status, reason = "FAILED", "tool_failed"
+        # Work still running when its run ends (a deadline, a budget, a stop)
+        # is stopped: nobody would ever poll it, and what it did after the
+        # run's end would be in no trace.
+        self._stop_background(view)
         if self.before_terminal is not None:
             self.before_terminal(view)
         self._move(view, State(status), payload={"reason": reason}, set_fields={"reason": reason})

@@ -305,18 +305,7 @@ class PeopleMixin:
                                     f"{op.tool} was sent and its answer never recorded; the run was cancelled "
                                     "before anyone could confirm whether it took effect")
                 self._record_result(view, op, found)
-        for op in view.pending_background():
-            stopped = self.backend.cancel_work(op.work_id)
-            if stopped is False:
-                # It had already ended: nothing left to stop; record how it
-                # ended, as a poll would have.
-                status = self.backend.poll_work(op.work_id)
-                self._work_completed(view, op, status.state, status.outcome)
-            elif stopped:
-                self._work_completed(view, op, "cancelled", None, "CANCELLED")
-            else:  # None: the backend cannot confirm that it stopped
-                unconfirmed.append(op.operation_id)
-                self._work_completed(view, op, "cancel_unconfirmed", None, "CANCEL_UNCONFIRMED")
+        unconfirmed += self._stop_background(view)
         for op in view.unsettled_ops():
             if not op.in_flight:
                 # Never sent: pure records, held and written with the move

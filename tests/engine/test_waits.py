@@ -580,6 +580,31 @@ def test_work_that_ended_before_a_late_resume_is_recorded_before_the_deadline_en
     assert all_violations(home) == []
 
 
+def test_work_still_running_when_the_deadline_ends_its_run_is_stopped_and_recorded(
+        tmp_path: Path, home: Path) -> None:
+    """Resumed past the deadline before its export fell due, the run ends
+    BUDGET_EXHAUSTED; the export is stopped, not left to run on with no
+    one to record what it did."""
+    path = tmp_path / "export.yaml"
+    path.write_text(EXPORT.replace("model:", "budgets: {deadline_s: 3}\nmodel:"))
+    proc = cli("run", str(path), "--json", home=home, env={"LOOPLEDGER_NOW": "2026-12-01T00:00:00+00:00"})
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert line["status"] == "WAITING_TOOL"
+    later = cli("resume", "--json", home=home, env={"LOOPLEDGER_NOW": "2026-12-01T00:00:04+00:00"})
+    assert later.returncode == 0, later.stderr
+    assert state(home, line["run_id"]) == ("BUDGET_EXHAUSTED", "deadline")
+    (done,) = events(home, line["run_id"], "work_completed")
+    assert (done["state"], done["error_code"]) == ("cancelled", "CANCELLED")
+    finalizing = [p for p in events(home, line["run_id"], "transition") if p.get("reason") == "deadline"]
+    assert finalizing and finalizing[0]["pending_work"] == [done["work_id"]]
+    backend = sqlite3.connect(home / "demo_backend.sqlite")
+    assert backend.execute("SELECT state FROM work WHERE work_id = ?", (done["work_id"],)).fetchone() == ("cancelled",)
+    # A final answer that waits for work names no outcome on its way through FINALIZING.
+    (waits,) = [p for p in events(home, line["run_id"], "transition") if p.get("await_work")]
+    assert "status" not in waits and waits["pending_work"] == [done["work_id"]]
+    assert all_violations(home) == []
+
+
 def test_resume_drives_a_run_on_through_background_work_it_starts(tmp_path: Path, home: Path) -> None:
     """A run killed before its export was sent: the resume sends it, and,
     as ``run`` would, drives the run on until the work is done, instead of
