@@ -45,8 +45,14 @@ from ._states import State
 from ._tools import DEMO_TOOLS, TOOL_TRAITS
 from ._waits import Reply, ReplyRejected, TokenClaims, issue_token, load_secret, token_hash
 
-#: How long a run waiting for background work sleeps before it is polled again.
+#: How long a run waiting for background work sleeps before it is polled
+#: again (and a run another process held, before it is tried again).
 POLL_INTERVAL_S = 0.05
+
+#: States in which a drive that returned left a run to another process
+#: (a drive of its own takes a run on from each of them).
+_HELD_ELSEWHERE = frozenset({State.READY, State.MODEL_RUNNING, State.VALIDATING, State.TOOL_RUNNING,
+                             State.RECONCILING, State.FINALIZING})
 
 
 @lru_cache(maxsize=32)
@@ -384,6 +390,12 @@ class Runner:
                     # due: the run is left waiting, for a resume at a later time.
                     unmoved = leave_waiting.get(run_id) == view.state_version
                     if view.state is State.WAITING_TOOL and wait_for_tools and not pinned() and not unmoved:
+                        heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
+                    elif view.state in _HELD_ELSEWHERE and view.batch_id == self.batch_id:
+                        # One of this process's own runs that another process
+                        # held at that moment (a resume looking it over, or
+                        # driving it after a reply): this process answers for
+                        # it until it ends or waits, so it tries again.
                         heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
                     elif on_settled is not None:
                         on_settled(run_id)

@@ -151,3 +151,34 @@ def test_a_failed_export_is_raised_by_the_flush_that_follows() -> None:
     with pytest.raises(OSError, match="disk full"):
         coalescing.flush()
     coalescing.close()
+
+
+def test_a_run_another_process_holds_for_a_moment_is_still_driven_by_its_maker(tmp_path: Path) -> None:
+    """A resume beside a live ``run`` takes each run's claim to look it over
+    (and lets go of the runs their maker will drive). A maker that met one
+    of its own runs claimed at that moment reported it as it stood (READY,
+    never driven) and went on, leaving it to nobody; it tries again."""
+    import threading
+
+    from loopledger.engine import State
+    from loopledger.engine._sqlite import SQLiteRunStore
+
+    scenario = load_scenario(ROOT / "datasets" / "scenarios" / "happy-refund.yaml")
+    runner = Runner(Home.resolve(tmp_path / "home"))
+    other = SQLiteRunStore(tmp_path / "home" / "journal.sqlite")  # its claims exclude ours as a process's would
+    settled: list[str] = []
+    ids = runner.create_all([(scenario, "v1")] * 3)
+    held = ids[1]
+    assert other.claim(held)
+    letting_go = threading.Timer(0.5, other.release, (held,))
+    letting_go.start()
+    try:
+        runner.drive_all(ids, concurrency=2, on_settled=settled.append)
+        states = [runner.store.get_run(run_id).state for run_id in ids]
+    finally:
+        letting_go.join()
+        runner.close()
+        other.close()
+    assert states == [State.SUCCEEDED] * 3
+    assert sorted(settled) == sorted(ids)  # each reported once, when it ended
+    assert all_violations(tmp_path / "home") == []
