@@ -160,6 +160,36 @@ def test_a_report_path_that_is_a_folder_is_refused_before_the_work(recorded_home
     assert not (tmp_path / "replays").exists()
 
 
+def test_a_report_path_that_would_overwrite_what_is_recorded_is_refused(home_copy: Path, tmp_path: Path) -> None:
+    """The journal, a trace table, the replays folder, the traces read, or
+    the suite file: each stays as it was, exit 2 (a report beside them in
+    the data directory is fine)."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("name: mine\nvalidators: [structure]\n")
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(home_copy / "traces", elsewhere)
+    table = next((home_copy / "traces" / "runs").rglob("*.parquet"))
+    cases = [
+        (["--home", str(home_copy), "--markdown", str(home_copy / "journal.sqlite")], home_copy / "journal.sqlite"),
+        (["--home", str(home_copy), "--junit", str(table)], table),
+        (["--home", str(home_copy), "--junit", str(home_copy / "traces" / "report.xml")], None),
+        (["--home", str(home_copy), "--traces", str(elsewhere), "--markdown", str(elsewhere / "r.md")], None),
+        (["--home", str(home_copy), "--suite", str(suite), "--markdown", str(suite)], suite),
+    ]
+    for args, kept in cases:
+        before = kept.read_bytes() if kept else None
+        out = cli("replay", *(["--suite", "default"] if "--suite" not in args else []), *args)
+        assert out.returncode == 2, (args, out.stdout)
+        one_line(out.stderr, "--markdown" if "--markdown" in args else "--junit", "overwrite what is recorded")
+        if kept:
+            assert kept.read_bytes() == before
+    assert not (elsewhere / "r.md").exists() and not (home_copy / "traces" / "report.xml").exists()
+    assert not (home_copy / "replays").exists()
+    beside = cli("replay", "--suite", "default", "--home", str(home_copy), "--markdown", str(home_copy / "report.md"))
+    assert beside.returncode == 0, beside.stderr
+    assert (home_copy / "report.md").read_text().strip()
+
+
 def test_junit_stays_xml_whatever_the_task_ids_hold(home_copy: Path, tmp_path: Path) -> None:
     (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
     table = pq.read_table(path)
