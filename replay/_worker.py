@@ -149,15 +149,21 @@ class _Partition:
 
     def __init__(self, work: Path, part: int, has_baseline: bool, recorded_baseline: bool = True) -> None:
         runs = _frame(work, "runs", part)
-        self.runs: list[dict[str, Any]] = runs.sort("run_id").to_dicts() if runs is not None else []
-        events = _frame(work, "events", part)
-        #: run -> why its events cannot be folded (a seq missing or repeated:
-        #: part of the trace was lost or written twice).
+        #: run -> why it cannot be replayed (a seq missing or repeated, a
+        #: run row or a recorded decision twice: part of the trace was lost
+        #: or written twice).
         self.broken: dict[str, str] = {}
+        self.runs: list[dict[str, Any]] = []
+        for run in runs.sort("run_id", maintain_order=True).to_dicts() if runs is not None else []:
+            if self.runs and self.runs[-1]["run_id"] == run["run_id"]:
+                self.broken[run["run_id"]] = "runs: more than one row for this run; expected one"
+                continue
+            self.runs.append(run)
+        events = _frame(work, "events", part)
         if events is not None:
             # A run's events in seq order (stable: equal seqs keep file order).
             events = events.sort(["run_id", "seq"], maintain_order=True)
-            self.broken = _broken_sequences(events)
+            self.broken.update(_broken_sequences(events))
             self.event_columns = [events[c].to_list() for c in ("kind", "to_state", "step", "attempt",
                                                                "payload_json")]
             self.event_spans = _spans(events["run_id"].to_list())
@@ -178,7 +184,12 @@ class _Partition:
                                                      "validator_version", "suite_version")]
                 base = self.baseline
                 for run_id, cid, validator, *rest in zip(*cols):
-                    base[run_id][cid][validator] = tuple(rest)
+                    row, known = tuple(rest), base[run_id][cid].get(validator)
+                    if known is not None and known != row:
+                        self.broken.setdefault(run_id, f"validations: two recorded decisions of {validator} on "
+                                                       f"candidate {cid} disagree ({known[0]} {known[1]}, "
+                                                       f"{row[0]} {row[1]}); expected one")
+                    base[run_id][cid][validator] = row
         #: The baseline is the traces' own decisions; an earlier replay's
         #: leaves out what it never decided on (see ``_compare_run``).
         self.recorded_baseline = recorded_baseline
@@ -209,6 +220,21 @@ class _Partition:
             self.broken[run_id] = f"runs: no row for this run, which has {', '.join(h for h in held if h)}"
         if orphans:
             self.runs.sort(key=lambda run: run["run_id"])
+
+    def decision_events(self, run_id: str) -> list[tuple[int, int, dict[str, Any]]]:
+        """(step, attempt, payload) of the run's ``decisions`` events: what
+        its recorded decisions were, in brief (the overall verdict and the
+        blocking ones)."""
+        span = self.event_spans.get(run_id)
+        if span is None:
+            return []
+        start, end = span
+        kinds, _, steps, attempts, payloads = (c[start:end] for c in self.event_columns)
+        try:
+            return [(step, attempt, _loads(payload)) for kind, step, attempt, payload
+                    in zip(kinds, steps, attempts, payloads) if kind == "decisions" and payload]
+        except ValueError as exc:
+            raise RunTraceError(run_id, f"events: a payload_json is not JSON ({exc})") from None
 
     def events(self, run_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The run's events in seq order up to its last validated candidate,
@@ -308,6 +334,9 @@ def run_job(job: Job) -> list[list[RunReplay]]:
                                             f"{data.recorded_candidates[run_id]} recorded candidate(s)")
             evaluated = _evaluate_run(run, events, data.bodies, suites)
             _check_baseline_covered(run_id, evaluated, data.baseline)
+            if data.baseline is not None and data.recorded_baseline:
+                _check_recorded_decisions(run_id, evaluated, data.baseline.get(run_id, {}),
+                                          data.decision_events(run_id))
             error = None
         except RunTraceError as exc:
             evaluated, closed, error = [], [], exc.reason
@@ -378,6 +407,38 @@ def _check_baseline_covered(run_id: str, evaluated: Sequence[tuple[tuple[int, in
     if missing:
         raise RunTraceError(run_id, f"the baseline has decisions on {len(missing)} candidate(s) the events never "
                                     f"bring to VALIDATING (first: {missing[0]}): events are missing")
+
+
+def _check_recorded_decisions(run_id: str, evaluated: Sequence[tuple[tuple[int, int, str], Any]],
+                              decided: Mapping[str, Mapping[str, tuple[Any, ...]]],
+                              briefs: Sequence[tuple[int, int, Mapping[str, Any]]]) -> None:
+    """The recorded decisions (``validations``) hold what the run's
+    ``decisions`` events say was decided: a decision on every candidate the
+    events name, each blocking decision as the event gives it, the same
+    overall verdict. A row lost (or changed) would otherwise read as the
+    replay's own change, a flip or a fix, and a gate would pass on less
+    than was recorded."""
+    at = {(step, attempt): cid for (step, attempt, cid), _ in evaluated}
+    for step, attempt, brief in briefs:
+        cid = at.get((step, attempt))
+        if cid is None:
+            continue
+        rows = decided.get(cid)
+        where = f"the candidate at step {step} attempt {attempt} ({cid})"
+        if not rows:
+            raise RunTraceError(run_id, f"validations: no recorded decision on {where}, which the events say was "
+                                        "decided: recorded decisions are missing")
+        for blocking in brief.get("blocking", ()):
+            row = rows.get(blocking["validator"])
+            if row is None or (row[0], row[1]) != (blocking["verdict"], blocking["code"]):
+                found = f"{row[0]} {row[1]}" if row is not None else "no row"
+                raise RunTraceError(run_id, f"validations: the events say {blocking['validator']} decided "
+                                            f"{blocking['verdict']} {blocking['code']} on {where}, the recorded "
+                                            f"decisions hold {found}: recorded decisions are missing or changed")
+        worst = _worst((row[0], row[1]) for row in rows.values())[0]
+        if "verdict" in brief and worst != brief["verdict"]:
+            raise RunTraceError(run_id, f"validations: the events say {where} was decided {brief['verdict']}, the "
+                                        f"recorded decisions make it {worst}: recorded decisions are changed")
 
 
 def _body(bodies: Mapping[str, str], artifact_id: str, run_id: str, what: str) -> str:

@@ -460,9 +460,68 @@ def _only_the_decisions_of_a_run_left(traces: Path) -> list[str]:
     return [victim, "runs: no row for this run, which has decisions on"]
 
 
+def _a_blocking_decision_gone(traces: Path) -> list[str]:
+    """The loop validator's reject that stopped a run: without it the
+    replay's own reject would read as a change, and a suite that drops the
+    validator would pass the regression gate."""
+    import duckdb
+
+    victim, step = duckdb.connect().execute(
+        f"SELECT run_id, step FROM read_parquet('{traces}/validations/*.parquet') WHERE verdict = 'reject'"
+        " ORDER BY run_id, step LIMIT 1").fetchone()
+    _rewrite(traces / "validations", lambda t: t.filter(
+        ~((pc.field("run_id") == victim) & (pc.field("step") == step) & (pc.field("verdict") == "reject"))))
+    return [victim, "recorded decisions are missing or changed"]
+
+
+def _every_decision_of_a_run_gone(traces: Path) -> list[str]:
+    victim = _a_validated_run(traces)
+    _rewrite(traces / "validations", lambda t: t.filter(pc.field("run_id") != victim))
+    return [victim, "no recorded decision on", "recorded decisions are missing"]
+
+
+def _an_accept_made_a_reject(traces: Path) -> list[str]:
+    victim = _a_validated_run(traces)
+
+    def spoil(t: pa.Table) -> pa.Table:
+        hit = [False]
+
+        def flip(r: str, v: str, verdict: str) -> str:
+            if r == victim and v == "structure" and not hit[0]:
+                hit[0] = True
+                return "reject"
+            return verdict
+        verdicts = [flip(r, v, x) for r, v, x in zip(t.column("run_id").to_pylist(), t.column("validator").to_pylist(),
+                                                   t.column("verdict").to_pylist())]
+        return t.set_column(t.schema.get_field_index("verdict"), "verdict", pa.array(verdicts))
+
+    _rewrite(traces / "validations", spoil)
+    return [victim, "recorded decisions"]
+
+
+def _a_decision_recorded_twice_two_ways(traces: Path) -> list[str]:
+    victim = _a_validated_run(traces)
+    t = pq.read_table(traces / "validations").filter(
+        (pc.field("run_id") == victim) & (pc.field("validator") == "structure")).slice(0, 1)
+    t = t.set_column(t.schema.get_field_index("verdict"), "verdict", pa.array(["reject"]))
+    (traces / "validations" / "copy").mkdir()
+    pq.write_table(t, traces / "validations" / "copy" / "again.parquet")
+    return [victim, "two recorded decisions of structure", "disagree"]
+
+
+def _a_runs_row_written_twice(traces: Path) -> list[str]:
+    victim = _a_validated_run(traces)
+    row = pq.read_table(traces / "runs").filter(pc.field("run_id") == victim)
+    (traces / "runs" / "copy").mkdir()
+    pq.write_table(row, traces / "runs" / "copy" / "again.parquet")
+    return [victim, "runs: more than one row for this run"]
+
+
 @pytest.mark.parametrize("spoil", [_events_of_a_run_gone, _one_event_gone, _events_written_twice, _events_cut_short,
                                    _a_payload_not_json, _seq_as_text, _a_verdict_no_validator_gives,
-                                   _the_runs_row_of_a_run_gone, _only_the_decisions_of_a_run_left])
+                                   _the_runs_row_of_a_run_gone, _only_the_decisions_of_a_run_left,
+                                   _a_blocking_decision_gone, _every_decision_of_a_run_gone, _an_accept_made_a_reject,
+                                   _a_decision_recorded_twice_two_ways, _a_runs_row_written_twice])
 def test_incomplete_or_inconsistent_traces_are_named_never_passed_over(home_copy: Path, spoil) -> None:
     names = spoil(home_copy / "traces")
     out = replay_on(home_copy, "--fail-on", "flips")
