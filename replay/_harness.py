@@ -38,7 +38,7 @@ from typing import Any
 from loopledger._args import as_path
 from loopledger._procs import die_with_parent, remove_if_abandoned
 
-from ._errors import BaselineNotFound, ReplayInputError, SuiteNotFound, WorkerLost
+from ._errors import BaselineNotFound, ReplayInputError, SuiteNotFound, TracesError, WorkerLost
 from ._result import REPLAY_ID, ReplayResult, RunReplay, Summary
 from ._traces import (BASELINE_COLUMNS, TraceSet, _files_sql, check_verdicts, open_traces, table_files,
                       write_partitions)
@@ -285,6 +285,10 @@ def _replay(request: _Request) -> dict[str, ReplayResult]:
 def _replay_locked(request: _Request, reading: Any, started: float) -> dict[str, ReplayResult]:
     baseline, replays = request.baseline, request.replays
     trace_set = open_traces(request.traces, need_validations=baseline == "recorded")
+    if trace_set.tables["runs"].rows == 0:
+        # A gate over nothing would pass: in CI, the traces were not there.
+        raise TracesError(str(trace_set.root / "runs"), "no run recorded (the table is empty); expected the runs "
+                                                        "to replay (record them with run, import or export first)")
     baseline_files = _baseline_files(trace_set, baseline, replays)
     check_verdicts("validations" if baseline == "recorded" else "decisions", baseline_files)
     check_verdicts("labels", trace_set.tables["labels"].files)

@@ -97,6 +97,18 @@ def test_no_traces_at_all(tmp_path: Path) -> None:
     one_line(out.stderr, "no such trace directory")
 
 
+def test_traces_with_no_run_are_bad_input_not_a_pass(tmp_path: Path) -> None:
+    """An export of an empty journal writes every table, with no row: a gate
+    over them would pass on nothing."""
+    home = tmp_path / "home"
+    assert cli("export", "--home", str(home)).returncode == 0
+    assert (home / "traces" / "runs").is_dir()
+    out = replay_on(home, "--fail-on", "flips")
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, "runs", "no run recorded")
+    assert not (home / "replays").exists() or not any((home / "replays").iterdir())
+
+
 def test_wrong_schema_version(home_copy: Path) -> None:
     (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
     table = pq.read_table(path)
@@ -549,7 +561,7 @@ def test_a_baseline_replay_that_could_replay_none_of_its_runs_is_refused(recorde
 
     broken = tmp_path / "broken"
     shutil.copytree(recorded_home / "traces", broken)
-    _rewrite(broken / "runs", lambda t: t.slice(0, 0))
+    _rewrite(broken / "events", lambda t: t.slice(0, 0))
     first = replay(broken, "default", write_to=tmp_path / "replays").summary
     assert first.decisions == 0 and first.run_errors == first.runs > 0
     out = cli("replay", "--suite", "default", "--baseline", first.replay_id, "--traces", str(recorded_home / "traces"),
