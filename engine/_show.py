@@ -31,13 +31,25 @@ class TracedRuns:
     def __init__(self, traces: Path) -> None:
         self.traces = traces
 
+    @staticmethod
+    def _read(path: Path, **options: Any) -> Any:
+        """One trace file as a table; one that cannot be read (cut short,
+        not Parquet, without the column asked for) is bad input naming it."""
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path, **options)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a broken file
+            from ._errors import BadInput
+
+            raise BadInput(str(path), f"not a readable trace table ({' '.join(str(exc).split())[:300]})") from None
+
     def _rows(self, name: str, run_id: str) -> list[dict[str, Any]]:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         rows: list[dict[str, Any]] = []
         for path in sorted((self.traces / name).glob("*.parquet")):
-            table = pq.read_table(path, filters=[("run_id", "=", run_id)])
+            table = self._read(path, filters=[("run_id", "=", run_id)])
             for index, field in enumerate(table.schema):
                 if pa.types.is_timestamp(field.type):  # the journal's unit: microseconds
                     table = table.set_column(index, field.name, table.column(index).cast(pa.int64()))
@@ -46,11 +58,9 @@ class TracedRuns:
 
     def run_ids(self) -> set[str]:
         """Every run id the runs table holds (none without the table)."""
-        import pyarrow.parquet as pq
-
         ids: set[str] = set()
         for path in sorted((self.traces / "runs").glob("*.parquet")):
-            ids.update(pq.read_table(path, columns=["run_id"]).column(0).to_pylist())
+            ids.update(self._read(path, columns=["run_id"]).column(0).to_pylist())
         return ids
 
     def get_run(self, run_id: str) -> Any:

@@ -109,6 +109,22 @@ def test_traces_with_no_run_are_bad_input_not_a_pass(tmp_path: Path) -> None:
     assert not (home / "replays").exists() or not any((home / "replays").iterdir())
 
 
+def test_label_and_show_name_a_trace_file_they_cannot_read(home_copy: Path) -> None:
+    import duckdb
+
+    run_id = duckdb.connect().execute(
+        f"SELECT min(run_id) FROM read_parquet('{home_copy}/traces/runs/*.parquet')").fetchone()[0]
+    table = next((home_copy / "traces" / "runs").glob("*.parquet"))
+    table.write_bytes(table.read_bytes()[:100])
+    prefix = run_id.rsplit(".", 1)[0]
+    for args in (["label", prefix, "--step", "1", "--expect", "accept"], ["show", prefix]):
+        out = cli(*args, "--home", str(home_copy))
+        assert out.returncode == 2, (args, out.stdout)
+        one_line(out.stderr, table.name, "not a readable trace table")
+    # A run named whole is found in the journal first: the broken file is not in its way.
+    assert cli("show", run_id, "--home", str(home_copy)).returncode == 0
+
+
 def test_wrong_schema_version(home_copy: Path) -> None:
     (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
     table = pq.read_table(path)
