@@ -185,8 +185,9 @@ class PeopleMixin:
         if now_us() >= claims.expires_at_us:
             self._refuse_expired(run_id, waiting)
         check_answer(run_id, waiting, reply)
+        recorded = self._backend_record(view, waiting, reply)
         try:
-            self._accept_reply(view, waiting, digest, reply)
+            self._accept_reply(view, waiting, digest, reply, recorded)
         except (StaleStateVersion, TerminalAlreadySet):
             # Another reply (or a cancel) moved the run between the checks
             # and the commit: the compare-and-set refused this one.
@@ -197,7 +198,26 @@ class PeopleMixin:
         # moving): it goes on with it, or lets go soon.
         return self.drive(run_id, wait_s=HANDOVER_WAIT_S)
 
-    def _accept_reply(self, view: RunView, waiting: dict[str, Any], digest: str, reply: Reply) -> None:
+    def _backend_record(self, view: RunView, waiting: dict[str, Any], reply: Reply) -> ToolOutcome | None:
+        """For a person's word on whether an operation took effect: what its
+        backend records under the operation's key now. A record is the
+        operation's result, whatever the person says; a "yes" that a backend
+        able to look the key up has no record of is refused (the run would
+        claim an effect that never happened). None when the backend cannot
+        say (the person's word stands) or the reply is of another kind."""
+        op = view.ops.get(waiting.get("operation_id") or "")
+        if (op is None or waiting["kind"] != "user" or op.tool == "ask_user" or not isinstance(reply.answer, dict)
+                or "executed" not in reply.answer):
+            return None
+        found = self._lookup(view, op)
+        if found is None and reply.answer.get("executed"):
+            raise ReplyRejected(view.run_id, "contradicted by the backend",
+                                f"{op.tool} has no record under the operation's idempotency key: it did not take "
+                                'effect; answer {"executed": false}')
+        return found if found is not None and found.outcome != "unknown_outcome" else None
+
+    def _accept_reply(self, view: RunView, waiting: dict[str, Any], digest: str, reply: Reply,
+                      recorded: ToolOutcome | None = None) -> None:
         op = view.ops.get(waiting["operation_id"]) if waiting.get("operation_id") else None
         resolved = {"wait_id": waiting["wait_id"], "kind": waiting["kind"], "token_hash": digest,
                     "operation_id": op.operation_id if op else None, "actor": view.tenant,
@@ -221,6 +241,9 @@ class PeopleMixin:
             outcome = ToolOutcome(outcome="success", status="succeeded", result={"answer": reply.answer},
                                   evidence=({"kind": "user_answer", "subject": waiting["wait_id"]},),
                                   error_code=None, retry_after_s=None, work_id=None, executed=True)
+        elif recorded is not None:
+            # The backend has it on record after all: its record is the result.
+            outcome = recorded
         elif reply.answer.get("executed"):
             # A person checked the backend and found the effect: it happened.
             # Their word is the evidence (marked as theirs), so the gate can

@@ -303,6 +303,41 @@ def test_a_token_whose_wait_the_run_has_left_is_refused(tmp_path: Path, home: Pa
     assert executions(home, cancelled["run_id"], "deploy.service") == 0
 
 
+REFUND_UNANSWERED = """\
+id: refund-unanswered-twice
+contract:
+  goal: Refund order ORD-1033
+  allowed_tools: [payments.refund]
+faults:
+  - {tool: payments.refund, call: 1, kind: timeout_before_commit}
+  - {tool: payments.refund, call: 2, kind: timeout_before_commit}
+model:
+  - tool_calls: [{name: payments.refund, arguments: {order_id: ORD-1033, amount: 25.0}}]
+  - final: The refund of ORD-1033 did not go through.
+"""
+
+
+def test_a_persons_yes_that_the_backend_has_no_record_of_is_refused(tmp_path: Path, home: Path) -> None:
+    """The refund timed out twice before it committed and a person is asked
+    whether it took effect. The payments backend looks refunds up by key and
+    has none: a "yes" would end the run claiming a refund never made."""
+    line = start(tmp_path, home, REFUND_UNANSWERED)
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+    assert line["waiting"]["kind"] == "user"
+    refused = reply(home, run_id, token, "--answer", '{"executed": true}')
+    rejected(refused, "contradicted by the backend")
+    assert "did not take effect" in refused.stderr
+    assert state(home, run_id) == ("WAITING_USER", "waiting_for_user")
+    assert events(home, run_id, "reply_accepted") == []
+    ok = reply(home, run_id, token, "--answer", '{"executed": false}')
+    assert ok.returncode == 0, ok.stderr
+    assert state(home, run_id) == ("SUCCEEDED", "completed")
+    (result,) = events(home, run_id, "operation_result")
+    assert (result["outcome"], result["error_code"]) == ("cancelled", "NOT_EXECUTED")
+    assert executions(home, run_id, "payments.refund") == 0
+    assert all_violations(home) == []
+
+
 def test_an_answer_must_fit_the_question_schema(tmp_path: Path, home: Path) -> None:
     line = start(tmp_path, home, QUESTION)
     run_id, w = line["run_id"], line["waiting"]
