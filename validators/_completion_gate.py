@@ -37,7 +37,7 @@ def pending_work(inp: DecisionInput) -> list[dict[str, str | None]]:
     return [out[k] for k in sorted(out)]
 
 
-@validator(name="completion_gate", version="1")
+@validator(name="completion_gate", version="2")  # 2: secret_key finds Stripe keys
 def completion_gate(*, patterns: tuple[str, ...] = ("secret_key",)):
     """Codes: pending_work, missing_evidence, unsupported_claim,
     sensitive_output (all reject). Params: patterns (output rules checked on

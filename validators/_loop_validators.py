@@ -159,7 +159,7 @@ def no_progress(*, window: int = 5):
     return check
 
 
-@validator(name="loop.oscillation", version="1")
+@validator(name="loop.oscillation", version="2")  # 2: new evidence breaks a cycle of states
 def oscillation(*, period: int = 2, cycles: int = 3, channels: tuple[str, ...] = ("calls", "states")):
     """Codes: loop_detected (reject). Params: period (>= 2), cycles (>= 2),
     channels (calls, states)."""

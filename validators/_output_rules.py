@@ -56,6 +56,8 @@ RULES: Mapping[str, Rule] = {
             "secret_key",
             re.compile(
                 r"\b(?:sk|rk)-(?:live-|test-|proj-|ant-)?[A-Za-z0-9_\-]{16,}"
+                r"|\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"  # Stripe's secret and restricted keys
+                r"|\bwhsec_[A-Za-z0-9]{24,}"  # a webhook signing secret
                 r"|\bAKIA[0-9A-Z]{16}\b"
                 r"|\bgh[pousr]_[A-Za-z0-9]{36,}\b"
                 r"|\bxox[abprs]-[A-Za-z0-9\-]{10,}"
@@ -160,7 +162,7 @@ def sensitive_issue(matches: list[Match], verdict: Verdict, max_matches: int) ->
     )
 
 
-@validator(name="output_rules", version="1")
+@validator(name="output_rules", version="2")  # 2: Stripe keys and webhook secrets
 def output_rules(
     *,
     patterns: tuple[str, ...] = ("secret_key", "credential"),

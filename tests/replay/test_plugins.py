@@ -447,10 +447,10 @@ def test_a_pinned_version_only_an_installed_plugin_registers_is_found(recorded_h
 def test_a_new_version_of_a_built_in_is_used_unpinned_and_shown_as_a_version_change(recorded_home: Path,
                                                                                     tmp_path: Path) -> None:
     body = ("from loopledger.validators import Issue, Verdict, validator\n\n"
-            "@validator(name='completion_gate', version='2')\ndef gate_v2():\n"
-            "    return lambda inp: [Issue(Verdict.REJECT, 'v2_gate', 'version 2 rejects')]\n")
+            "@validator(name='completion_gate', version='9')\ndef gate_v9():\n"
+            "    return lambda inp: [Issue(Verdict.REJECT, 'v9_gate', 'version 9 rejects')]\n")
     site = install(tmp_path / "site", module="gate_two", body=body, entry_point=False)
-    for name, member, versions in (("unpinned", "completion_gate", {"2"}), ("pinned", "completion_gate@1", {"1"})):
+    for name, member, versions in (("unpinned", "completion_gate", {"9"}), ("pinned", "completion_gate@2", {"2"})):
         path = tmp_path / f"{name}.yaml"
         path.write_text(f"name: {name}\nimports: [gate_two]\nvalidators: [structure, {member}]\n")
         out = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"),
@@ -461,7 +461,7 @@ def test_a_new_version_of_a_built_in_is_used_unpinned_and_shown_as_a_version_cha
                          "WHERE validator = 'completion_gate'").fetchall()
         assert {v for (v,) in got} == versions
         if name == "unpinned":
-            assert "(versions 1→2)" in out.stdout, out.stdout
+            assert "(versions 2→9)" in out.stdout, out.stdout
 
 
 def test_a_script_without_a_main_guard_is_told_how_to_call_replay(recorded_home: Path, tmp_path: Path) -> None:

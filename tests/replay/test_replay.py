@@ -194,7 +194,7 @@ def test_a_comparison_across_validator_versions_is_shown_as_such(home_copy: Path
     result = replay(home_copy / "traces", "default", baseline=first.replay_id)
     flips = [d for d in result.diffs if not d.candidate_level]
     assert len(flips) == 1 and flips[0].across_versions
-    assert (flips[0].baseline_validator_version, flips[0].replay_validator_version) == ("0", "1")
+    assert (flips[0].baseline_validator_version, flips[0].replay_validator_version) == ("0", "2")
     assert result.summary.flips_across_versions == 1
     # The Markdown report shows the flip as one across versions, in its own
     # cell; the JUnit report in the failure's message and text.
@@ -203,11 +203,11 @@ def test_a_comparison_across_validator_versions_is_shown_as_such(home_copy: Path
     from loopledger.replay._report import junit, markdown
 
     (row,) = [line for line in markdown(result, "flips").splitlines() if line.startswith("| `completion_gate`")]
-    assert row.startswith("| `completion_gate` (versions 0→1) | ")
+    assert row.startswith("| `completion_gate` (versions 0→2) | ")
     (failure,) = ET.fromstring(junit(result, "flips")).iter("failure")
     assert "1 of these flip(s) compare different versions of a validator" in failure.get("message")
     assert f"suite default ({result.summary.suite_version}) would have produced" in failure.get("message")
-    assert "completion_gate (versions 0→1): reject/missing_evidence -> accept/ok" in failure.text
+    assert "completion_gate (versions 0→2): reject/missing_evidence -> accept/ok" in failure.text
 
 
 def test_the_replay_tables(default_replay: ReplayResult) -> None:

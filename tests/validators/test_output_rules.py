@@ -27,11 +27,18 @@ def test_secret_in_output_is_rejected_with_offsets_not_the_secret():
 
 @pytest.mark.parametrize(
     "value",
-    ["AKIAIOSFODNN7EXAMPLE", "ghp_" + "a" * 36, "-----BEGIN RSA PRIVATE KEY-----", "password = hunter2hunter2"],
+    ["AKIAIOSFODNN7EXAMPLE", "ghp_" + "a" * 36, "-----BEGIN RSA PRIVATE KEY-----", "password = hunter2hunter2",
+     # Stripe's secret, test and restricted keys, and a webhook signing secret
+     "sk_live_4eC39HqLyjWDarjtT1zdp7dc", "sk_test_26PHem9AhJZvU623DfE1x4sd", "rk_live_51H8xYzAbCdEfGhIjKlMnOp",
+     "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"],
 )
 def test_other_secret_shapes(value):
     d = rules()(make_input([text(f"x {value} y")]))
     assert d.code == "sensitive_output"
+
+
+def test_a_publishable_key_is_not_a_secret():
+    assert rules()(make_input([text("pk_live_51H8xYzAbCdEfGhIjKlMnOp")])).code == "ok"
 
 
 def test_personal_data_only_when_configured():
