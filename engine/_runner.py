@@ -162,6 +162,8 @@ class RunOutcome:
     model_attempts: int = 0
     tokens: int = 0  # in and out
     cost_usd: float = 0.0
+    #: Why the scenario's scripted reply was refused, for a run left waiting by it.
+    reply_refused: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -459,7 +461,8 @@ class Runner:
                 view = self.controller.reply(run_id, token, Reply(entry.approve, entry.answer))
             except ReplyRejected as exc:
                 # A scripted reply gets no special treatment: refused, it
-                # leaves the run waiting with its token still valid.
+                # leaves the run waiting with its token still valid (and
+                # the run's line says why).
                 self.rejections[run_id] = exc.why
                 return self.controller.load(run_id)
             self.tokens.pop(run_id, None)
@@ -493,8 +496,13 @@ class Runner:
             tokens=record.tokens_in + record.tokens_out,
             cost_usd=record.cost_usd,
         )
+        if record.state is State.WAITING_USER and run_id in self.rejections:
+            result.reply_refused = self.rejections[run_id]
         if scenario is not None:
             result.mismatches = self._compare(record, scenario)
+            if result.mismatches and result.reply_refused:
+                result.mismatches.append(f"the scenario's scripted reply was refused ({result.reply_refused}), "
+                                         "so the run still waits")
         return result
 
     def _waiting(self, record: RunRecord) -> dict[str, Any] | None:

@@ -357,6 +357,8 @@ def _outcome_json(outcome: Any) -> dict[str, Any]:
                             "reason": outcome.reason}
     if outcome.waiting:
         line["waiting"] = outcome.waiting
+    if getattr(outcome, "reply_refused", None):
+        line["reply_refused"] = outcome.reply_refused
     return line
 
 
@@ -426,6 +428,10 @@ def run(
             table.add_row(*plain_cells(*row))
         console = _console()
         console.print(table)
+        for o in outcomes:
+            if o.reply_refused:
+                console.print(plain_cells(f"{o.run_id}: its scenario's scripted reply was refused "
+                                          f"({o.reply_refused}); the run waits for a reply")[0])
         _print_tokens(console, outcomes)
     if stopped is not None:
         raise stopped
