@@ -200,7 +200,7 @@ class Budgets(_Strict):
     max_steps: Int | None = Field(default=None, ge=1)
     max_tool_calls: Int | None = Field(default=None, ge=0)
     max_tokens: Int | None = Field(default=None, ge=1)
-    max_cost: float | None = Field(default=None, ge=0)
+    max_cost: float | None = Field(default=None, gt=0)
     max_attempts: Int | None = Field(default=None, ge=1)
     deadline_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
 

@@ -72,6 +72,9 @@ model:
         ('id: a\ncontract: {goal: g}\nbudgets: {max_steps: "1"}\n', "s.yaml: budgets.max_steps",
          "expected an integer, got '1'"),
         ('id: a\ncontract: {goal: g}\nbudgets: {max_cost: "0.5"}\n', "s.yaml: budgets.max_cost", "expected a number"),
+        # A budget of nothing would stop the run before its first call, as max_steps: 0 would.
+        ('id: a\ncontract: {goal: g}\nbudgets: {max_cost: 0}\n', "s.yaml: budgets.max_cost",
+         "expected greater than 0, got 0"),
         ('id: a\ncontract: {goal: g}\nexpect: {side_effects: {payments.refund: "0"}}\n',
          "s.yaml: expect.side_effects.payments.refund", "expected an integer"),
         ('id: a\ncontract: {goal: g}\nexpect: {decisions: [{step: "1", verdict: accept}]}\n',
