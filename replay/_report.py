@@ -318,7 +318,11 @@ def junit(result: ReplayResult, fail_on: str) -> str:
 
 
 def write_reports(result: ReplayResult, fail_on: str, markdown_path: Path | None, junit_path: Path | None) -> None:
-    if markdown_path is not None:
-        markdown_path.write_text(markdown(result, fail_on), encoding="utf-8")
-    if junit_path is not None:
-        junit_path.write_text(junit(result, fail_on), encoding="utf-8")
+    """Write the reports asked for; a failed write (a full disk) names its report."""
+    for path, render in ((markdown_path, markdown), (junit_path, junit)):
+        if path is None:
+            continue
+        try:
+            path.write_text(render(result, fail_on), encoding="utf-8")
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot write the report: {exc.strerror or exc}", str(path)) from None

@@ -218,6 +218,14 @@ def test_a_report_path_that_would_overwrite_what_is_recorded_is_refused(home_cop
     assert (home_copy / "report.md").read_text().strip()
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_report_that_cannot_be_written_is_named(recorded_home: Path, tmp_path: Path) -> None:
+    out = cli("replay", "--suite", "default", "--traces", str(recorded_home / "traces"), "--home", str(tmp_path),
+              "--markdown", "/dev/full")
+    assert out.returncode == 3, out.stdout
+    one_line(out.stderr, "/dev/full", "cannot write the report", "No space left")
+
+
 def test_junit_stays_xml_whatever_the_task_ids_hold(home_copy: Path, tmp_path: Path) -> None:
     (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
     table = pq.read_table(path)
