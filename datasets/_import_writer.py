@@ -286,6 +286,7 @@ class RunWriter:
                       "message": d.message, "evidence_json": d.evidence} for d in result.decisions)
         summary = NewEvent("decisions", {
             "suite_version": result.suite_version, "verdict": result.verdict.value, "computed_at": "import",
+            "count": len(result.decisions),
             "blocking": [{"validator": d.validator, "code": d.code, "verdict": d.verdict.value}
                          for d in result.blocking]})
         return {"facts": {"validations": rows}, "events": (summary,)}

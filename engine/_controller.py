@@ -640,6 +640,7 @@ class Controller(PeopleMixin):
         summary = NewEvent("decisions", {
             "suite_version": result.suite_version,
             "verdict": result.verdict.value,
+            "count": len(result.decisions),
             "blocking": [{"validator": d.validator, "code": d.code, "verdict": d.verdict.value} for d in blocking],
         })
         recorded: dict[str, Any] = {"facts": {"validations": rows}, "events": (summary,)}
@@ -1033,7 +1034,7 @@ class Controller(PeopleMixin):
         holds no worker meanwhile (``drive`` returns and is called again).
         The deadline holds while it waits: past it, the run ends
         BUDGET_EXHAUSTED / deadline, naming in its FINALIZING event the work
-        still running (which is not stopped: a backend job runs its course)."""
+        still running (which FINALIZING then stops)."""
         # Polled first: work that ended is recorded as ended (its outcome
         # is part of the trace), even when the deadline has passed.
         running = self._collect_ended_work(view)
@@ -1059,11 +1060,12 @@ class Controller(PeopleMixin):
                 self._work_completed(view, op, status.state, status.outcome)
         return running
 
-    def _stop_background(self, view: RunView) -> list[str]:
+    def _stop_background(self, view: RunView, *, hold: bool = False) -> list[str]:
         """Stop the run's pending background work, recording how each ended
         (cancelled; or how it had ended already; or cancel_unconfirmed when
-        its backend cannot confirm the stop). The operation ids whose stop
-        is unconfirmed."""
+        its backend cannot confirm the stop); with ``hold``, the records are
+        written with the next commit. The operation ids whose stop is
+        unconfirmed."""
         unconfirmed = []
         for op in view.pending_background():
             stopped = self.backend.cancel_work(op.work_id)
@@ -1071,16 +1073,16 @@ class Controller(PeopleMixin):
                 # It had already ended: nothing left to stop; record how it
                 # ended, as a poll would have.
                 status = self.backend.poll_work(op.work_id)
-                self._work_completed(view, op, status.state, status.outcome)
+                self._work_completed(view, op, status.state, status.outcome, hold=hold)
             elif stopped:
-                self._work_completed(view, op, "cancelled", None, "CANCELLED")
+                self._work_completed(view, op, "cancelled", None, "CANCELLED", hold=hold)
             else:  # None: the backend cannot confirm that it stopped
                 unconfirmed.append(op.operation_id)
-                self._work_completed(view, op, "cancel_unconfirmed", None, "CANCEL_UNCONFIRMED")
+                self._work_completed(view, op, "cancel_unconfirmed", None, "CANCEL_UNCONFIRMED", hold=hold)
         return unconfirmed
 
     def _work_completed(self, view: RunView, op: OpView, state: str, outcome: ToolOutcome | None,
-                        error_code: str | None = None) -> None:
+                        error_code: str | None = None, *, hold: bool = False) -> None:
         """Background work has ended (``state``: succeeded, failed,
         cancelled, or cancel_unconfirmed when a cancel could not be
         confirmed). Its own event, linked by work_id: not a second result of
@@ -1099,7 +1101,8 @@ class Controller(PeopleMixin):
         }
         self._commit(view, Commit(view.run_id, view.state_version, None,
                                   events=(NewEvent("work_completed", event),),
-                                  operation_updates=({"operation_id": op.operation_id, "status": state},)))
+                                  operation_updates=({"operation_id": op.operation_id, "status": state},)),
+                     hold=hold)
 
     # -- FINALIZING ------------------------------------------------------------------
 
@@ -1139,8 +1142,11 @@ class Controller(PeopleMixin):
             status, reason = "FAILED", "tool_failed"
         # Work still running when its run ends (a deadline, a budget, a stop)
         # is stopped: nobody would ever poll it, and what it did after the
-        # run's end would be in no trace.
-        self._stop_background(view)
+        # run's end would be in no trace. How it ended is written with the
+        # terminal move, in one transaction: a crash between the two would
+        # leave nothing pending, and the outcome worked out again would
+        # forget that work was cut short.
+        self._stop_background(view, hold=True)
         if self.before_terminal is not None:
             self.before_terminal(view)
         self._move(view, State(status), payload={"reason": reason}, set_fields={"reason": reason})

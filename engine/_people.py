@@ -258,11 +258,13 @@ class PeopleMixin:
                                   result={"error": "NOT_EXECUTED", "confirmed_by": "person", **reply.answer},
                                   evidence=(), error_code="NOT_EXECUTED", retry_after_s=None, work_id=None,
                                   executed=False)
+        if recorded is not None:
+            resolved["backend_record"] = recorded.outcome  # the backend's record, not the person's word
         # One commit: a reply consumed but not applied would leave the run
         # waiting on a wait nobody can answer any more.
         self._record_result(view, op, outcome, to=State.TOOL_RUNNING, before=tuple(events),
                             payload={"replied": waiting["wait_id"]}, set_fields={"waiting_json": None})
-        if outcome.outcome != "success":
+        if outcome.outcome not in ("success", "background_accepted"):
             self._cancel_rest(view)
 
     def _expire_if_due(self, view: RunView) -> bool:

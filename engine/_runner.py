@@ -399,6 +399,7 @@ class Runner:
                         # driving it after a reply): this process answers for
                         # it until it ends or waits, so it tries again.
                         heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
+                        continue  # nothing of it to export yet
                     elif on_settled is not None:
                         on_settled(run_id)
                     self.recorder.request()
@@ -466,6 +467,7 @@ class Runner:
                 self.rejections[run_id] = exc.why
                 return self.controller.load(run_id)
             self.tokens.pop(run_id, None)
+            self.rejections.pop(run_id, None)
 
     def _token_of_recorded_wait(self, view: Any) -> str | None:
         """The token of the run's current wait, signed again with the data

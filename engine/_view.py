@@ -134,6 +134,13 @@ class RunView:
     step_errors: list[str] = field(default_factory=list)
     step_evidence_before: int = 0
     step_completed: int = 0
+    #: What background work that ended between two steps (polled in READY,
+    #: or while the run waited for it) brought: new evidence, a completed
+    #: operation, an error. It counts for the step that comes next, whose
+    #: context carries it, not for the step already closed.
+    carried_evidence: int = 0
+    carried_completed: int = 0
+    carried_errors: list[str] = field(default_factory=list)
     #: The validators' model of each operation, in ``ops`` order: an entry is
     #: marked stale when its operation is added or changes and rebuilt by the
     #: next facts(), so that a long run's operations are not all rebuilt at
@@ -212,9 +219,10 @@ class RunView:
         self.state = target
         if source is State.READY and target is State.MODEL_RUNNING:
             self.step_states = [State.READY._value_]
-            self.step_errors = []
-            self.step_evidence_before = len(self.evidence)
-            self.step_completed = 0
+            self.step_errors, self.carried_errors = self.carried_errors, []
+            self.step_evidence_before = len(self.evidence) - self.carried_evidence
+            self.step_completed = self.carried_completed
+            self.carried_evidence = self.carried_completed = 0
             self.context_id = payload["context_id"]
             self.attempts_in_step = 0
             self.pending_messages = []
@@ -266,14 +274,22 @@ class RunView:
             )
 
     def _work_completed(self, p: dict[str, Any]) -> None:
+        between = self.state in (State.READY, State.WAITING_TOOL)  # the step before is closed
         for op in [self.ops[op_id] for op_id in self.background_open]:
             if op.work_id == p["work_id"]:
                 op.work_done = True
                 self._remodel(op)
                 self.background_open.pop(op.operation_id, None)
+                known = len(self.evidence)
                 self._add_evidence(p.get("evidence", ()), op.operation_id)
+                if between:
+                    self.carried_evidence += len(self.evidence) - known
                 if p.get("error_code"):
-                    self._error(p["error_code"])
+                    self._error(p["error_code"], of_step=not between)
+                    if between:
+                        self.carried_errors.append(p["error_code"])
+                elif between:
+                    self.carried_completed += 1
                 else:
                     self.step_completed += 1
                 self.pending_messages.append(

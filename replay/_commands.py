@@ -41,19 +41,21 @@ def _writable(path: Path | None, option: str) -> None:
 
 def _not_recorded_data(path: Path | None, option: str, home: Any, traces: Path | None, suite: str) -> None:
     """Refuse a report path that would overwrite what is recorded: the
-    journal, the data directory's traces, replays, prompts, secret and demo
-    backends' state, the traces read, or the suite file itself."""
+    journal, a trace table (of the data directory or of ``--traces``), the
+    replays, the prompts, the secret and the demo backends' state, or the
+    suite file itself."""
     if path is None:
         return
     journal = Path(home.store_url.removeprefix("sqlite:")) if (home.store_url or "").startswith("sqlite:") \
         else home.journal_path
     guarded = [(Path(f"{db}{end}"), f"the journal {journal}" if db == journal else f"the data directory's {db.name}")
                for db in (journal, home.root / "demo_backend.sqlite") for end in ("", "-wal", "-shm")]
-    guarded += [(home.traces, f"the traces folder {home.traces}"), (home.replays, f"the replays folder {home.replays}"),
-                (home.prompts, f"the prompts folder {home.prompts}"),
+    guarded += [(home.replays, f"the replays folder {home.replays}"), (home.prompts, f"the prompts folder {home.prompts}"),
                 (home.root / "secret.key", f"the data directory's secret {home.root / 'secret.key'}")]
-    if traces is not None:
-        guarded.append((traces, f"the traces folder {traces}"))
+    # The trace tables are the folders in a traces folder (a report beside them overwrites nothing).
+    for folder in {home.traces, *([traces] if traces is not None else [])}:
+        if folder.is_dir():
+            guarded += [(table, f"the trace table {table}") for table in folder.iterdir() if table.is_dir()]
     if suite.endswith((".yaml", ".yml")):
         guarded.append((Path(suite), f"the suite file {suite}"))
     target = path.resolve()
@@ -73,8 +75,8 @@ def replay_command(*, home: Any, suite: str, baseline: str, traces: Path | None,
     if fail_on not in FAIL_ON:
         raise ReplayInputError("--fail-on", f"expected one of {', '.join(FAIL_ON)}, got {fail_on!r}")
     for path, option in ((junit, "--junit"), (markdown, "--markdown")):
-        _writable(path, option)
         _not_recorded_data(path, option, home, traces, suite)
+        _writable(path, option)
     if junit is not None and markdown is not None and junit.resolve() == markdown.resolve():
         raise ReplayInputError("--markdown", f"{markdown} is also the --junit report; expected two different files")
     try:

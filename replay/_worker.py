@@ -414,8 +414,8 @@ def _check_recorded_decisions(run_id: str, evaluated: Sequence[tuple[tuple[int, 
                               briefs: Sequence[tuple[int, int, Mapping[str, Any]]]) -> None:
     """The recorded decisions (``validations``) hold what the run's
     ``decisions`` events say was decided: a decision on every candidate the
-    events name, each blocking decision as the event gives it, the same
-    overall verdict. A row lost (or changed) would otherwise read as the
+    events name, as many as the event counts, each blocking decision as the
+    event gives it, the same overall verdict. A row lost (or changed) would otherwise read as the
     replay's own change, a flip or a fix, and a gate would pass on less
     than was recorded."""
     at = {(step, attempt): cid for (step, attempt, cid), _ in evaluated}
@@ -435,6 +435,11 @@ def _check_recorded_decisions(run_id: str, evaluated: Sequence[tuple[tuple[int, 
                 raise RunTraceError(run_id, f"validations: the events say {blocking['validator']} decided "
                                             f"{blocking['verdict']} {blocking['code']} on {where}, the recorded "
                                             f"decisions hold {found}: recorded decisions are missing or changed")
+        if "count" in brief and len(rows) != brief["count"]:
+            # (Events written before the count was recorded say nothing of it.)
+            raise RunTraceError(run_id, f"validations: the events say {brief['count']} validator(s) decided on "
+                                        f"{where}, the recorded decisions hold {len(rows)}: recorded decisions are "
+                                        "missing")
         worst = _worst((row[0], row[1]) for row in rows.values())[0]
         if "verdict" in brief and worst != brief["verdict"]:
             raise RunTraceError(run_id, f"validations: the events say {where} was decided {brief['verdict']}, the "

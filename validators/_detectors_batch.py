@@ -174,7 +174,7 @@ def _oscillation(lf: pl.LazyFrame, period: int, cycles: int, channels: Iterable[
         tok = pl.col("_tok")
         match = ((tok == tok.shift(period)) & (_IDX - period >= pl.col("_run_start"))).fill_null(False)
         if channel in BROKEN_BY_PROGRESS:
-            match = match & (pl.col("new_evidence") == 0)
+            match = match & ~(pl.col("new_evidence") > 0)
         matches = _IDX - _since(~pl.col("_match"))  # consecutive k-back matches ending here
         same = _IDX - _since(~_same_as_previous("_tok")) + 1  # identical tokens ending here
         holds = (matches >= need) & (same < period)

@@ -990,3 +990,48 @@ def test_resume_goes_on_with_the_scenarios_scripted_replies_after_a_crash(tmp_pa
     else:
         raise AssertionError("the run never finished uninterrupted")
     assert n > 5  # crash points before, at and after the wait were all tried
+
+
+def test_work_that_ends_between_steps_counts_for_the_next_one(tmp_path: Path, home: Path) -> None:
+    """A quick export ends while the agent looks an order up: the step that
+    follows sees its result (its context, the gate) and counts its evidence
+    and its completed operation as its own progress (the loop detectors'
+    input), not the step already closed."""
+    path = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "background-done-before-the-answer.yaml"
+    proc = cli("run", str(path), "--json", "--check", home=home)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
+    (done,) = events(home, line["run_id"], "work_completed")
+    assert done["state"] == "succeeded"
+    closed = {c["step"]: c for c in events(home, line["run_id"], "step_closed")}
+    assert (closed[1]["new_evidence"], closed[1]["completed_operations"]) == (0, 0)  # the export only accepted
+    assert (closed[2]["new_evidence"], closed[2]["completed_operations"]) == (2, 2)  # the order and the report
+    assert all_violations(home) == []
+
+
+def test_a_crash_while_a_run_ends_never_forgets_the_work_it_cut_short(tmp_path: Path, home: Path) -> None:
+    """A suite without the completion gate lets a final answer through while
+    an export runs: the run ends FAILED / tool_failed, the export stopped.
+    Killed after each of its commits and resumed, it ends the same way (the
+    stop was a commit of its own: after it nothing was pending, and the
+    resume saw a success)."""
+    (tmp_path / "bare.yaml").write_text("name: bare\nvalidators: [structure]\n")
+    scenario = tmp_path / "cut.yaml"
+    scenario.write_text(EXPORT.replace("delay_s: 5", "delay_s: 30").replace("model:", "suite: bare.yaml\nmodel:"))
+    straight = cli("run", str(scenario), "--json", home=tmp_path / "straight")
+    (line,) = [json.loads(x) for x in straight.stdout.splitlines()]
+    assert (line["status"], line["reason"]) == ("FAILED", "tool_failed")
+    for n in range(1, 30):
+        where = tmp_path / f"crash{n}"
+        crashed = cli("run", str(scenario), "--json", home=where, env={"LOOPLEDGER_CRASH_AFTER_COMMITS": str(n)})
+        if crashed.returncode == 0:
+            break  # the run made fewer commits: every crash point was swept
+        assert crashed.returncode == -9, (n, crashed.returncode, crashed.stderr)
+        resumed = cli("resume", "--json", home=where)
+        assert resumed.returncode == 0, (n, resumed.stderr)
+        (run_id,) = [r for (r,) in journal(where).execute("SELECT run_id FROM runs")]
+        assert state(where, run_id) == ("FAILED", "tool_failed"), n
+        (done,) = events(where, run_id, "work_completed")
+        assert done["state"] == "cancelled", n
+        assert all_violations(where) == []
+    assert n > 3, "the sweep went past every commit of the run"

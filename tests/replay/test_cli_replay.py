@@ -200,8 +200,9 @@ def test_a_report_path_that_would_overwrite_what_is_recorded_is_refused(home_cop
     cases = [
         (["--home", str(home_copy), "--markdown", str(home_copy / "journal.sqlite")], home_copy / "journal.sqlite"),
         (["--home", str(home_copy), "--junit", str(table)], table),
-        (["--home", str(home_copy), "--junit", str(home_copy / "traces" / "report.xml")], None),
-        (["--home", str(home_copy), "--traces", str(elsewhere), "--markdown", str(elsewhere / "r.md")], None),
+        (["--home", str(home_copy), "--junit", str(home_copy / "traces" / "runs" / "report.xml")], None),
+        (["--home", str(home_copy), "--traces", str(elsewhere), "--markdown", str(elsewhere / "events" / "r.md")],
+         None),
         (["--home", str(home_copy), "--suite", str(suite), "--markdown", str(suite)], suite),
     ]
     for args, kept in cases:
@@ -211,11 +212,14 @@ def test_a_report_path_that_would_overwrite_what_is_recorded_is_refused(home_cop
         one_line(out.stderr, "--markdown" if "--markdown" in args else "--junit", "overwrite what is recorded")
         if kept:
             assert kept.read_bytes() == before
-    assert not (elsewhere / "r.md").exists() and not (home_copy / "traces" / "report.xml").exists()
+    assert not (elsewhere / "events" / "r.md").exists() and not (home_copy / "traces" / "runs" / "report.xml").exists()
     assert not (home_copy / "replays").exists()
-    beside = cli("replay", "--suite", "default", "--home", str(home_copy), "--markdown", str(home_copy / "report.md"))
-    assert beside.returncode == 0, beside.stderr
-    assert (home_copy / "report.md").read_text().strip()
+    # Beside the journal, or beside the tables in a traces folder (a CI job run from there), overwrites nothing.
+    for report in (home_copy / "report.md", elsewhere / "report.md"):
+        beside = cli("replay", "--suite", "default", "--home", str(home_copy), "--traces", str(elsewhere),
+                     "--markdown", str(report))
+        assert beside.returncode == 0, beside.stderr
+        assert report.read_text().strip()
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
@@ -510,6 +514,15 @@ def _a_blocking_decision_gone(traces: Path) -> list[str]:
     return [victim, "recorded decisions are missing or changed"]
 
 
+def _an_accept_row_gone(traces: Path) -> list[str]:
+    """Lost, an accept would leave the replay's own verdict of that
+    validator with nothing to compare with: a change, never a regression."""
+    victim = _a_validated_run(traces)
+    _rewrite(traces / "validations", lambda t: t.filter(
+        ~((pc.field("run_id") == victim) & (pc.field("validator") == "structure") & (pc.field("step") == 1))))
+    return [victim, "validator(s) decided on", "recorded decisions are missing"]
+
+
 def _every_decision_of_a_run_gone(traces: Path) -> list[str]:
     victim = _a_validated_run(traces)
     _rewrite(traces / "validations", lambda t: t.filter(pc.field("run_id") != victim))
@@ -556,7 +569,8 @@ def _a_runs_row_written_twice(traces: Path) -> list[str]:
 @pytest.mark.parametrize("spoil", [_events_of_a_run_gone, _one_event_gone, _events_written_twice, _events_cut_short,
                                    _a_payload_not_json, _seq_as_text, _a_verdict_no_validator_gives,
                                    _the_runs_row_of_a_run_gone, _only_the_decisions_of_a_run_left,
-                                   _a_blocking_decision_gone, _every_decision_of_a_run_gone, _an_accept_made_a_reject,
+                                   _a_blocking_decision_gone, _an_accept_row_gone, _every_decision_of_a_run_gone,
+                                   _an_accept_made_a_reject,
                                    _a_decision_recorded_twice_two_ways, _a_runs_row_written_twice])
 def test_incomplete_or_inconsistent_traces_are_named_never_passed_over(home_copy: Path, spoil) -> None:
     names = spoil(home_copy / "traces")

@@ -111,6 +111,7 @@ def test_a_steady_rhythm_of_steps_that_add_evidence_is_not_an_oscillation():
     # One step of evidence inside the cycle starts the count again.
     broken = steps(*[{"states": s, "new_evidence": int(i == 3)} for i, s in enumerate((read, deploy) * 4)])
     assert [f.step for f in detect_stream(broken, [("loop.oscillation", params)])] == [8]
+    assert [row[1] for row in detect_batch(steps_frame(broken), [("loop.oscillation", params)]).rows()] == [8]
     # Calls that repeat are a loop whatever comes back.
     calls = steps(*[{"calls": (x,), "new_evidence": 1} for x in (A, B, A, B)])
     assert [f.pattern for f in detect_stream(calls, [("loop.oscillation", {"period": 2, "cycles": 2})])] == [
