@@ -125,10 +125,16 @@ def _label_form(detail: dict, run_id: str) -> None:
         now = f" — recorded {r['verdict']}" if r["verdict"] else ""
         return f"step {r['step']}.{r['attempt']} · {who}{now}"
 
-    with st.form("label_form", clear_on_submit=True):
-        picked = st.selectbox("Decision", range(len(options)), format_func=describe, key="label_pick")
-        verdict = st.radio("Expected verdict", VERDICTS, horizontal=True, key="label_verdict")
-        note = st.text_input("Note", key="label_note")
+    # The form's widgets belong to this run, and are made afresh after each
+    # save (the count in their keys): a choice made on another run's page is
+    # never carried over, and a second click on Save sends the same label
+    # again (written once), never a cleared form.
+    fresh = st.session_state.setdefault("label_forms_saved", 0)
+    form = f"label_form:{run_id}:{fresh}"
+    with st.form(form):
+        picked = st.selectbox("Decision", range(len(options)), format_func=describe, key=f"{form}:pick")
+        verdict = st.radio("Expected verdict", VERDICTS, horizontal=True, key=f"{form}:verdict")
+        note = st.text_input("Note", key=f"{form}:note")
         submitted = st.form_submit_button("Save label")
     if submitted:
         r = options.iloc[int(picked)]
@@ -142,6 +148,7 @@ def _label_form(detail: dict, run_id: str) -> None:
         st.cache_data.clear()  # the exported labels segment is a new file, but other sessions cache too
         # Shown again after the rerun that lists the new label above.
         st.session_state["label_saved"] = f"Saved label {label_id}: {describe(int(picked)).split(' — ')[0]} → {verdict}"
+        st.session_state["label_forms_saved"] = fresh + 1
         st.rerun()
 
 
@@ -154,9 +161,9 @@ def _unreadable(detail: dict, section: str) -> bool:
 
 
 def _body() -> None:
-    run_id = st.query_params.get("run_id", "")
+    run_id = st.query_params.get("run_id", "").strip()  # a pasted id often brings a space along
     typed = st.text_input("Run id", value=run_id,
-                          help="Or open a run from the Runs page; this page's address links to the run.")
+                          help="Or open a run from the Runs page; this page's address links to the run.").strip()
     if typed != run_id:
         st.query_params["run_id"] = typed
         run_id = typed

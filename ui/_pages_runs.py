@@ -24,9 +24,20 @@ def _filters(options: dict) -> q.RunFilter:
         lo, hi = options["started"]
         started_from = started_to = None
         if lo is not None and hi is not None:
-            picked = st.date_input("Started between", value=(lo.date(), hi.date()), min_value=lo.date(),
-                                   max_value=hi.date(), key="runs_dates")
-            if isinstance(picked, (tuple, list)) and len(picked) == 2:
+            span = (lo.date(), hi.date())
+            # The range the runs span grows as runs are recorded: a pick
+            # left at the whole range follows it (new runs are not hidden
+            # behind the range of the page's first view); only a narrowed
+            # range filters.
+            before = st.session_state.get("runs_dates_span")
+            if "runs_dates" not in st.session_state or (
+                    before != span and tuple(st.session_state["runs_dates"]) == before):
+                st.session_state["runs_dates"] = span
+            st.session_state["runs_dates_span"] = span
+            kept = tuple(st.session_state["runs_dates"])
+            picked = st.date_input("Started between", min_value=min(span[0], *kept), max_value=max(span[1], *kept),
+                                   key="runs_dates")
+            if isinstance(picked, (tuple, list)) and len(picked) == 2 and tuple(picked) != span:
                 started_from = datetime.combine(picked[0], time.min, tzinfo=timezone.utc)
                 started_to = datetime.combine(picked[1], time.min, tzinfo=timezone.utc) + timedelta(days=1)
     return q.RunFilter(tuple(statuses), tuple(reasons), tuple(versions), tuple(tenants), tuple(detectors),

@@ -108,6 +108,29 @@ def test_a_new_filter_starts_again_at_the_first_page(recorded_home: Path, ui_env
     assert any("Showing **1–25**" in m.value for m in at.markdown)
 
 
+def test_runs_recorded_after_the_page_was_opened_are_listed(writable_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    """The date range a first view offered (the runs' own span) was kept as
+    a filter: runs started on a later day were hidden until the page was
+    opened anew. A range left whole follows the runs; a narrowed one filters."""
+    import os
+    import subprocess
+    import sys
+
+    at = open_app(writable_home, ui_env, "_pages_runs.py")
+    before = shown_total(at)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    later = subprocess.run([str(Path(sys.executable).with_name("loopledger")), "run",
+                            str(REPO / "datasets" / "scenarios" / "happy-read-file.yaml"), "--home", str(writable_home)],
+                           capture_output=True, text=True, timeout=300,
+                           env={**env, "LOOPLEDGER_NOW": "2031-06-01T10:00:00+00:00"})
+    assert later.returncode == 0, later.stderr
+    at.run()
+    assert shown_total(at) == before + 1
+    lo, _ = at.date_input(key="runs_dates").value
+    at.date_input(key="runs_dates").set_value((lo, __import__("datetime").date(2031, 5, 31))).run()
+    assert shown_total(at) == before  # narrowed: the later run is filtered out
+
+
 def test_run_deep_link_shows_the_run(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
     run_id = scalar(f"SELECT run_id FROM {table(recorded_home, 'loop_diagnoses')} ORDER BY run_id LIMIT 1")
     at = open_app(recorded_home, ui_env, run_id=run_id)
@@ -141,10 +164,11 @@ def test_labelling_a_decision_from_the_run_page(writable_home: Path, ui_env: pyt
     run_id = scalar(f"SELECT run_id FROM {table(writable_home, 'validations')} WHERE verdict = 'reject' "
                     "ORDER BY run_id LIMIT 1")
     at = open_app(writable_home, ui_env, run_id=run_id)
-    at.selectbox(key="label_pick").set_value(1)
-    at.radio(key="label_verdict").set_value("accept")
-    at.text_input(key="label_note").input("the gate was too strict")
-    at.button(key="FormSubmitter:label_form-Save label").click().run()
+    form = f"label_form:{run_id}:0"
+    at.selectbox(key=f"{form}:pick").set_value(1)
+    at.radio(key=f"{form}:verdict").set_value("accept")
+    at.text_input(key=f"{form}:note").input("the gate was too strict")
+    at.button(key=f"FormSubmitter:{form}-Save label").click().run()
     assert not at.exception and not at.error
     assert any("Saved label" in s.value for s in at.success)
     # The run's labels, above the form, list it at once.
@@ -155,6 +179,30 @@ def test_labelling_a_decision_from_the_run_page(writable_home: Path, ui_env: pyt
     assert stored == [(run_id, "accept", "human", "the gate was too strict")]
     at.switch_page("_pages_labels.py").run()
     assert metrics(at)["Human"] == "1"
+
+
+def test_the_label_form_belongs_to_its_run_and_a_second_save_writes_nothing(
+        writable_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    """A decision picked on one run's page was still picked on the next
+    run's (an index into another list of decisions), and saved there; a
+    second click on Save sent the cleared form (accept, no note)."""
+    from loopledger.ui._labels import add_human_label
+
+    first, second = [r for (r,) in __import__("duckdb").sql(
+        f"SELECT DISTINCT run_id FROM {table(writable_home, 'validations')} ORDER BY run_id LIMIT 2").fetchall()]
+    at = open_app(writable_home, ui_env, run_id=first)
+    at.selectbox(key=f"label_form:{first}:0:pick").set_value(3)
+    at.text_input[0].input(f" {second} ").run()  # the page's Run id box; a pasted id's spaces are dropped
+    assert not at.exception and any(second in s.value for s in at.subheader)
+    assert at.selectbox(key=f"label_form:{second}:0:pick").value == 0  # nothing carried over
+    with pytest.raises(KeyError):
+        at.selectbox(key=f"label_form:{first}:0:pick")
+    # The same label twice (a double click) is one label.
+    args = {"run_id": second, "step": 1, "attempt": 1, "candidate_id": "c", "validator": "", "note": "n",
+            "expected_verdict": "repair"}
+    assert add_human_label(writable_home, **args) == add_human_label(writable_home, **args)
+    assert __import__("sqlite3").connect(writable_home / "journal.sqlite").execute(
+        "SELECT count(*) FROM labels WHERE run_id = ?", (second,)).fetchone() == (1,)
 
 
 def test_a_label_on_traces_another_journal_exported_is_refused_before_it_is_written(
@@ -171,8 +219,8 @@ def test_a_label_on_traces_another_journal_exported_is_refused_before_it_is_writ
     Home(home).open_store().close()  # this home's own, empty journal
     run_id = scalar(f"SELECT run_id FROM {table(home, 'validations')} ORDER BY run_id LIMIT 1")
     at = open_app(home, ui_env, run_id=run_id)
-    at.radio(key="label_verdict").set_value("accept")
-    at.button(key="FormSubmitter:label_form-Save label").click().run()
+    at.radio(key=f"label_form:{run_id}:0:verdict").set_value("accept")
+    at.button(key=f"FormSubmitter:label_form:{run_id}:0-Save label").click().run()
     assert not at.exception
     errors = [e.value for e in at.error]
     assert any("these traces were exported from another journal" in e for e in errors), errors
@@ -337,8 +385,9 @@ def test_an_imported_run_without_decisions_can_be_labelled_as_a_whole(tmp_path: 
     home = imported_home(tmp_path, [json.dumps(record)])
     run_id = scalar(f"SELECT run_id FROM {table(home, 'runs')}")
     at = open_app(home, ui_env, run_id=run_id)
-    assert at.selectbox(key="label_pick").options == ["step 1.1 · (the candidate as a whole)"]
-    at.radio(key="label_verdict").set_value("reject")
-    at.button(key="FormSubmitter:label_form-Save label").click().run()
+    form = f"label_form:{run_id}:0"
+    assert at.selectbox(key=f"{form}:pick").options == ["step 1.1 · (the candidate as a whole)"]
+    at.radio(key=f"{form}:verdict").set_value("reject")
+    at.button(key=f"FormSubmitter:{form}-Save label").click().run()
     assert not at.exception and not at.error
     assert list(frame_with(at, "expected_verdict", "source")["source"]) == ["human"]
