@@ -615,19 +615,29 @@ def test_work_that_ended_before_a_late_resume_is_recorded_before_the_deadline_en
     """Resumed past the deadline, the run still ends BUDGET_EXHAUSTED, but
     the export that finished meanwhile is polled and recorded first, not
     named as work still running."""
+    _, done, finalizing = _export_resumed_past_its_deadline(tmp_path, home, deadline_s=30, resumed_after_s=31)
+    assert done["state"] == "succeeded"
+    assert finalizing["pending_work"] == []
+    assert all_violations(home) == []
+
+
+def _export_resumed_past_its_deadline(tmp_path: Path, home: Path, *, deadline_s: int,
+                                      resumed_after_s: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """EXPORT (5 s of work) run under a pinned clock with a deadline, resumed
+    past it: the run ends BUDGET_EXHAUSTED / deadline. Its id, its one
+    work_completed event and its FINALIZING move for the deadline."""
     path = tmp_path / "export.yaml"
-    path.write_text(EXPORT.replace("model:", "budgets: {deadline_s: 30}\nmodel:"))
+    path.write_text(EXPORT.replace("model:", f"budgets: {{deadline_s: {deadline_s}}}\nmodel:"))
     proc = cli("run", str(path), "--json", home=home, env={"LOOPLEDGER_NOW": "2026-12-01T00:00:00+00:00"})
     (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
     assert line["status"] == "WAITING_TOOL"
-    later = cli("resume", "--json", home=home, env={"LOOPLEDGER_NOW": "2026-12-01T00:00:31+00:00"})
+    later = cli("resume", "--json", home=home,
+                env={"LOOPLEDGER_NOW": f"2026-12-01T00:00:{resumed_after_s:02d}+00:00"})
     assert later.returncode == 0, later.stderr
     assert state(home, line["run_id"]) == ("BUDGET_EXHAUSTED", "deadline")
     (done,) = events(home, line["run_id"], "work_completed")
-    assert done["state"] == "succeeded"
-    finalizing = [p for p in events(home, line["run_id"], "transition") if p.get("reason") == "deadline"]
-    assert finalizing and finalizing[0]["pending_work"] == []
-    assert all_violations(home) == []
+    finalizing = next(p for p in events(home, line["run_id"], "transition") if p.get("reason") == "deadline")
+    return line["run_id"], done, finalizing
 
 
 def test_work_still_running_when_the_deadline_ends_its_run_is_stopped_and_recorded(
@@ -635,22 +645,13 @@ def test_work_still_running_when_the_deadline_ends_its_run_is_stopped_and_record
     """Resumed past the deadline before its export fell due, the run ends
     BUDGET_EXHAUSTED; the export is stopped, not left to run on with no
     one to record what it did."""
-    path = tmp_path / "export.yaml"
-    path.write_text(EXPORT.replace("model:", "budgets: {deadline_s: 3}\nmodel:"))
-    proc = cli("run", str(path), "--json", home=home, env={"LOOPLEDGER_NOW": "2026-12-01T00:00:00+00:00"})
-    (line,) = [json.loads(x) for x in proc.stdout.splitlines()]
-    assert line["status"] == "WAITING_TOOL"
-    later = cli("resume", "--json", home=home, env={"LOOPLEDGER_NOW": "2026-12-01T00:00:04+00:00"})
-    assert later.returncode == 0, later.stderr
-    assert state(home, line["run_id"]) == ("BUDGET_EXHAUSTED", "deadline")
-    (done,) = events(home, line["run_id"], "work_completed")
+    run_id, done, finalizing = _export_resumed_past_its_deadline(tmp_path, home, deadline_s=3, resumed_after_s=4)
     assert (done["state"], done["error_code"]) == ("cancelled", "CANCELLED")
-    finalizing = [p for p in events(home, line["run_id"], "transition") if p.get("reason") == "deadline"]
-    assert finalizing and finalizing[0]["pending_work"] == [done["work_id"]]
+    assert finalizing["pending_work"] == [done["work_id"]]
     backend = sqlite3.connect(home / "demo_backend.sqlite")
     assert backend.execute("SELECT state FROM work WHERE work_id = ?", (done["work_id"],)).fetchone() == ("cancelled",)
     # A final answer that waits for work names no outcome on its way through FINALIZING.
-    (waits,) = [p for p in events(home, line["run_id"], "transition") if p.get("await_work")]
+    (waits,) = [p for p in events(home, run_id, "transition") if p.get("await_work")]
     assert "status" not in waits and waits["pending_work"] == [done["work_id"]]
     assert all_violations(home) == []
 
