@@ -99,9 +99,7 @@ def table_files(folder: Path, name: str, required: Sequence[str]) -> TableFiles:
         if missing:
             raise TracesError(str(path), f"table {name!r} lacks column(s) {', '.join(missing)}")
         _check_types(path, name, meta.schema.to_arrow_schema(), required)
-        found = _max_schema_version(meta)
-        if found is not None and found > newest:
-            raise TracesError(str(path), f"schema_version {found}; this loopledger reads up to {newest}")
+        _check_schema_version(path, meta, newest)
         columns = names if columns is None else columns & names
         rows += meta.num_rows
     return TableFiles(name, files, columns or frozenset(), rows)
@@ -148,18 +146,28 @@ def _quoted(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-def _max_schema_version(meta: Any) -> int | None:
-    """The largest ``schema_version`` in a file, from its row-group statistics."""
+def _check_schema_version(path: Path, meta: Any, newest: int) -> None:
+    """Every ``schema_version`` of a file (from its row-group statistics)
+    is a version this build reads: a whole number from 1 to ``newest``,
+    never missing."""
     names = meta.schema.names
     if "schema_version" not in names:
-        return None
+        return
     index = names.index("schema_version")
-    found: int | None = None
+    if meta.schema.column(index).physical_type not in ("INT32", "INT64"):
+        raise TracesError(str(path), "column 'schema_version' holds no whole numbers; expected 1 to "
+                                     f"{newest}")
     for g in range(meta.num_row_groups):
         stats = meta.row_group(g).column(index).statistics
-        if stats is not None and stats.has_min_max:
-            found = max(found or 0, int(stats.max))
-    return found
+        if stats is None:
+            continue
+        if stats.has_null_count and stats.null_count:
+            raise TracesError(str(path), f"schema_version missing in {stats.null_count} row(s); expected 1 to "
+                                         f"{newest}")
+        if stats.has_min_max and int(stats.max) > newest:
+            raise TracesError(str(path), f"schema_version {int(stats.max)}; this loopledger reads up to {newest}")
+        if stats.has_min_max and int(stats.min) < 1:
+            raise TracesError(str(path), f"schema_version {int(stats.min)}; expected 1 to {newest}")
 
 
 def open_traces(root: str | Path, *, need_validations: bool = True) -> TraceSet:

@@ -136,6 +136,23 @@ def test_wrong_schema_version(home_copy: Path) -> None:
     one_line(out.stderr, path.name, "schema_version 99", "reads up to 1")
 
 
+@pytest.mark.parametrize("values, said", [
+    ([0], "schema_version 0; expected 1 to 1"),
+    ([-1], "schema_version -1; expected 1 to 1"),
+    ([None], "schema_version missing in"),
+    (["1"], "holds no whole numbers"),
+])
+def test_a_schema_version_no_build_wrote(home_copy: Path, values: list, said: str) -> None:
+    (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
+    table = pq.read_table(path)
+    index = table.schema.get_field_index("schema_version")
+    column = pa.array(values * table.num_rows, pa.string() if isinstance(values[0], str) else pa.int64())
+    pq.write_table(table.set_column(index, "schema_version", column), path)
+    out = replay_on(home_copy)
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, path.name, said)
+
+
 def test_corrupt_parquet(home_copy: Path) -> None:
     victim = sorted((home_copy / "traces" / "events").glob("*.parquet"))[0]
     victim.write_bytes(b"PAR1 this is not a parquet file at all")
