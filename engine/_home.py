@@ -30,14 +30,21 @@ class Home:
         return self.root / "journal.sqlite"
 
     @property
+    def journal_file(self) -> Path | None:
+        """The journal's SQLite file (in the data directory, or named by
+        ``--store sqlite:PATH``); None for a server's database."""
+        if self.store_url is None:
+            return self.journal_path
+        if self.store_url.startswith("sqlite:"):
+            return Path(self.store_url.removeprefix("sqlite:"))
+        return None
+
+    @property
     def has_journal(self) -> bool:
         """Whether there is a journal to read: commands that only look at
         runs must not create one by opening it."""
-        if self.store_url is None:
-            return self.journal_path.exists()
-        if self.store_url.startswith("sqlite:"):
-            return Path(self.store_url.removeprefix("sqlite:")).exists()
-        return True  # a server's database: opening it makes nothing a reader would not
+        journal = self.journal_file
+        return journal.exists() if journal is not None else True  # a server's: opening it makes nothing
 
     @property
     def traces(self) -> Path:

@@ -41,7 +41,7 @@ from ._routes import model_for
 from ._prompts import load_prompt
 from ._records import NewRun, RunRecord
 from ._scenario import Scenario, parse_scenario
-from ._states import State
+from ._states import TERMINAL, WAITING, State
 from ._tools import DEMO_TOOLS, TOOL_TRAITS
 from ._waits import Reply, ReplyRejected, TokenClaims, issue_token, load_secret, token_hash
 
@@ -49,10 +49,9 @@ from ._waits import Reply, ReplyRejected, TokenClaims, issue_token, load_secret,
 #: again (and a run another process held, before it is tried again).
 POLL_INTERVAL_S = 0.05
 
-#: States in which a drive that returned left a run to another process
-#: (a drive of its own takes a run on from each of them).
-_HELD_ELSEWHERE = frozenset({State.READY, State.MODEL_RUNNING, State.VALIDATING, State.TOOL_RUNNING,
-                             State.RECONCILING, State.FINALIZING})
+#: States in which a drive that returned left a run to another process:
+#: neither ended nor waiting (a drive of its own takes a run on from each).
+_HELD_ELSEWHERE = frozenset(State) - TERMINAL - WAITING
 
 
 @lru_cache(maxsize=32)

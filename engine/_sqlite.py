@@ -114,19 +114,8 @@ def _byte_lock(fd: int, kind: int, offset: int) -> None:
 def _byte_held(fd: int, offset: int) -> bool:
     """Whether another open file description (another store, or another
     process) holds the lock on one byte of ``fd`` at ``offset``, asked
-    without taking it; where the system has no such locks, by taking the
-    byte and letting go of it."""
-    command = getattr(fcntl, "F_OFD_GETLK", None)
-    if command is None:
-        try:
-            _byte_lock(fd, fcntl.F_WRLCK, offset)
-        except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EAGAIN):
-                return True
-            raise
-        _byte_lock(fd, fcntl.F_UNLCK, offset)
-        return False
-    answer = fcntl.fcntl(fd, command, struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
+    without taking it (``F_OFD_GETLK``, Linux)."""
+    answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
     return struct.unpack("hhqqi", answer)[0] != fcntl.F_UNLCK
 
 
@@ -182,6 +171,11 @@ class SQLiteRunStore(SQLRunStore):
         _byte_lock(self._drivers, fcntl.F_UNLCK, claim_key(name))
 
     def _held_outside(self, name: str) -> bool:
+        if not hasattr(fcntl, "F_OFD_GETLK"):  # not Linux: take the claim, and let go of it
+            if not self._claim_outside(name):
+                return True
+            self._release_outside(name)
+            return False
         return _byte_held(self._drivers, claim_key(name))
 
     def _close_drivers(self, drivers: int) -> None:

@@ -956,8 +956,7 @@ class SQLRunStore:
         with self._claims_lock:
             if batch_id in self._batches:
                 return False
-            if self._drivers is None:
-                self._drivers = self._open_drivers()
+            self._open_drivers_once()
             return self._held_outside(_batch_name(batch_id))
 
     def still_holds(self, run_id: str) -> bool:
@@ -985,9 +984,13 @@ class SQLRunStore:
         """A new claim number (under ``_claims_lock``, the claim just taken)."""
         return None
 
-    def _claim_outside_now(self, name: str) -> bool:
+    def _open_drivers_once(self) -> None:
+        """Open what the claims among processes are kept in, at first use."""
         if self._drivers is None:
             self._drivers = self._open_drivers()
+
+    def _claim_outside_now(self, name: str) -> bool:
+        self._open_drivers_once()
         return self._claim_outside(name)
 
     def release(self, run_id: str) -> None:

@@ -476,8 +476,7 @@ def _looked_in(where: Any, journal: bool) -> str:
     """Where a run was looked for, for the message that says it is not there."""
     if journal:
         return f"neither in the journal nor in {where.traces}"
-    journal = where.store_url.removeprefix("sqlite:") if where.store_url else where.journal_path
-    return f"not in {where.traces}, and there is no journal ({journal})"
+    return f"not in {where.traces}, and there is no journal ({where.journal_file})"
 
 
 def _console() -> Any:

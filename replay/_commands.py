@@ -46,10 +46,9 @@ def _not_recorded_data(path: Path | None, option: str, home: Any, traces: Path |
     suite file itself."""
     if path is None:
         return
-    journal = Path(home.store_url.removeprefix("sqlite:")) if (home.store_url or "").startswith("sqlite:") \
-        else home.journal_path
+    journal = home.journal_file
     guarded = [(Path(f"{db}{end}"), f"the journal {journal}" if db == journal else f"the data directory's {db.name}")
-               for db in (journal, home.root / "demo_backend.sqlite") for end in ("", "-wal", "-shm")]
+               for db in (journal, home.root / "demo_backend.sqlite") if db is not None for end in ("", "-wal", "-shm")]
     guarded += [(home.replays, f"the replays folder {home.replays}"), (home.prompts, f"the prompts folder {home.prompts}"),
                 (home.root / "secret.key", f"the data directory's secret {home.root / 'secret.key'}")]
     # The trace tables are the folders in a traces folder (a report beside them overwrites nothing).

@@ -415,9 +415,9 @@ def _check_recorded_decisions(run_id: str, evaluated: Sequence[tuple[tuple[int, 
     """The recorded decisions (``validations``) hold what the run's
     ``decisions`` events say was decided: a decision on every candidate the
     events name, as many as the event counts, each blocking decision as the
-    event gives it, the same overall verdict. A row lost (or changed) would otherwise read as the
-    replay's own change, a flip or a fix, and a gate would pass on less
-    than was recorded."""
+    event gives it, the same overall verdict. A row lost (or changed) would
+    otherwise read as the replay's own change, a flip or a fix, and a gate
+    would pass on less than was recorded."""
     at = {(step, attempt): cid for (step, attempt, cid), _ in evaluated}
     for step, attempt, brief in briefs:
         cid = at.get((step, attempt))

@@ -44,10 +44,9 @@ def add_human_label(home: Path, *, run_id: str, step: int, attempt: int, candida
             "run_id": run_id, "step": int(step), "attempt": int(attempt), "candidate_id": candidate_id,
             "validator": validator, "expected_verdict": expected_verdict, "source": "human", "note": note,
         }
-        same = ("step", "attempt", "candidate_id", "validator", "expected_verdict", "source", "note")
-        latest = [row for row in store.labels(run_id) if (row["step"], row["attempt"], row["validator"]) ==
-                  (label["step"], label["attempt"], label["validator"])]
-        if latest and all(latest[-1][k] == label[k] for k in same):
+        key, rest = ("step", "attempt", "validator"), ("candidate_id", "expected_verdict", "source", "note")
+        latest = [row for row in store.labels(run_id) if all(row[k] == label[k] for k in key)]
+        if latest and all(latest[-1][k] == label[k] for k in rest):
             # The same label again (a second click on Save): it is already
             # the one that counts; nothing new to write.
             return int(latest[-1]["label_id"])

@@ -341,13 +341,11 @@ def test_a_persons_yes_that_the_backend_has_no_record_of_is_refused(tmp_path: Pa
 def test_a_scripted_reply_that_is_refused_is_said_on_the_runs_line(tmp_path: Path, home: Path) -> None:
     """The run waits on, with its token valid, and its line says why the
     scenario's reply did not count (the check says so too)."""
-    text = (Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "ask-user-bad-answer.yaml").read_text()
-    line = start(tmp_path, home, text.replace("status: WAITING_USER", "status: SUCCEEDED"))
+    bundled = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "ask-user-bad-answer.yaml"
+    line = start(tmp_path, home, bundled.read_text().replace("status: WAITING_USER", "status: SUCCEEDED"))
     assert line["status"] == "WAITING_USER"
     assert line["reply_refused"].startswith("answer not matching the expected schema")
-    path = tmp_path / "again.yaml"
-    path.write_text(text.replace("status: WAITING_USER", "status: SUCCEEDED"))
-    checked = cli("run", str(path), "--json", "--check", home=tmp_path / "other")
+    checked = cli("run", str(tmp_path / "s.yaml"), "--json", "--check", home=tmp_path / "other")
     assert checked.returncode == 1
     (line,) = [json.loads(x) for x in checked.stdout.splitlines()]
     assert any("scripted reply was refused (answer not matching" in m for m in line["check"])
