@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._data import VERDICTS, NoData, Traces
+from ._data import RECORDED, VERDICTS, NoData, Traces
 
-RECORDED = "recorded"
 _KEY = "run_id, step, attempt, candidate_id, validator"
 DIVERGENCE_ROWS = 2000  # runs listed on the page; the total is always shown
 _NONE = "(none)"  # a decision one side made and the other did not

@@ -30,6 +30,9 @@ TERMINAL_STATES: tuple[str, ...] = tuple(sorted(s.value for s in TERMINAL))
 WAITING_STATES: tuple[str, ...] = tuple(sorted(s.value for s in WAITING))
 # Ordered as validators.Verdict.severity: the worst verdict names a decision.
 VERDICTS: tuple[str, ...] = ("accept", "repair", "ask", "reject")
+#: What the engine itself decided and found while the runs ran (the trace
+#: tables), as opposed to what a replay computed over them.
+RECORDED = "recorded"
 
 _SQL_TYPES = {"str": "VARCHAR", "int": "BIGINT", "float": "DOUBLE", "ts": "TIMESTAMPTZ", "bool": "BOOLEAN"}
 

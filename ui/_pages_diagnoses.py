@@ -3,24 +3,46 @@ runs failed, and a drill-down to the runs and steps."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import plotly.express as px
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import chart_text, guarded, load, open_run_picker, pager, run_link_column, run_url
+from loopledger.ui._st import chart_text, code, guarded, load, open_run_picker, pager, run_link_column, run_url
 
 ANY = "(any)"
 
 
+def _source() -> str:
+    """Whose findings: the detectors' while the runs ran, or a replay's."""
+    sources = load(q.diagnosis_sources) or [q.RECORDED]
+    if st.session_state.get("diag_source") not in sources:
+        st.session_state["diag_source"] = sources[0]
+    return st.selectbox("Findings of", sources, key="diag_source",
+                        help="recorded: the detectors that ran with the engine; a replay: its suite's detectors, "
+                             "run in batch over the same recorded steps")
+
+
+def _options(key: str, values: Any) -> list[str]:
+    """``(any)`` and the values; a choice the new source lacks goes back to ``(any)``."""
+    options = [ANY, *sorted(set(values))]
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = ANY
+    return options
+
+
 def _body() -> None:
-    summary = load(q.diagnoses_summary)
+    source = _source()
+    summary = load(q.diagnoses_summary, source=source)
     if summary.empty:
-        st.info("No loop diagnoses recorded: no detector fired on these runs.")
+        st.info("No loop diagnoses recorded: no detector fired on these runs." if source == q.RECORDED
+                else f"Replay {code(source)} found no loops: none of its detectors fired on these runs.")
         return
     cols = st.columns(3)
     cols[0].metric("Findings", f"{int(summary['findings'].sum()):,}")
     # A run can have findings of several detectors: counted once here.
-    totals = load(q.diagnoses_totals)
+    totals = load(q.diagnoses_totals, source=source)
     cols[1].metric("Runs with a finding", f"{totals['runs']:,}")
     cols[2].metric("Of them failed", f"{totals['runs_failed']:,}",
                    help="ended in a terminal state other than SUCCEEDED")
@@ -29,7 +51,7 @@ def _body() -> None:
     fig.update_layout(height=320, margin={"t": 40, "b": 10})
     st.plotly_chart(fig, key="diag_by_detector")
     st.dataframe(summary, hide_index=True, key="diag_summary")
-    by_step = load(q.diagnoses_by_step)
+    by_step = load(q.diagnoses_by_step, source=source)
     fig = px.bar(chart_text(by_step, "detector"), x="step", y="findings", color="detector",
                  title="Step at which detectors fired")
     fig.update_layout(height=280, margin={"t": 40, "b": 10})
@@ -37,14 +59,14 @@ def _body() -> None:
 
     st.subheader("Drill down")
     c1, c2 = st.columns(2)
-    detector = c1.selectbox("Detector", [ANY] + sorted(summary["detector"].unique()), key="diag_detector")
+    detector = c1.selectbox("Detector", _options("diag_detector", summary["detector"]), key="diag_detector")
     patterns = summary if detector == ANY else summary[summary["detector"] == detector]
-    pattern = c2.selectbox("Pattern", [ANY] + sorted(patterns["pattern"].unique()), key="diag_pattern")
+    pattern = c2.selectbox("Pattern", _options("diag_pattern", patterns["pattern"]), key="diag_pattern")
     det = None if detector == ANY else detector
     pat = None if pattern == ANY else pattern
-    total = load(q.diagnosis_count, det, pat)
-    offset, limit = pager(total, "diag", noun="findings", reset_on=(det, pat))
-    _, page = load(q.diagnosis_findings, det, pat, offset, limit)
+    total = load(q.diagnosis_count, det, pat, source=source)
+    offset, limit = pager(total, "diag", noun="findings", reset_on=(source, det, pat))
+    _, page = load(q.diagnosis_findings, det, pat, offset, limit, source=source)
     page = page.copy()
     page.insert(0, "open", [run_url(r) for r in page["run_id"]])
     st.dataframe(page, hide_index=True, column_config={"open": run_link_column("open")}, key="diag_findings")

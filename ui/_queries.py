@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ._data import TERMINAL_STATES, WAITING_STATES, CorruptData, Traces
+from ._data import RECORDED, TERMINAL_STATES, WAITING_STATES, CorruptData, NoData, Traces
 from ._stats import wilson
 
 LOOP_REASONS = ("loop_detected", "no_progress")
@@ -384,36 +384,55 @@ def _short_payload(payload: Any, limit: int = 240) -> str:
 
 # -- Loop diagnoses ------------------------------------------------------------------
 
+def diagnosis_sources(t: Traces) -> list[str]:
+    """Whose findings can be shown: the detectors' while the runs ran, then
+    every replay's (its batch detectors over the same steps, with the
+    replayed suite's parameters)."""
+    found = [RECORDED] if t.has("loop_diagnoses") else []
+    return found + [rid for rid in t.replay_ids() if t.replay_has(rid, "loop_diagnoses")]
 
-def diagnoses_summary(t: Traces) -> Any:
+
+def _findings(t: Traces, source: str) -> tuple[str, dict[str, Any]]:
+    """The findings of one source, as a FROM item (aliased ``d``) and its parameters."""
+    if source == RECORDED:
+        t.require("loop_diagnoses")
+        return "loop_diagnoses d", {}
+    if source not in diagnosis_sources(t):
+        raise NoData(f"No replay `{source}` with loop diagnoses under {t.replays_dir}.")
+    t.require_replay(source)
+    return "(SELECT * FROM replay_loop_diagnoses WHERE replay_dir = $source) d", {"source": source}
+
+
+def diagnoses_summary(t: Traces, source: str = RECORDED) -> Any:
     """Findings by detector and pattern, with how many of their runs failed."""
-    t.require("loop_diagnoses")
+    found, params = _findings(t, source)
     return t.df(
-        """
-        SELECT d.detector, d.pattern, count(*) AS findings, count(DISTINCT d.run_id) AS runs,
+        f"""
+        SELECT d.detector, d.detector_version, d.pattern, count(*) AS findings, count(DISTINCT d.run_id) AS runs,
                count(DISTINCT d.run_id) FILTER (r.status IN $terminal AND r.status <> 'SUCCEEDED') AS runs_failed,
                count(DISTINCT d.run_id) FILTER (r.status = 'SUCCEEDED') AS runs_succeeded,
                min(d.step) AS first_step, max(d.step) AS last_step
-        FROM loop_diagnoses d LEFT JOIN runs r ON r.run_id = d.run_id
-        GROUP BY d.detector, d.pattern ORDER BY findings DESC, d.detector, d.pattern
+        FROM {found} LEFT JOIN runs r ON r.run_id = d.run_id
+        GROUP BY d.detector, d.detector_version, d.pattern
+        ORDER BY findings DESC, d.detector, d.detector_version, d.pattern
         """,
-        _terminal(),
+        {**_terminal(), **params},
     )
 
 
-def diagnoses_by_step(t: Traces) -> Any:
+def diagnoses_by_step(t: Traces, source: str = RECORDED) -> Any:
     """At which step detectors fire (a chart: late detection costs steps)."""
-    t.require("loop_diagnoses")
-    return t.df("SELECT detector, step, count(*) AS findings FROM loop_diagnoses GROUP BY ALL ORDER BY step")
+    found, params = _findings(t, source)
+    return t.df(f"SELECT d.detector, d.step, count(*) AS findings FROM {found} GROUP BY ALL ORDER BY d.step", params)
 
 
-def diagnoses_totals(t: Traces) -> dict[str, int]:
+def diagnoses_totals(t: Traces, source: str = RECORDED) -> dict[str, int]:
     """Runs with at least one finding, and how many of them failed."""
-    t.require("loop_diagnoses")
+    found, params = _findings(t, source)
     runs, failed = t.one(
         "SELECT count(*), count(*) FILTER (r.status IN $terminal AND r.status <> 'SUCCEEDED') "
-        "FROM (SELECT DISTINCT run_id FROM loop_diagnoses) d LEFT JOIN runs r ON r.run_id = d.run_id",
-        _terminal(),
+        f"FROM (SELECT DISTINCT d.run_id FROM {found}) d LEFT JOIN runs r ON r.run_id = d.run_id",
+        {**_terminal(), **params},
     )
     return {"runs": int(runs), "runs_failed": int(failed)}
 
@@ -429,26 +448,27 @@ def _finding_where(detector: str | None, pattern: str | None) -> tuple[str, dict
     return ("WHERE " + " AND ".join(where)) if where else "", params
 
 
-def diagnosis_count(t: Traces, detector: str | None, pattern: str | None) -> int:
-    t.require("loop_diagnoses")
-    clause, params = _finding_where(detector, pattern)
-    (total,) = t.one(f"SELECT count(*) FROM loop_diagnoses d {clause}", params)
+def diagnosis_count(t: Traces, detector: str | None, pattern: str | None, source: str = RECORDED) -> int:
+    found, params = _findings(t, source)
+    clause, more = _finding_where(detector, pattern)
+    (total,) = t.one(f"SELECT count(*) FROM {found} {clause}", {**params, **more})
     return int(total)
 
 
 def diagnosis_findings(t: Traces, detector: str | None, pattern: str | None,
-                       offset: int = 0, limit: int = 50) -> tuple[int, Any]:
+                       offset: int = 0, limit: int = 50, source: str = RECORDED) -> tuple[int, Any]:
     """The drill-down: one page of findings with their runs' outcome."""
-    total = diagnosis_count(t, detector, pattern)
-    clause, params = _finding_where(detector, pattern)
+    total = diagnosis_count(t, detector, pattern, source)
+    found, params = _findings(t, source)
+    clause, more = _finding_where(detector, pattern)
     page = t.df(
         f"""
         SELECT d.run_id, d.step, d.detector, d.pattern, r.task_id, r.prompt_version, r.status, r.reason,
                d.evidence_json
-        FROM loop_diagnoses d LEFT JOIN runs r ON r.run_id = d.run_id {clause}
+        FROM {found} LEFT JOIN runs r ON r.run_id = d.run_id {clause}
         ORDER BY d.run_id, d.step, d.detector LIMIT $limit OFFSET $offset
         """,
-        {**params, "limit": int(limit), "offset": int(offset)},
+        {**params, **more, "limit": int(limit), "offset": int(offset)},
     )
     return int(total), page
 

@@ -238,6 +238,23 @@ def test_loop_diagnoses(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None
     assert set(frame_with(at, "evidence_json", "detector", "status")["detector"]) == {"loop.no_progress"}
 
 
+def test_loop_diagnoses_of_a_replay(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    at = open_app(recorded_home, ui_env, "_pages_diagnoses.py")
+    at.selectbox(key="diag_detector").set_value("loop.no_progress").run()
+    sources = at.selectbox(key="diag_source").options
+    assert sources[0] == "recorded" and len(sources) == 2, sources
+    at.selectbox(key="diag_source").set_value(sources[1]).run()
+    found = f"read_parquet('{recorded_home}/replays/{sources[1]}/loop_diagnoses/**/*.parquet')"
+    shown = metrics(at)
+    assert shown["Findings"] == f"{scalar(f'SELECT count(*) FROM {found}'):,}"
+    assert shown["Runs with a finding"] == f"{scalar(f'SELECT count(DISTINCT run_id) FROM {found}'):,}"
+    # The detector chosen before still filters, when the replay has findings of it.
+    assert shown_total(at) == scalar(f"SELECT count(*) FROM {found} WHERE detector = 'loop.no_progress'")
+    at.selectbox(key="diag_detector").set_value("loop.repeated_call").run()
+    assert shown_total(at) == scalar(f"SELECT count(*) FROM {found} WHERE detector = 'loop.repeated_call'") > 0
+    assert not at.exception and not at.error
+
+
 def test_compare_validators_and_swap(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
     at = open_app(recorded_home, ui_env, "_pages_validators.py")
     flips = scalar(f"SELECT count(*) FROM {table(recorded_home, 'validations')} WHERE validator = "

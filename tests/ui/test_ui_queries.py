@@ -115,6 +115,27 @@ def test_diagnoses_summary_counts_failed_runs(traces: Traces, recorded_home: Pat
     assert total == scalar(f"SELECT count(*) FROM {diag} WHERE detector = 'loop.repeated_call'") == len(page)
 
 
+def test_diagnoses_of_a_replay_are_its_own(traces: Traces, recorded_home: Path) -> None:
+    sources = q.diagnosis_sources(traces)
+    # The hand-written replay wrote no loop_diagnoses table: nothing to show.
+    assert sources[0] == "recorded" and SYNTHETIC_REPLAY not in sources
+    (strict,) = sources[1:]
+    found = f"read_parquet('{recorded_home}/replays/{strict}/loop_diagnoses/**/*.parquet')"
+    recorded = table(recorded_home, "loop_diagnoses")
+    # The strict suite's detectors fire where the recording suite's did not.
+    assert scalar(f"SELECT count(*) FROM {found}") > scalar(f"SELECT count(*) FROM {recorded}")
+    summary = q.diagnoses_summary(traces, source=strict)
+    assert summary["findings"].sum() == scalar(f"SELECT count(*) FROM {found}")
+    assert q.diagnoses_totals(traces, source=strict)["runs"] == scalar(f"SELECT count(DISTINCT run_id) FROM {found}")
+    total, page = q.diagnosis_findings(traces, "loop.repeated_call", None, 0, 1000, source=strict)
+    assert total == len(page) == scalar(f"SELECT count(*) FROM {found} WHERE detector = 'loop.repeated_call'") > 0
+    by_step = q.diagnoses_by_step(traces, source=strict)
+    assert by_step["findings"].sum() == summary["findings"].sum()
+    assert q.diagnoses_summary(traces)["findings"].sum() == scalar(f"SELECT count(*) FROM {recorded}")
+    with pytest.raises(NoData, match="no-such-replay"):
+        q.diagnoses_summary(traces, source="no-such-replay")
+
+
 def test_prompt_comparison_rates_and_intervals(traces: Traces, recorded_home: Path) -> None:
     runs = table(recorded_home, "runs")
     got = q.prompt_compare(traces, "v1", "v2")
