@@ -9,7 +9,8 @@ import plotly.express as px
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import chart_text, code, guarded, load, open_run_picker, pager, run_link_column, run_url
+from loopledger.ui._st import (chart_text, code, guarded, load, open_run_picker, pager, remember, run_link_column,
+                               run_url)
 
 ANY = "(any)"
 
@@ -17,9 +18,7 @@ ANY = "(any)"
 def _source() -> str:
     """Whose findings: the detectors' while the runs ran, or a replay's."""
     sources = load(q.diagnosis_sources) or [q.RECORDED]
-    if st.session_state.get("diag_source") not in sources:
-        st.session_state["diag_source"] = sources[0]
-    return st.selectbox("Findings of", sources, key="diag_source",
+    return st.selectbox("Findings of", sources, key=remember("diag_source", sources, sources[0]),
                         help="recorded: the detectors that ran with the engine; a replay: its suite's detectors, "
                              "run in batch over the same recorded steps")
 
@@ -27,8 +26,7 @@ def _source() -> str:
 def _options(key: str, values: Any) -> list[str]:
     """``(any)`` and the values; a choice the new source lacks goes back to ``(any)``."""
     options = [ANY, *sorted(set(values))]
-    if st.session_state.get(key) not in options:
-        st.session_state[key] = ANY
+    remember(key, options, ANY)
     return options
 
 

@@ -7,7 +7,7 @@ import plotly.express as px
 import streamlit as st
 
 from loopledger.ui import _compare as c
-from loopledger.ui._st import guarded, load, pager, run_link_column, run_url
+from loopledger.ui._st import guarded, load, pager, remember, run_link_column, run_url
 
 ANY = "(any)"
 
@@ -25,7 +25,8 @@ def _body() -> None:
     fig = px.bar(summary, x="expected_verdict", y="labels", color="source", title="Labels by expected verdict")
     fig.update_layout(height=280, margin={"t": 40, "b": 10})
     st.plotly_chart(fig, key="labels_chart")
-    source = st.selectbox("Source", [ANY] + sorted(summary["source"].unique()), key="labels_source")
+    sources = [ANY, *sorted(summary["source"].unique())]
+    source = st.selectbox("Source", sources, key=remember("labels_source", sources, ANY))
     chosen = None if source == ANY else source
     total = load(c.labels_count, chosen)
     offset, limit = pager(total, "labels", noun="labels", reset_on=chosen)

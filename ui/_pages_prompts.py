@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import chart_label, chart_text, code, guarded, load, missing, pct
+from loopledger.ui._st import chart_label, chart_text, code, guarded, load, missing, pct, remember
 
 RATE_NAMES = {"success": "Success rate", "loop": "Loop rate", "budget_stop": "Budget-stop rate"}
 #: Shown when either version has runs whose source scored them (imported runs).
@@ -38,8 +38,8 @@ def _body() -> None:
                 "scenarios under a second one, e.g. `loopledger run ... --prompt-version v2`.")
         return
     c1, c2 = st.columns(2)
-    a = c1.selectbox("Version A", versions, index=0, key="pv_a")
-    b = c2.selectbox("Version B", versions, index=1, key="pv_b")
+    a = c1.selectbox("Version A", versions, key=remember("pv_a", versions, versions[0]))
+    b = c2.selectbox("Version B", versions, key=remember("pv_b", versions, versions[1]))
     if a == b:
         st.warning("Pick two different prompt versions.")
         return

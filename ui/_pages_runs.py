@@ -7,20 +7,21 @@ from datetime import datetime, time, timedelta, timezone
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import guarded, load, open_run_picker, pager, run_link_column, run_url
+from loopledger.ui._st import guarded, load, open_run_picker, pager, remember, run_link_column, run_url
 
 
 def _filters(options: dict) -> q.RunFilter:
     with st.expander("Filters", expanded=True):
         c1, c2, c3 = st.columns(3)
-        statuses = c1.multiselect("Status", options["status"], key="runs_status")
-        reasons = c2.multiselect("Reason", options["reason"], key="runs_reason")
-        versions = c3.multiselect("Prompt version", options["prompt_version"], key="runs_version")
+        statuses = c1.multiselect("Status", options["status"], key=remember("runs_status", options["status"]))
+        reasons = c2.multiselect("Reason", options["reason"], key=remember("runs_reason", options["reason"]))
+        versions = c3.multiselect("Prompt version", options["prompt_version"],
+                                  key=remember("runs_version", options["prompt_version"]))
         c1, c2, c3 = st.columns(3)
-        tenants = c1.multiselect("Tenant", options["tenant"], key="runs_tenant")
-        detectors = c2.multiselect("Detector", options["detector"], key="runs_detector",
+        tenants = c1.multiselect("Tenant", options["tenant"], key=remember("runs_tenant", options["tenant"]))
+        detectors = c2.multiselect("Detector", options["detector"], key=remember("runs_detector", options["detector"]),
                                    help="runs with a finding of this loop detector")
-        task = c3.text_input("Task contains", key="runs_task")
+        task = c3.text_input("Task contains", key=remember("runs_task"))
         lo, hi = options["started"]
         started_from = started_to = None
         if lo is not None and hi is not None:
@@ -29,11 +30,13 @@ def _filters(options: dict) -> q.RunFilter:
             # left at the whole range follows it (new runs are not hidden
             # behind the range of the page's first view); only a narrowed
             # range filters.
+            remember("runs_dates")
             before = st.session_state.get("runs_dates_span")
             if "runs_dates" not in st.session_state or (
                     before != span and tuple(st.session_state["runs_dates"]) == before):
                 st.session_state["runs_dates"] = span
             st.session_state["runs_dates_span"] = span
+            remember("runs_dates")
             kept = tuple(st.session_state["runs_dates"])
             picked = st.date_input("Started between", min_value=min(span[0], *kept), max_value=max(span[1], *kept),
                                    key="runs_dates")
@@ -48,8 +51,8 @@ def _body() -> None:
     options = load(q.run_filter_options)
     flt = _filters(options)
     c1, c2 = st.columns([3, 1])
-    sort = c1.selectbox("Sort by", q.SORTABLE, key="runs_sort")
-    descending = c2.toggle("Descending", value=True, key="runs_desc")
+    sort = c1.selectbox("Sort by", q.SORTABLE, key=remember("runs_sort", q.SORTABLE))
+    descending = c2.toggle("Descending", key=remember("runs_desc", default=True))
     total = load(q.runs_count, flt)
     offset, limit = pager(total, "runs", noun="runs", reset_on=(flt, sort, descending))
     _, page = load(q.runs_page, flt, sort, descending, offset, limit)

@@ -9,15 +9,13 @@ import plotly.express as px
 import streamlit as st
 
 from loopledger.ui import _compare as c
-from loopledger.ui._st import (chart_label, chart_text, code, guarded, home, load, pager, run_link_column, run_url,
-                               traces)
+from loopledger.ui._st import (chart_label, chart_text, code, guarded, home, load, pager, remember, run_link_column,
+                               run_url, traces)
 
 
 def _pick(sides: list[str]) -> tuple[str, str]:
-    if "cmp_a" not in st.session_state or st.session_state["cmp_a"] not in sides:
-        st.session_state["cmp_a"] = sides[0]
-    if "cmp_b" not in st.session_state or st.session_state["cmp_b"] not in sides:
-        st.session_state["cmp_b"] = sides[1] if len(sides) > 1 else sides[0]
+    remember("cmp_a", sides, sides[0])
+    remember("cmp_b", sides, sides[1] if len(sides) > 1 else sides[0])
     left, mid, right = st.columns([3, 1, 3])
     a = left.selectbox("Baseline (A)", sides, key="cmp_a")
     mid.write("")

@@ -7,7 +7,7 @@ import html
 import importlib
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -89,20 +89,51 @@ def guarded(title: str, body: Callable[[], None]) -> None:
         st.error(f"This page could not be shown: {type(exc).__name__}: {exc}")
 
 
+_REMEMBERED = "_remembered"
+
+
+def remember(key: str, options: Sequence[Any] | None = None, default: Any = None) -> str:
+    """``key``, for a widget whose value outlives a visit to another page.
+
+    Streamlit forgets a widget's value once a run of another page does not
+    draw it: opening a run and coming Back left the Runs page with no
+    filters. Each run of the page copies the value under a key of this
+    module's, and a run that finds the widget's own key gone puts the copy
+    back. A value no longer among ``options`` is let go (a multiselect keeps
+    those that are), and ``default`` is set when there is none (a widget
+    whose value comes from Session State takes no ``index`` or ``value``).
+    """
+    kept = st.session_state.setdefault(_REMEMBERED, {})
+    if key in st.session_state:
+        kept[key] = st.session_state[key]
+    elif key in kept:
+        st.session_state[key] = kept[key]
+    if options is not None and key in st.session_state:
+        value = st.session_state[key]
+        if isinstance(value, list):
+            st.session_state[key] = [v for v in value if v in options]
+        elif value not in options:
+            del st.session_state[key]
+    if default is not None and key not in st.session_state:
+        st.session_state[key] = default
+    return key
+
+
 def pager(total: int, key: str, sizes: tuple[int, ...] = (25, 50, 100, 200), noun: str = "rows",
           reset_on: Any = None) -> tuple[int, int]:
     """Page controls; returns (offset, limit). The page goes back to the
     first when ``reset_on`` (the filters and the order) changes, and is
     clamped when the result shrinks."""
     left, right, info = st.columns([1, 1, 3])
-    size = left.selectbox("Rows per page", sizes, index=1 if len(sizes) > 1 else 0, key=f"{key}_size")
+    size = left.selectbox("Rows per page", sizes, key=remember(f"{key}_size", sizes, sizes[min(1, len(sizes) - 1)]))
     pages = max(1, math.ceil(total / size))
-    page_key = f"{key}_page"
+    page_key = remember(f"{key}_page")
     if st.session_state.get(f"{key}_for") != reset_on:
         st.session_state[f"{key}_for"] = reset_on
         st.session_state[page_key] = 1
     if st.session_state.get(page_key, 1) > pages:
         st.session_state[page_key] = pages
+    remember(page_key)  # as set here, should the next run be another page's
     page = right.number_input("Page", min_value=1, max_value=pages, step=1, key=page_key)
     offset = (int(page) - 1) * size
     shown = f"{offset + 1}–{min(offset + size, total)}" if total else "0"

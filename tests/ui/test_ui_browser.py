@@ -147,6 +147,13 @@ def test_every_page_in_chromium(page: object, server: str, recorded_home: Path) 
     page.get_by_role("tab", name="Loop diagnosis").click()
     page.locator("code:visible", has_text="oscillation_calls").first.wait_for()
     shot(page, "03-run")
+    # Back: the Runs page as it was left, its filters kept.
+    page.go_back()
+    page.wait_for_url(re.compile(r".*/runs(\?.*)?$"), wait_until="commit")
+    page.wait_for_function("() => document.body.innerText.includes('of 2 runs')")
+    settle(page)
+    assert page.get_by_label("Task contains").input_value() == "loop-oscillation"
+    assert "FAILED" in page.locator("[data-testid='stMultiSelect']", has_text="Status").inner_text()
 
     # Run by deep link: the address the run links hold, and the root's
     run_id = scalar(f"SELECT run_id FROM {runs} WHERE status = 'SUCCEEDED' ORDER BY run_id LIMIT 1")
