@@ -309,7 +309,9 @@ class Runner:
         self.recorder = _CoalescingRecorder(recorder)
 
     def close(self) -> None:
-        self.recorder.close()  # an export under way, or asked for, reads through the store
+        recorder = getattr(self, "recorder", None)  # none yet when the traces were refused
+        if recorder is not None:
+            recorder.close()  # an export under way, or asked for, reads through the store
         self.store.close()
         self.backend.close()
 

@@ -264,6 +264,12 @@ def export(
     from loopledger.engine._recorder import Recorder
 
     where = _home(home, store)
+    if not where.has_journal:
+        # Nothing was ever run there (a mistyped --home or --store, say):
+        # make nothing. A new, empty journal would claim the folder's
+        # traces (imported ones) and lock its own journal out of them.
+        typer.echo(f"No journal at {where.journal_file}: nothing to export.")
+        return
     run_store = where.open_store()
     try:
         recorder = Recorder(run_store, where.traces)

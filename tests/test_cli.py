@@ -156,21 +156,54 @@ def test_a_journal_damaged_inside_is_named_in_the_error(tmp_path: Path) -> None:
     assert_one_clear_line(result.stderr, f"{journal}: ", "malformed")
 
 
-def test_export_creates_the_home_and_every_table(tmp_path: Path) -> None:
-    home = tmp_path / "new" / "home"
+def test_export_writes_every_table_of_an_empty_journal(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    sqlite3.connect(home / "journal.sqlite").close()  # an empty file: the store makes its schema
     result = cli("export", "--home", str(home))
     assert result.returncode == 0, result.stderr
-    assert (home / "journal.sqlite").is_file()
     for table in ("runs", "events", "artifacts", "candidates", "validations", "operations", "loop_diagnoses", "labels"):
         assert list((home / "traces" / table).glob("*.parquet")), table
 
 
+def test_export_where_nothing_ran_makes_nothing(tmp_path: Path) -> None:
+    home = tmp_path / "typo"
+    done = cli("export", "--home", str(home))
+    assert done.returncode == 0, done.stderr
+    assert f"No journal at {home / 'journal.sqlite'}: nothing to export" in done.stdout
+    assert not home.exists()
+
+
+def test_export_through_a_mistyped_store_leaves_imported_traces_to_their_journal(tmp_path: Path) -> None:
+    home, source = tmp_path / "home", tmp_path / "chat.jsonl"
+    source.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                               {"role": "assistant", "content": "hello"}]}) + "\n")
+    assert cli("import", "openai-jsonl", str(source), "--home", str(home)).returncode == 0
+    typo = tmp_path / "nowhere" / "journal-typo.sqlite"
+    done = cli("export", "--home", str(home), "--store", f"sqlite:{typo}")
+    assert done.returncode == 0 and "nothing to export" in done.stdout, done.stdout + done.stderr
+    assert not typo.parent.exists()
+    # The home's own journal still exports to its traces, and labels them.
+    assert cli("export", "--home", str(home)).returncode == 0
+    run_id = scalar_run_id(home)
+    labelled = cli("label", run_id, "--step", "1", "--expect", "accept", "--home", str(home))
+    assert labelled.returncode == 0, labelled.stderr
+
+
+def scalar_run_id(home: Path) -> str:
+    import pyarrow.parquet as pq
+
+    (path,) = [p for p in (home / "traces" / "runs").glob("*.parquet") if pq.read_metadata(p).num_rows]
+    return pq.read_table(path, columns=["run_id"]).column(0)[0].as_py()
+
+
 def test_home_defaults_to_the_environment_then_the_working_directory(tmp_path: Path) -> None:
     from_env = tmp_path / "from-env"
-    assert cli("export", cwd=tmp_path, env={"LOOPLEDGER_HOME": str(from_env)}).returncode == 0
+    scenario = str(REPO / "datasets" / "scenarios" / "happy-refund.yaml")
+    assert cli("run", scenario, cwd=tmp_path, env={"LOOPLEDGER_HOME": str(from_env)}).returncode == 0
     assert (from_env / "journal.sqlite").is_file()
     assert not (tmp_path / "loopledger-data").exists()
-    assert cli("export", cwd=tmp_path).returncode == 0
+    assert cli("run", scenario, cwd=tmp_path).returncode == 0
     assert (tmp_path / "loopledger-data" / "journal.sqlite").is_file()
 
 
@@ -406,6 +439,18 @@ def test_run_creates_its_batch_in_one_commit(tmp_path: Path) -> None:
     assert died.returncode == -9, died.stderr
     made = sqlite3.connect(home / "journal.sqlite").execute("SELECT count(*), max(state_version) FROM runs").fetchone()
     assert made == (len(list((REPO / "datasets" / "scenarios").glob("*.yaml"))), 1)
+
+
+def test_traces_of_another_journal_are_one_line_exit_3_for_the_engine(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    scenario = str(REPO / "datasets" / "scenarios" / "happy-refund.yaml")
+    assert cli("run", scenario, "--home", str(home)).returncode == 0
+    for path in home.glob("journal.sqlite*"):
+        path.unlink()  # a new journal beside the old one's traces
+    for args in (["run", scenario], ["resume"]):
+        done = cli(*args, "--home", str(home))
+        assert done.returncode == 3, (args, done.stderr)
+        assert_one_clear_line(done.stderr, f"{home / 'traces'}: these traces were exported from another journal")
 
 
 def test_resume_where_nothing_ran_makes_nothing(tmp_path: Path) -> None:
