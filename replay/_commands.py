@@ -41,20 +41,23 @@ def _writable(path: Path | None, option: str) -> None:
 
 def _not_recorded_data(path: Path | None, option: str, home: Any, traces: Path | None, suite: str) -> None:
     """Refuse a report path that would overwrite what is recorded: the
-    journal, a trace table (of the data directory or of ``--traces``), the
-    replays, the prompts, the secret and the demo backends' state, or the
-    suite file itself."""
+    journal, what a traces folder holds (the data directory's or
+    ``--traces``: its tables, the marker naming their journal, the export
+    lock), the replays, the prompts, the secret and the demo backends'
+    state (their database and the runs' workspaces), or the suite file."""
     if path is None:
         return
     journal = home.journal_file
     guarded = [(Path(f"{db}{end}"), f"the journal {journal}" if db == journal else f"the data directory's {db.name}")
                for db in (journal, home.root / "demo_backend.sqlite") if db is not None for end in ("", "-wal", "-shm")]
     guarded += [(home.replays, f"the replays folder {home.replays}"), (home.prompts, f"the prompts folder {home.prompts}"),
-                (home.root / "secret.key", f"the data directory's secret {home.root / 'secret.key'}")]
-    # The trace tables are the folders in a traces folder (a report beside them overwrites nothing).
+                (home.root / "secret.key", f"the data directory's secret {home.root / 'secret.key'}"),
+                (home.root / "workspaces", f"the demo backends' workspaces {home.root / 'workspaces'}")]
+    # What a traces folder holds (a new report beside it overwrites nothing).
     for folder in {home.traces, *([traces] if traces is not None else [])}:
         if folder.is_dir():
-            guarded += [(table, f"the trace table {table}") for table in folder.iterdir() if table.is_dir()]
+            guarded += [(entry, f"the trace table {entry}" if entry.is_dir() else f"the traces' own {entry}")
+                        for entry in folder.iterdir()]
     if suite.endswith((".yaml", ".yml")):
         guarded.append((Path(suite), f"the suite file {suite}"))
     target = path.resolve()

@@ -224,4 +224,7 @@ class ReplayResult:
         return ()
 
     def ok(self, fail_on: str = "regressions") -> bool:
-        return not self.failures(fail_on)
+        """The CI gate: no failure under ``fail_on``, and every run replayed.
+        A run that could not be replayed (:attr:`errors`) fails it whatever
+        ``fail_on`` says: passing on less than was recorded is no pass."""
+        return not self.failures(fail_on) and not self.errors

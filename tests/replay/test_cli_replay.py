@@ -214,6 +214,7 @@ def test_a_report_path_that_would_overwrite_what_is_recorded_is_refused(home_cop
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(home_copy / "traces", elsewhere)
     table = next((home_copy / "traces" / "runs").rglob("*.parquet"))
+    workspace_file = next(p for p in (home_copy / "workspaces").rglob("*") if p.is_file())
     cases = [
         (["--home", str(home_copy), "--markdown", str(home_copy / "journal.sqlite")], home_copy / "journal.sqlite"),
         (["--home", str(home_copy), "--junit", str(table)], table),
@@ -221,6 +222,14 @@ def test_a_report_path_that_would_overwrite_what_is_recorded_is_refused(home_cop
         (["--home", str(home_copy), "--traces", str(elsewhere), "--markdown", str(elsewhere / "events" / "r.md")],
          None),
         (["--home", str(home_copy), "--suite", str(suite), "--markdown", str(suite)], suite),
+        # What a traces folder holds beside its tables: the marker naming their journal, the export lock.
+        (["--home", str(home_copy), "--markdown", str(home_copy / "traces" / ".journal")],
+         home_copy / "traces" / ".journal"),
+        (["--home", str(home_copy), "--traces", str(elsewhere), "--junit", str(elsewhere / ".journal")],
+         elsewhere / ".journal"),
+        (["--home", str(home_copy), "--junit", str(home_copy / "traces" / ".export.lock")], None),
+        # The demo backends' state: a run's workspace files.
+        (["--home", str(home_copy), "--markdown", str(workspace_file)], workspace_file),
     ]
     for args, kept in cases:
         before = kept.read_bytes() if kept else None
@@ -624,6 +633,31 @@ def test_a_baseline_replay_that_could_replay_none_of_its_runs_is_refused(recorde
     assert out.returncode == 2, out.stdout
     one_line(out.stderr, "--baseline", first.replay_id, "covers none of the runs",
              f"{first.run_errors} of its {first.runs} run(s) could not be replayed")
+
+
+def test_the_api_gate_fails_when_a_run_could_not_be_replayed(recorded_home: Path, tmp_path: Path) -> None:
+    """As the command's gate reads "incomplete" (exit 2): passing on less
+    than was recorded is no pass, whatever fail_on says."""
+    from loopledger.replay import replay
+
+    broken = tmp_path / "broken"
+    shutil.copytree(recorded_home / "traces", broken)
+    _rewrite(broken / "events", lambda t: t.slice(0, 0))
+    result = replay(broken, "default", write_to=None)
+    assert result.summary.run_errors > 0 and not result.failures("flips")
+    assert [result.ok(fail_on) for fail_on in ("flips", "regressions", "never")] == [False, False, False]
+    assert replay(recorded_home / "traces", "default", write_to=None).ok("flips")
+
+
+def test_a_replays_folder_inside_the_traces_is_refused(home_copy: Path) -> None:
+    from loopledger.replay import ReplayInputError, replay
+
+    traces = home_copy / "traces"
+    for inside in (traces, traces / "validations", traces / "runs" / "deeper"):
+        with pytest.raises(ReplayInputError, match="write_to: .*the traces folder .*expected a folder outside it"):
+            replay(traces, "default", write_to=inside)
+    assert not list(traces.glob("*/r*-*")) and not (traces / "runs" / "deeper").exists()
+    assert replay(traces, "default").summary.flips == 0  # the traces still read as they were
 
 
 def test_runs_the_baseline_replay_never_decided_on_are_not_compared(home_copy: Path, tmp_path: Path) -> None:
