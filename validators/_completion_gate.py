@@ -37,7 +37,8 @@ def pending_work(inp: DecisionInput) -> list[dict[str, str | None]]:
     return [out[k] for k in sorted(out)]
 
 
-@validator(name="completion_gate", version="2")  # 2: secret_key finds Stripe keys
+# 2: secret_key finds Stripe keys. 3: iban finds IBANs printed in groups of four.
+@validator(name="completion_gate", version="3")
 def completion_gate(*, patterns: tuple[str, ...] = ("secret_key",)):
     """Codes: pending_work, missing_evidence, unsupported_claim,
     sensitive_output (all reject). Params: patterns (output rules checked on

@@ -1,7 +1,11 @@
 """``output_rules``: no secrets or personal data in what the model outputs.
 
 Rules are named regular expressions (plus a checksum where one exists, so a
-16-digit order number is not a card number). The evidence of a match holds
+16-digit order number is not a card number). A suite's own (``custom``)
+patterns are matched with the ``regex`` module under a timeout, as
+``tool_args_schema``'s are: one that backtracks without end cannot hang a
+run or a replay; an output it could not check in time is refused
+(``output_unchecked``), never let through. The evidence of a match holds
 the rule name, the item and field, and character offsets: never the matched
 text, because the evidence is stored and shown, and a secret copied into the
 decision log is a second leak.
@@ -32,21 +36,40 @@ def _luhn(digits: str) -> bool:
     return total % 10 == 0
 
 
-def _card(text: str) -> bool:
+def _card(text: str) -> int:
     digits = re.sub(r"[ -]", "", text)
-    return 13 <= len(digits) <= 19 and _luhn(digits)
+    return len(text) if 13 <= len(digits) <= 19 and _luhn(digits) else 0
 
 
-def _iban(text: str) -> bool:
-    moved = text[4:] + text[:4]
+def _mod97(iban: str) -> bool:
+    moved = iban[4:] + iban[:4]
     return int("".join(str(int(c, 36)) for c in moved)) % 97 == 1
+
+
+def _iban(text: str) -> int:
+    """The length of the IBAN ``text`` begins with (0: none). Printed IBANs
+    come in groups of four, which the pattern lets run on into a next
+    word of four capitals or digits: the longest run of groups that passes
+    mod-97 is the IBAN."""
+    ends = [m.end() for m in re.finditer(r"[A-Z0-9]+", text)]
+    if len(ends) == 1:  # written without spaces: no group boundaries to try
+        return len(text) if 15 <= len(text) <= 34 and _mod97(text) else 0
+    for end in reversed(ends):
+        compact = text[:end].replace(" ", "")
+        if 15 <= len(compact) <= 34 and _mod97(compact):
+            return end
+    return 0
 
 
 @dataclass(frozen=True, slots=True)
 class Rule:
     name: str
-    pattern: re.Pattern[str]
-    confirm: Callable[[str], bool] | None = None
+    #: ``re`` for the built-in rules, ``regex`` (timed) for a suite's own.
+    pattern: Any
+    #: Given the matched text, the length of it that is confirmed (0: none).
+    confirm: Callable[[str], int] | None = None
+    #: Seconds a search may take (a suite's own patterns), None: unbounded.
+    timeout: float | None = None
 
 
 RULES: Mapping[str, Rule] = {
@@ -71,7 +94,10 @@ RULES: Mapping[str, Rule] = {
         ),
         Rule("email", re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}\b")),
         Rule("credit_card", re.compile(r"\b\d(?:[ -]?\d){12,18}\b"), _card),
-        Rule("iban", re.compile(r"\b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b"), _iban),
+        # Written whole (GB82WEST12345698765432) or in groups of four
+        # (GB82 WEST 1234 5698 7654 32); mod-97 decides.
+        Rule("iban", re.compile(r"\b[A-Z]{2}\d{2}(?:[A-Z0-9]{11,30}|(?: [A-Z0-9]{4}){2,7}(?: [A-Z0-9]{1,4})?)\b"),
+             _iban),
     )
 }
 
@@ -118,14 +144,33 @@ def _fields(candidate: Candidate, scopes: tuple[str, ...]) -> Iterator[tuple[int
                 yield index, "raw_arguments", item.raw_arguments
 
 
+#: Seconds one search of a suite's own pattern may take over one field.
+CUSTOM_TIMEOUT_S = 1.0
+
+
+class Unchecked(Exception):
+    """A suite's own pattern could not be matched in time."""
+
+    def __init__(self, rule: str, item: int, field: str) -> None:
+        super().__init__(rule)
+        self.rule, self.item, self.field = rule, item, field
+
+
 def scan_candidate(candidate: Candidate, rules: tuple[Rule, ...], scopes: tuple[str, ...]) -> list[Match]:
-    """Every rule match in the candidate's scanned fields, in item order."""
+    """Every rule match in the candidate's scanned fields, in item order;
+    :class:`Unchecked` when a timed pattern ran out of time."""
     found: list[Match] = []
     for index, field, text in _fields(candidate, scopes):
         for rule in rules:
-            for m in rule.pattern.finditer(text):
-                if rule.confirm is None or rule.confirm(m.group(0)):
-                    found.append(Match(rule.name, index, field, m.start(), m.end()))
+            try:
+                hits = list(rule.pattern.finditer(text) if rule.timeout is None
+                            else rule.pattern.finditer(text, timeout=rule.timeout))
+            except TimeoutError:
+                raise Unchecked(rule.name, index, field) from None
+            for m in hits:
+                length = len(m.group(0)) if rule.confirm is None else rule.confirm(m.group(0))
+                if length:
+                    found.append(Match(rule.name, index, field, m.start(), m.start() + length))
     return found
 
 
@@ -140,15 +185,28 @@ def build_rules(patterns: Any, custom: Any) -> tuple[Rule, ...]:
             raise ParamError("custom", "rule names that are not empty", name)
         if not isinstance(custom[name], str):
             raise ParamError(f"custom.{name}", "a regular expression string", custom[name])
+        import regex
+
         try:
-            pattern = re.compile(custom[name])
-        except re.error as exc:
+            pattern = regex.compile(custom[name])
+        except (regex.error, ValueError, OverflowError, RecursionError) as exc:
             raise ParamError(f"custom.{name}", f"a valid regular expression ({exc})", custom[name]) from exc
         if pattern.search("") is not None:
             # It matches empty text, so at every position of every output: all would be flagged.
             raise ParamError(f"custom.{name}", "a regular expression that does not match empty text", custom[name])
-        rules.append(Rule(name, pattern))
+        rules.append(Rule(name, pattern, timeout=CUSTOM_TIMEOUT_S))
     return tuple(rules)
+
+
+def unchecked_issue(exc: Unchecked) -> Issue:
+    """An output a suite's own pattern could not check in time: refused."""
+    return Issue(
+        Verdict.REJECT,
+        "output_unchecked",
+        f"rule {exc.rule} could not be matched within {CUSTOM_TIMEOUT_S} s on item {exc.item}, {exc.field} (the "
+        "pattern backtracks without end on it): the output is not let through unchecked",
+        {"rule": exc.rule, "item": exc.item, "field": exc.field, "timeout_s": CUSTOM_TIMEOUT_S},
+    )
 
 
 def sensitive_issue(matches: list[Match], verdict: Verdict, max_matches: int) -> Issue:
@@ -162,7 +220,9 @@ def sensitive_issue(matches: list[Match], verdict: Verdict, max_matches: int) ->
     )
 
 
-@validator(name="output_rules", version="2")  # 2: Stripe keys and webhook secrets
+# 2: Stripe keys and webhook secrets. 3: IBANs printed in groups of four;
+# a suite's own patterns bounded in time (output_unchecked).
+@validator(name="output_rules", version="3")
 def output_rules(
     *,
     patterns: tuple[str, ...] = ("secret_key", "credential"),
@@ -171,7 +231,8 @@ def output_rules(
     verdict: str = "reject",
     max_matches: int = 20,
 ):
-    """Codes: sensitive_output (reject, or the configured verdict).
+    """Codes: sensitive_output (reject, or the configured verdict),
+    output_unchecked (reject: a custom pattern ran out of time).
     Params: patterns (built-in rules: secret_key, credential, email,
     credit_card, iban), custom (name -> regex), scopes (text, claim, plan,
     tool_arguments), verdict (reject or repair), max_matches."""
@@ -181,7 +242,10 @@ def output_rules(
     max_matches = int_param("max_matches", max_matches, 1)
 
     def check(inp: DecisionInput) -> list[Issue]:
-        matches = scan_candidate(inp.candidate, rules, scopes)
+        try:
+            matches = scan_candidate(inp.candidate, rules, scopes)
+        except Unchecked as exc:
+            return [unchecked_issue(exc)]
         return [sensitive_issue(matches, verdict_, max_matches)] if matches else []
 
     return check

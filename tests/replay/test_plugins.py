@@ -5,6 +5,7 @@ the suite's ``imports``. The distribution here is a real one to
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import duckdb
@@ -450,7 +451,7 @@ def test_a_new_version_of_a_built_in_is_used_unpinned_and_shown_as_a_version_cha
             "@validator(name='completion_gate', version='9')\ndef gate_v9():\n"
             "    return lambda inp: [Issue(Verdict.REJECT, 'v9_gate', 'version 9 rejects')]\n")
     site = install(tmp_path / "site", module="gate_two", body=body, entry_point=False)
-    for name, member, versions in (("unpinned", "completion_gate", {"9"}), ("pinned", "completion_gate@2", {"2"})):
+    for name, member, versions in (("unpinned", "completion_gate", {"9"}), ("pinned", "completion_gate@3", {"3"})):
         path = tmp_path / f"{name}.yaml"
         path.write_text(f"name: {name}\nimports: [gate_two]\nvalidators: [structure, {member}]\n")
         out = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"),
@@ -461,7 +462,17 @@ def test_a_new_version_of_a_built_in_is_used_unpinned_and_shown_as_a_version_cha
                          "WHERE validator = 'completion_gate'").fetchall()
         assert {v for (v,) in got} == versions
         if name == "unpinned":
-            assert "(versions 2→9)" in out.stdout, out.stdout
+            assert "(versions 3→9)" in out.stdout, out.stdout
+    # The bundled suites pin their members: registering version 9 leaves `default` as it is.
+    import subprocess
+    import sys
+
+    bundled = subprocess.run(
+        [sys.executable, "-c", "import gate_two\nfrom loopledger.validators import load_suite\n"
+         "print(*(dict((m.name, m.version) for m in load_suite(s).members)['completion_gate']"
+         " for s in ('default', 'strict')))"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(site)}, check=True)
+    assert bundled.stdout.split() == ["3", "3"], bundled.stderr
 
 
 def test_a_script_without_a_main_guard_is_told_how_to_call_replay(recorded_home: Path, tmp_path: Path) -> None:

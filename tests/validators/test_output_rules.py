@@ -53,6 +53,34 @@ def test_card_numbers_need_a_valid_checksum():
     assert d.code == "ok"
 
 
+@pytest.mark.parametrize(("written", "iban"), [
+    ("Pay to GB82WEST12345698765432 today", "GB82WEST12345698765432"),
+    ("Pay to GB82 WEST 1234 5698 7654 32 today", "GB82 WEST 1234 5698 7654 32"),
+    ("IBAN: DE89 3704 0044 0532 0130 00.", "DE89 3704 0044 0532 0130 00"),
+    ("FR76 3000 6000 0112 3456 7890 189", "FR76 3000 6000 0112 3456 7890 189"),
+    ("NO93 8601 1117 947", "NO93 8601 1117 947"),
+    # A next word of four capitals is not part of it: mod-97 says where it ends.
+    ("NL91 ABNA 0417 1643 00 ABCD EFGH", "NL91 ABNA 0417 1643 00"),
+])
+def test_ibans_whole_or_in_groups_of_four(written, iban):
+    d = rules(patterns=["iban"])(make_input([text(written)]))
+    (m,) = d.evidence["matches"]
+    assert written[m["start"]:m["end"]] == iban
+
+
+@pytest.mark.parametrize("written", ["GB82 WEST 1234 5698 7654 33", "ORDER ORD1042 12345678901234", "GB82 WEST"])
+def test_what_fails_mod_97_is_no_iban(written):
+    assert rules(patterns=["iban"])(make_input([text(written)])).code == "ok"
+
+
+def test_a_custom_pattern_that_backtracks_without_end_refuses_the_output_unchecked():
+    check = rules(patterns=[], custom={"runaway": "(a|aa)+$"})
+    d = check(make_input([text("ok"), text("a" * 64 + "!")]))
+    assert (d.verdict, d.code) == (Verdict.REJECT, "output_unchecked")
+    assert d.evidence == {"rule": "runaway", "item": 1, "field": "text", "timeout_s": 1.0}
+    assert check(make_input([text("aaa")])).code == "sensitive_output"  # it still matches what it can
+
+
 def test_claims_plans_and_optionally_tool_arguments_are_scanned():
     assert rules()(make_input([claim(f"key {SECRET}")])).code == "sensitive_output"
     assert rules()(make_input([{"type": "plan", "steps": [{"do": f"print {SECRET}"}]}])).evidence["matches"][0]["field"] == "$.steps[0].do"

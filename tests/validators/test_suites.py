@@ -163,7 +163,7 @@ def test_evaluate_gives_one_decision_per_member_and_the_worst_verdict():
                      contract={"forbidden_paths": ["payments/**"]})
     result = suite.evaluate(inp)
     assert [d.validator for d in result.decisions] == BUILTINS
-    bumped = {"output_rules": "2", "completion_gate": "2", "loop.oscillation": "2"}
+    bumped = {"output_rules": "3", "completion_gate": "3", "loop.oscillation": "2"}
     assert [d.validator_version for d in result.decisions] == [bumped.get(name, "1") for name in BUILTINS]
     assert result.suite_version == suite.version
     assert result.verdict is Verdict.REJECT
