@@ -859,6 +859,10 @@ def replay_cmd(
     from loopledger.replay import ReplayInputError, WorkerLost
     from loopledger.replay._commands import replay_command
 
+    # A CI job cancelled, a `timeout`: SIGTERM unwinds the replay as an
+    # interrupt does, so nothing unfinished (``<id>.partial``, its work
+    # folder) is left behind.
+    _terminate_by_unwinding()
     try:
         code = replay_command(home=_home(home), suite=suite, baseline=baseline, traces=traces, fail_on=fail_on,
                               junit=junit, markdown=markdown, workers=workers)
@@ -986,12 +990,34 @@ def import_cmd(
                f"next: loopledger replay --suite {shlex.quote(decide or 'default')} {where.options()}")
 
 
+class Terminated(BaseException):
+    """SIGTERM, where a command unwinds on it (see :func:`_terminate_by_unwinding`)."""
+
+
+def _terminate_by_unwinding() -> None:
+    """Make SIGTERM raise :class:`Terminated` in the main thread, so that a
+    command's cleanup runs (the default ends the process where it stands).
+    Only for commands whose work is all in the main thread and its child
+    processes: the engine's commands keep SIGTERM's default, a crash the
+    journal is made to survive."""
+    import signal
+
+    def terminated(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends it at once
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
 def main() -> None:
     try:
         code = app(standalone_mode=False)
     except KeyboardInterrupt:
         _err("interrupted")
         sys.exit(130)
+    except Terminated:
+        _err("terminated")
+        sys.exit(143)
     except Exception as exc:
         # click's exceptions, known by name: newer typer versions bundle
         # their own copy of click, older ones use the click package.

@@ -302,6 +302,12 @@ def _replay_locked(request: _Request, reading: Any, started: float) -> dict[str,
     n = trace_set.candidates
     cores = os.cpu_count() or 1
     procs = request.workers if request.workers is not None else (1 if n < IN_PROCESS_BELOW else cores)
+    if procs > 1 and (unreachable := _interactive_members(request)):
+        if request.workers is not None:
+            raise ReplayInputError("workers", f"{', '.join(unreachable)} is defined in this interactive session "
+                                              "(python -c, a REPL, a notebook), which worker processes cannot import; "
+                                              "expected workers=1, or the validator in a module")
+        procs = 1  # automatic: the caller's process alone can run them
     # Several partitions per process, handed out one at a time: the caller's
     # process starts at once while the spawned ones are still importing, and
     # whichever is faster takes more.
@@ -428,6 +434,20 @@ def _claim_outputs(outputs: Sequence[Path | None], ids: Sequence[str], arguments
             shutil.rmtree(out, ignore_errors=True)
         holds.release()
         raise
+
+
+def _interactive_members(request: _Request) -> list[str]:
+    """The suites' validators defined in an interactive ``__main__`` (no
+    file to import again): spawned worker processes never see them."""
+    import sys
+
+    from loopledger.validators import get_factory
+
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__file__", None):
+        return []
+    return sorted({m.name for _, suite, _ in request.suites for m in suite.members
+                   if get_factory(m.name, m.version).fn.__module__ == "__main__"})
 
 
 def _start_pool(size: int, refs: tuple[SuiteRef, ...], replay_ids: tuple[str, ...]) -> ProcessPoolExecutor:

@@ -209,17 +209,18 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
             lines.append(f"| {_code(validator)}{tag} | {_cell(old)} | {_cell(new)} | {_kinds(kinds)} | "
                          f"{sum(kinds.values())} |")
     for kind, title in (("regression", "Regressions"), ("fix", "Fixes")):
-        lines += _labelled_diffs([d for d in result.diffs if d.kind == kind], title)
+        lines += _labelled_diffs([d for d in result.diffs if d.kind == kind], title, result)
     diverged = result.diverged
     if diverged:
         lines += ["", f"## Runs diverged ({len(diverged)})", "", DIVERGENCE_NOTE, "",
                   "| run | recorded outcome | divergence point | validators | regressions |", "|---|---|---|---|---:|"]
-        for r in diverged[:100]:
+        for r in diverged[:LISTED]:
             d = r.divergence
             assert d is not None
             lines.append(f"| {_code(r.run_id)} | {_cell(r.status)} {_cell(r.reason or '')} | "
                          f"step {d.step}, attempt {d.attempt} | {_cell(', '.join(d.validators))} | "
                          f"{len(r.regressions)} |")
+        lines += _more(len(diverged), result)
     if note := _not_compared(result):
         lines += ["", f"> {_cell(note)}"]
     if result.summary.flips_across_versions:
@@ -230,19 +231,31 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _labelled_diffs(diffs: Sequence[Diff], title: str) -> list[str]:
-    """A section listing diffs a label classified (the first 100)."""
+#: Rows a Markdown section lists; the tables hold them all.
+LISTED = 100
+
+
+def _more(total: int, result: ReplayResult) -> list[str]:
+    """The line after a section cut at :data:`LISTED` rows, saying where the rest are."""
+    if total <= LISTED:
+        return []
+    where = f"replays/{result.replay_id}/diffs" if result.path is not None else "the result's diffs"
+    return ["", f"… and {total - LISTED} more ({where})."]
+
+
+def _labelled_diffs(diffs: Sequence[Diff], title: str, result: ReplayResult) -> list[str]:
+    """A section listing diffs a label classified (the first :data:`LISTED`)."""
     if not diffs:
         return []
     lines = ["", f"## {title} ({len(diffs)})", "",
              "| run | step | attempt | validator | label | baseline | replay | past the divergence point |",
              "|---|---:|---:|---|---|---|---|---|"]
-    for d in diffs[:100]:
+    for d in diffs[:LISTED]:
         lines.append(f"| {_code(d.run_id)} | {d.step} | {d.attempt} | {_code(d.validator or '(candidate)')} | "
                      f"{_cell(d.expected_verdict)} ({_cell(d.label_source)}) | "
                      f"{_cell(_side(d.baseline_verdict, d.baseline_code))} | "
                      f"{_cell(_side(d.replay_verdict, d.replay_code))} | {'yes' if d.after_divergence else ''} |")
-    return lines
+    return lines + _more(len(diffs), result)
 
 
 def _failure_text(diffs: Sequence[Diff]) -> str:

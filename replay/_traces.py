@@ -193,8 +193,11 @@ def _files_sql(files: Iterable[Path]) -> str:
 def _connect(tmp: Path, threads: int, memory: str) -> Any:
     import duckdb
 
+    # No progress bar: DuckDB draws one on stderr for a long query when it
+    # takes the caller for an interactive session; the replay reports its own.
     conn = duckdb.connect(config={"threads": threads, "memory_limit": memory,
                                   "temp_directory": str(tmp / "spill"), "preserve_insertion_order": False})
+    conn.execute("SET enable_progress_bar = false")
     return conn
 
 

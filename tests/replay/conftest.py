@@ -41,8 +41,9 @@ def suite_file(tmp_path: Path):
         members = yaml.safe_load((REPO / "datasets" / "suites" / "default.yaml").read_text())["validators"]
         out = []
         for m in members:
-            name = m if isinstance(m, str) else next(iter(m))
-            out.append({name: params[name]} if name in params else m)
+            name = m if isinstance(m, str) else next(iter(m))  # pinned: name@version
+            bare = name.split("@")[0]
+            out.append({name: params[bare]} if bare in params else m)
         path = tmp_path / "suite.yaml"
         path.write_text(yaml.safe_dump({"name": "changed", "validators": out}))
         return path

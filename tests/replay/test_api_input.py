@@ -149,8 +149,10 @@ def test_replay_many_gives_one_result_per_suite(recorded_home: Path, tmp_path: P
         replay_many(traces, ["default", str(default_file)])
     # Two suites of one name, judging differently: two results.
     other = tmp_path / "default.yaml"
-    other.write_text(default_file.read_text().replace("loop.repeated_call: {threshold: 3}",
-                                                      "loop.repeated_call: {threshold: 2}"))
+    changed = default_file.read_text().replace("loop.repeated_call@1: {threshold: 3}",
+                                               "loop.repeated_call@1: {threshold: 2}")
+    assert changed != default_file.read_text()
+    other.write_text(changed)
     results = replay_many(traces, ["default", other])
     assert len(results) == 2
     (second,) = [key for key in results if key != "default"]

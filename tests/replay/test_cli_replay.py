@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sqlite3
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -101,6 +102,8 @@ def test_traces_with_no_run_are_bad_input_not_a_pass(tmp_path: Path) -> None:
     """An export of an empty journal writes every table, with no row: a gate
     over them would pass on nothing."""
     home = tmp_path / "home"
+    home.mkdir()
+    sqlite3.connect(home / "journal.sqlite").close()  # an empty journal: the store makes its schema
     assert cli("export", "--home", str(home)).returncode == 0
     assert (home / "traces" / "runs").is_dir()
     out = replay_on(home, "--fail-on", "flips")
@@ -355,9 +358,9 @@ def test_label_in_a_home_holding_another_journals_traces_writes_nothing(recorded
         one_line(out.stderr, "--home", "holds traces another journal exported")
     assert not (home / "journal.sqlite").exists()
     # With a journal of its own (another one), the same: refused before the label is written.
-    import sqlite3
-
-    cli("export", "--home", str(tmp_path / "other"))
+    (tmp_path / "other").mkdir()
+    sqlite3.connect(tmp_path / "other" / "journal.sqlite").close()
+    assert cli("export", "--home", str(tmp_path / "other")).returncode == 0
     shutil.copy(tmp_path / "other" / "journal.sqlite", home / "journal.sqlite")
     out = cli("label", run_id, "--step", "1", "--expect", "accept", "--home", str(home))
     assert out.returncode == 2
@@ -804,9 +807,68 @@ def test_labels_on_a_validator_the_suite_drops_count_and_are_not_agreed_with(rec
     members = yaml.safe_load((REPO / "datasets" / "suites" / "default.yaml").read_text())["validators"]
     suite = tmp_path / "no-references.yaml"
     suite.write_text(yaml.safe_dump({"name": "no-references", "validators": [m for m in members
-                                                                            if m != "references"]}))
+                                                                            if m != "references@1"]}))
     full = replay(recorded_home / "traces", "default", write_to=None).summary
     dropped = replay(recorded_home / "traces", str(suite), write_to=None).summary
     assert dropped.labels == full.labels > 0
     assert dropped.regressions > 0
     assert dropped.labels_agreeing == full.labels_agreeing - dropped.regressions
+
+
+def test_a_replay_ended_by_sigterm_leaves_nothing_unfinished(recorded_home: Path, tmp_path: Path) -> None:
+    """What a cancelled CI job or `timeout` sends: the replay unwinds, says
+    so, exits 143, and leaves no ``<id>.partial`` nor work folder."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from replay_kit import LOOPLEDGER
+
+    (tmp_path / "slowmod.py").write_text(
+        "import time\nfrom loopledger.validators import validator\n\n"
+        "@validator(name='slow.sleep', version='1')\ndef sleep():\n"
+        "    def check(inp):\n        time.sleep(0.05)\n        return []\n    return check\n")
+    suite = tmp_path / "slow.yaml"
+    suite.write_text("name: slow\nimports: [slowmod]\nvalidators: [structure, slow.sleep]\n")
+    home = tmp_path / "home"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.Popen([LOOPLEDGER, "replay", "--suite", str(suite), "--traces", str(recorded_home / "traces"),
+                             "--home", str(home), "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    deadline = time.monotonic() + 60
+    while not list((home / "replays").glob("*.partial")) if (home / "replays").is_dir() else True:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.5)  # well into the candidates
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (out, err)
+    assert err.strip() == "loopledger: terminated"
+    assert list((home / "replays").iterdir()) == []
+
+
+def test_a_validator_of_an_interactive_session_is_not_sent_to_worker_processes(recorded_home: Path) -> None:
+    """Defined in ``python -c`` (a REPL, a notebook): spawned workers cannot
+    import it. Asked for workers, the replay says so; by itself it stays in
+    the caller's process."""
+    import subprocess
+    import sys
+
+    code = ("from loopledger.validators import parse_suite, validator\n"
+            "from loopledger.replay import ReplayInputError, replay\n"
+            "@validator(name='inline.check', version='1')\n"
+            "def check():\n    return lambda inp: []\n"
+            "suite = parse_suite({'name': 'inline', 'validators': ['structure', 'inline.check']})\n"
+            f"traces = {str(recorded_home / 'traces')!r}\n"
+            "try:\n    replay(traces, suite, write_to=None, workers=2)\n"
+            "except ReplayInputError as exc:\n    print('refused:', exc)\n"
+            "print('decisions:', replay(traces, suite, write_to=None).summary.decisions)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    refused, decided = done.stdout.splitlines()
+    assert refused == ("refused: workers: inline.check is defined in this interactive session (python -c, a REPL, "
+                       "a notebook), which worker processes cannot import; expected workers=1, or the validator in "
+                       "a module")
+    assert int(decided.removeprefix("decisions: ")) > 0
+    assert done.stderr == ""

@@ -163,6 +163,30 @@ def test_human_labels_make_regressions_and_fixes(home_copy: Path, suite_file) ->
     assert out.text.startswith("other diffs:") and "loop.repeated_call" in out.text and "(fix, label reject" in out.text
 
 
+def test_the_markdown_report_says_how_many_rows_it_left_out(default_replay: ReplayResult) -> None:
+    import dataclasses
+    from types import MappingProxyType
+
+    from loopledger.replay import Diff, Divergence, RunReplay
+    from loopledger.replay._report import markdown
+
+    def run(i: int) -> RunReplay:
+        diff = Diff(f"run-{i:03d}", 1, 1, f"c{i}", "structure", "accept", "reject", "ok", "truncated", "regression",
+                    expected_verdict="accept", label_source="human")
+        return RunReplay(f"run-{i:03d}", "task", "SUCCEEDED", "completed", candidates=1, candidates_rerun=1,
+                         decisions=1, diffs=(diff,), divergence=Divergence(diff.run_id, 1, 1, diff.candidate_id,
+                                                                          ("structure",)))
+
+    runs = {r.run_id: r for r in map(run, range(130))}
+    result = dataclasses.replace(default_replay, runs=MappingProxyType(runs))
+    report = markdown(result, "regressions")
+    assert "## Regressions (130)" in report and "## Runs diverged (130)" in report
+    assert report.count(f"… and 30 more (replays/{result.replay_id}/diffs).") == 2
+    assert "run-099" in report and "run-100" not in report
+    small = dataclasses.replace(default_replay, runs=MappingProxyType(dict(list(runs.items())[:100])))
+    assert "more (replays/" not in markdown(small, "regressions")
+
+
 def test_an_earlier_replay_is_a_baseline(home_copy: Path) -> None:
     replays = home_copy / "replays"
     strict = replay(home_copy / "traces", "strict", write_to=replays)
@@ -194,7 +218,7 @@ def test_a_comparison_across_validator_versions_is_shown_as_such(home_copy: Path
     result = replay(home_copy / "traces", "default", baseline=first.replay_id)
     flips = [d for d in result.diffs if not d.candidate_level]
     assert len(flips) == 1 and flips[0].across_versions
-    assert (flips[0].baseline_validator_version, flips[0].replay_validator_version) == ("0", "2")
+    assert (flips[0].baseline_validator_version, flips[0].replay_validator_version) == ("0", "3")
     assert result.summary.flips_across_versions == 1
     # The Markdown report shows the flip as one across versions, in its own
     # cell; the JUnit report in the failure's message and text.
@@ -203,11 +227,11 @@ def test_a_comparison_across_validator_versions_is_shown_as_such(home_copy: Path
     from loopledger.replay._report import junit, markdown
 
     (row,) = [line for line in markdown(result, "flips").splitlines() if line.startswith("| `completion_gate`")]
-    assert row.startswith("| `completion_gate` (versions 0→2) | ")
+    assert row.startswith("| `completion_gate` (versions 0→3) | ")
     (failure,) = ET.fromstring(junit(result, "flips")).iter("failure")
     assert "1 of these flip(s) compare different versions of a validator" in failure.get("message")
     assert f"suite default ({result.summary.suite_version}) would have produced" in failure.get("message")
-    assert "completion_gate (versions 0→2): reject/missing_evidence -> accept/ok" in failure.text
+    assert "completion_gate (versions 0→3): reject/missing_evidence -> accept/ok" in failure.text
 
 
 def test_the_replay_tables(default_replay: ReplayResult) -> None:
