@@ -74,6 +74,10 @@ def kind(value: Any) -> str:
     return type(value).__name__
 
 
+#: What a JSON value nested beyond the parser's depth (about a thousand levels) is.
+TOO_DEEP = "nested too deeply to read (a thousand levels or more); expected JSON as a trace holds it"
+
+
 def bad(file: str, where: str, expected: str, value: Any) -> ImportInputError:
     """``<file>: <where>: expected <expected>, got <kind of value>``."""
     return ImportInputError(file, where, f"expected {expected}, got {kind(value)}")
@@ -138,11 +142,15 @@ def identifier(value: Any, file: str, where: str) -> str:
     return text(value, file, where)
 
 
+#: The largest value an Int64 column holds.
+MAX_INT64 = (1 << 63) - 1
+
+
 def integer(value: Any, file: str, where: str, *, minimum: int = 0) -> int:
     """A whole number in ``[minimum, 2**63)`` (what an Int64 column holds)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad(file, where, "an integer", value)
-    if value < minimum or value >= 1 << 63:
+    if value < minimum or value > MAX_INT64:
         raise ImportInputError(file, where, f"expected an integer >= {minimum}, got {value}")
     return value
 
@@ -290,6 +298,19 @@ class Conversation:
     #: ``task:trial:index``, openai-jsonl's ``line N``); empty: ``source_id``.
     legacy_source_id: str = ""
 
+    def __post_init__(self) -> None:
+        # Each message's usage was checked where it was read; the run's
+        # totals (its runs row) must fit the tables too.
+        for name, what in (("tokens_in", "prompt tokens"), ("tokens_out", "completion tokens")):
+            total = sum(getattr(m, name) or 0 for m in self.messages)
+            if total > MAX_INT64:
+                raise ImportInputError(self.file, self.record, f"the run's {what} add up to {total}, beyond what a "
+                                                               f"trace holds (at most {MAX_INT64}); expected real usage")
+        cost = sum(m.cost_usd or 0.0 for m in self.messages)  # as the tables add it up
+        if not math.isfinite(cost):
+            raise ImportInputError(self.file, self.record, "the run's costs add up past the largest number a trace "
+                                                           "holds; expected real prices")
+
     @cached_property
     def run_id(self) -> str:
         # Deterministic, so importing the same record again finds the run
@@ -386,6 +407,8 @@ def read_only_map(tool_types: Any, file: str = "tools", where: str = "tool_types
     """tau2's ``tool_types`` (name → ``read``/``write``/``generic``)."""
     kinds = mapping(tool_types, file, where, "an object mapping tool names to read, write or generic")
     for name, kind_name in kinds.items():
+        # Sources add their own types (tau-bench's ``think``): any string is
+        # taken, and only ``read`` marks a tool read-only.
         if not isinstance(kind_name, str):
             raise bad(file, f"{where}.{name}", "read, write or generic", kind_name)
     return {name: kind_name.lower() == "read" for name, kind_name in kinds.items()}
@@ -494,8 +517,8 @@ def _toolbench_error(text: str) -> str | None:
         return None  # ToolBench's success, by far the most common: not parsed
     try:
         value = json.loads(text)
-    except ValueError:
-        return None
+    except (ValueError, RecursionError):
+        return None  # not a ToolBench result: the text is the message
     error = value.get("error") if isinstance(value, dict) else None
     if not error:
         return None

@@ -22,6 +22,7 @@ from typing import Any
 from loopledger.canonical import Canonical
 
 from ._import_model import (
+    TOO_DEEP,
     SOURCE_NAME,
     Conversation,
     ImportInputError,
@@ -62,6 +63,8 @@ def _json_line(line: bytes, file: str, where: str) -> Any:
         return json.loads(decoded)
     except ValueError as exc:
         raise ImportInputError(file, where, f"not a JSON object ({exc}); truncated, or not JSONL?") from None
+    except RecursionError:
+        raise ImportInputError(file, where, TOO_DEEP) from None
 
 
 def read_openai_jsonl(path: Path, tools: Path | None = None) -> Runs:

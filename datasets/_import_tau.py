@@ -18,6 +18,7 @@ user``, and never become the agent's operations.
 from __future__ import annotations
 
 import gzip
+import zlib
 import json
 import os
 from collections.abc import Iterator
@@ -27,10 +28,11 @@ from typing import Any
 
 import orjson
 
-from loopledger._args import files_under, not_a_file
+from loopledger._args import UnreadableEntry, files_under, not_a_file
 from loopledger.canonical import Canonical
 
 from ._import_model import (
+    TOO_DEEP,
     Conversation,
     ImportInputError,
     Message,
@@ -72,8 +74,11 @@ def read_bytes(path: Path) -> bytes:
         opener = gzip.open if head == b"\x1f\x8b" else open
         with opener(path, "rb") as handle:
             data = handle.read()
-    except (OSError, EOFError) as exc:
-        # A truncated gzip stream raises EOFError (or a BadGzipFile, an OSError); a missing file OSError.
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        # Truncated (EOFError), its deflate data or header broken.
+        raise ImportInputError(str(path), None, f"cannot read: a broken gzip stream ({exc}); expected a whole gzip "
+                                                "file, or the file uncompressed") from None
+    except OSError as exc:
         raise ImportInputError(str(path), None, f"cannot read: {exc}") from None
     return data.removeprefix(b"\xef\xbb\xbf")
 
@@ -88,6 +93,8 @@ def read_json(path: Path) -> Any:
             return json.loads(data)  # what orjson refuses and json reads (integers beyond 64 bits), or json's message
     except (ValueError, UnicodeDecodeError) as exc:
         raise ImportInputError(str(path), None, f"not valid JSON ({exc}); truncated or another format?") from None
+    except RecursionError:
+        raise ImportInputError(str(path), None, TOO_DEEP) from None
 
 
 def load_catalogue(path: Path) -> tuple[Canonical, dict[str, bool]]:
@@ -176,6 +183,8 @@ def _arguments(raw: Any, where: str, file: str) -> tuple[dict[str, Any] | None, 
         if not isinstance(value, dict):
             return None, raw
         return plain(value, file, where), None
+    except RecursionError:
+        raise ImportInputError(file, where, TOO_DEEP) from None
     except (ValueError, ImportInputError):
         return None, raw  # not JSON, or JSON that cannot be stored (a lone surrogate escape)
 
@@ -428,7 +437,10 @@ def expand(paths: list[Path], patterns: tuple[str, ...]) -> Iterator[Path]:
     such a folder: an editor's backup, ``.git``)."""
     for path in paths:
         if path.is_dir():
-            found = files_under(path, patterns)
+            try:
+                found = files_under(path, patterns, "a trace file")
+            except UnreadableEntry as exc:
+                raise ImportInputError(str(exc.path), None, exc.why) from None
             if not found:
                 raise ImportInputError(str(path), None, f"no {' or '.join(patterns)} file in this folder")
             yield from found

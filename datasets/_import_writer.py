@@ -183,7 +183,10 @@ class RunWriter:
         label = {"run_id": self.run_id, "step": step, "attempt": 1, "candidate_id": candidate_id,
                  "validator": "", "expected_verdict": expected, "source": "import", "note": note}
         if self.rows is not None:
-            self.rows.add_label(label, at=self.time)
+            # At the run's end (docs/importers.md), which a source without
+            # times leaves to the import's clock: the terminal commit's.
+            at = self.time if self.time is not None else self.rows.runs[self.run_id]["ended_at"]
+            self.rows.add_label(label, at=at)
         else:
             self.store.add_label(label)
 

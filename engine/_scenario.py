@@ -17,7 +17,7 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
-from loopledger._args import files_under, not_a_file
+from loopledger._args import UnreadableEntry, files_under, not_a_file
 from loopledger._yaml import LimitExceeded, load as load_yaml, not_utf8
 from loopledger.canonical import is_unicode
 from loopledger.validators import PathRejected, canonical_glob
@@ -514,7 +514,10 @@ def scenario_files(paths: Iterable[str | Path]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files = files_under(path, ("*.yaml",))  # hidden ones left out: .git, .venv, an editor's lock
+            try:  # hidden ones left out: .git, .venv, an editor's lock
+                files = files_under(path, ("*.yaml",), "a scenario file")
+            except UnreadableEntry as exc:
+                raise BadInput(str(exc.path), exc.why) from None
         elif path.is_file():
             files = [path]
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,37 @@ def not_a_file(path: Path, expected: str) -> str:
     return f"exists but is {kind}, not a regular file; expected {expected}"
 
 
-def files_under(folder: Path, patterns: tuple[str, ...]) -> list[Path]:
+class UnreadableEntry(Exception):
+    """Something under a searched folder that cannot be read: a folder
+    without permission, a link to nothing. Searching on without it would
+    quietly leave its files out."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+        self.path = path
+        self.why = why
+
+
+def files_under(folder: Path, patterns: tuple[str, ...], expected: str) -> list[Path]:
     """The files under ``folder`` (at any depth) matching any of
     ``patterns``, sorted, leaving out hidden ones: a name starting with
     ``.``, or inside such a folder (an editor's lock or backup file,
-    ``.git``, ``.venv``)."""
-    return sorted({p for pattern in patterns for p in folder.rglob(pattern)
-                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)})
+    ``.git``, ``.venv``). Links to folders are not followed.
+    :class:`UnreadableEntry` for a folder that cannot be listed, or a
+    matching name that is not a readable file (a link to nothing, a pipe):
+    ``expected`` says what it should have been."""
+
+    def unreadable(exc: OSError) -> None:
+        raise UnreadableEntry(Path(exc.filename or folder), f"cannot read: {exc.strerror or exc}")
+
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if name.startswith(".") or not any(fnmatchcase(name, p) for p in patterns):
+                continue
+            path = Path(dirpath, name)
+            if not path.is_file():
+                raise UnreadableEntry(path, not_a_file(path, expected))
+            found.append(path)
+    return sorted(found)

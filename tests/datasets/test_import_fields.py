@@ -492,3 +492,67 @@ def test_a_named_source_is_the_tenant_and_the_format_stays_the_importers(tmp_pat
     (run,) = table(home, "runs")
     assert run["tenant"] == "bot" and run["run_id"].startswith("bot-")
     assert json.loads(run["spec_json"])["imported"]["format"] == "openai-jsonl"
+
+
+# --- files that break the reader itself ------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["openai-jsonl", "tau-bench", "tau2", "toolbench"])
+def test_a_gzip_file_whose_data_is_broken_is_bad_input(tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / "in" / "broken.json.gz"
+    path.parent.mkdir()
+    path.write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03this is not deflate data at all")
+    line = _refused(tmp_path, fmt, path)
+    assert line.startswith(f"loopledger: bad input: {path}: cannot read: a broken gzip stream (")
+    assert line.endswith("expected a whole gzip file, or the file uncompressed")
+
+
+def test_json_nested_beyond_the_parser_is_bad_input(tmp_path: Path) -> None:
+    deep = "[" * 3000 + "]" * 3000
+    record = json.dumps(openai_record()).replace('"reward": 1', f'"reward": 1, "k": {deep}', 1)
+    chats = tmp_path / "in" / "deep.jsonl"
+    chats.parent.mkdir()
+    chats.write_text(record + "\n")
+    assert _refused(tmp_path, "openai-jsonl", chats).endswith(
+        f"{chats}: line 1: nested too deeply to read (a thousand levels or more); expected JSON as a trace holds it")
+    tools = tmp_path / "deep-tools.json"
+    tools.write_text(deep)
+    assert "deep-tools.json: nested too deeply to read" in _refused(
+        tmp_path, "openai-jsonl", _write(tmp_path / "ok", "openai-jsonl", [openai_record()]), "--tools", str(tools))
+
+
+def test_a_runs_usage_and_cost_must_add_up_to_what_a_trace_holds(tmp_path: Path) -> None:
+    half = 1 << 62  # each message's count is fine; the run's total is not
+    record = openai_record()
+    record["messages"][2]["usage"] = {"prompt_tokens": half, "completion_tokens": 1}
+    record["messages"][4]["usage"] = {"prompt_tokens": half, "completion_tokens": 1}
+    line = _refused(tmp_path / "a", "openai-jsonl", _write(tmp_path / "a" / "in", "openai-jsonl", [record]))
+    assert f"line 1: the run's prompt tokens add up to {2 * half}, beyond what a trace holds" in line
+    record = openai_record()
+    record["messages"][2]["cost"] = record["messages"][4]["cost"] = 1e308
+    line = _refused(tmp_path / "b", "openai-jsonl", _write(tmp_path / "b" / "in", "openai-jsonl", [record]))
+    assert "line 1: the run's costs add up past the largest number a trace holds" in line
+
+
+def test_a_folder_searched_names_what_it_cannot_read(tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    _write(folder, "openai-jsonl", [openai_record()])
+    (folder / "gone.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
+    assert _refused(tmp_path / "a", "openai-jsonl", folder).endswith(
+        f"{folder / 'gone.jsonl'}: a symbolic link to no file or folder")
+    (folder / "gone.jsonl").unlink()
+    # A hidden folder is never read; a visible one that cannot be is named.
+    (folder / ".cache").mkdir()
+    (folder / "more").mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        real_scandir = os.scandir
+
+        def scandir(path: Any = ".") -> Any:
+            if Path(path).name in (".cache", "more"):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_scandir(path)
+
+        patch.setattr(os, "scandir", scandir)
+        with pytest.raises(ImportInputError, match=r"more: cannot read: Permission denied$") as caught:
+            import_traces("openai-jsonl", [folder], home=tmp_path / "home")
+        assert ".cache" not in str(caught.value)

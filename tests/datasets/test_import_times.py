@@ -148,6 +148,14 @@ def test_runs_without_source_times_get_the_import_clock(tmp_path: Path, monkeypa
     timed = imported(tmp_path / "timed", "tau2", tau2_file(tmp_path / "timed"))
     assert (timed["runs"][0]["started_at"], timed["runs"][0]["ended_at"]) == (
         utc("2025-10-05T07:42:54"), utc("2025-10-05T07:43:11"))
+    # The wall clock (no LOOPLEDGER_NOW): the import label is at the run's end, as with a source's times.
+    monkeypatch.delenv("LOOPLEDGER_NOW")
+    (tmp_path / "wall").mkdir()
+    wall = tmp_path / "wall" / "gpt-4o-shop.json"
+    wall.write_text(json.dumps([record]))
+    tables = imported(tmp_path / "wall", "tau-bench", wall)
+    (run,), (label,) = tables["runs"], tables["labels"]
+    assert label["source"] == "import" and label["created_at"] == run["ended_at"] >= run["started_at"]
 
 
 @pytest.mark.parametrize("change, field, reason", [
