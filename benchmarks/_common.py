@@ -17,7 +17,7 @@ from typing import Any
 def report(
     name: str,
     *,
-    value: float,
+    value: float | None,
     unit: str,
     baseline: float | None,
     goal: float,
@@ -28,13 +28,14 @@ def report(
     """Print the result line. ``goal`` bounds ``ratio``: at most ``goal``, or at
     least ``goal`` when ``higher_is_better``. ``baseline`` None: it could not
     be measured (say why in ``extra``); ``baseline`` and ``ratio`` are then
-    null and the goal is not met. The line is strict JSON (no NaN, no
-    Infinity)."""
-    ratio = value / baseline if baseline else None
+    null and the goal is not met; ``value`` None: nothing could be measured
+    (the data is missing: say what in ``extra``). The line is strict JSON
+    (no NaN, no Infinity)."""
+    ratio = value / baseline if baseline and value is not None else None
     met = ratio is not None and (ratio >= goal if higher_is_better else ratio <= goal)
     line = {
         "name": name,
-        "value": round(value, 6),
+        "value": round(value, 6) if value is not None else None,
         "unit": unit,
         "baseline": round(baseline, 6) if baseline else None,
         "ratio": round(ratio, 4) if ratio is not None else None,

@@ -26,14 +26,14 @@ REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 3
 
 
-def external() -> Path:
+def external() -> Path | None:
     named = os.environ.get("LOOPLEDGER_EXTERNAL_DATA")
     if named:
         return Path(named)
     for folder in (REPO, *REPO.parents):
         if (folder / "shared" / "datasets" / "external").is_dir():
             return folder / "shared" / "datasets" / "external"
-    raise SystemExit("import_real: external traces not found (set LOOPLEDGER_EXTERNAL_DATA)")
+    return None
 
 
 def files(root: Path, quick: bool) -> dict[str, list[Path]]:
@@ -62,7 +62,14 @@ def main() -> None:
 
     from loopledger.datasets import import_traces
 
-    groups = files(external(), quick_flag())
+    root = external()
+    if root is None:
+        # Reported, not failed: a checkout without the public traces beside it
+        # still runs every other benchmark (as peer_cycle without its peers).
+        report("import_real", value=None, unit="s", baseline=None, goal=10.0, n=0,
+               missing="the external traces: set LOOPLEDGER_EXTERNAL_DATA to their folder")
+        return
+    groups = files(root, quick_flag())
     runs = bare(groups)  # warm the page cache for both sides
     values, baselines = [], []
     for _ in range(ROUNDS):  # interleaved rounds, best of each: both are short and the machine is shared

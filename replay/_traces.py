@@ -173,7 +173,8 @@ def _check_schema_version(path: Path, meta: Any, newest: int) -> None:
 def open_traces(root: str | Path, *, need_validations: bool = True) -> TraceSet:
     root = Path(root)
     if not root.is_dir():
-        raise TracesError(str(root), "no such trace directory (expected <home>/traces, written by `loopledger run`)")
+        what = "not a directory" if root.exists() else "no such trace directory"
+        raise TracesError(str(root), f"{what} (expected <home>/traces, written by `loopledger run`)")
     tables = {}
     for name, required in REQUIRED.items():
         if name == "validations" and not need_validations:

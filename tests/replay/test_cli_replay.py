@@ -96,6 +96,11 @@ def test_no_traces_at_all(tmp_path: Path) -> None:
     out = replay_on(tmp_path)
     assert out.returncode == 2
     one_line(out.stderr, "no such trace directory")
+    given = tmp_path / "suite.yaml"
+    given.write_text("name: x\nvalidators: [structure]\n")
+    out = cli("replay", "--suite", "default", "--traces", str(given), "--home", str(tmp_path))
+    assert out.returncode == 2
+    one_line(out.stderr, f"{given}: not a directory (expected <home>/traces")
 
 
 def test_traces_with_no_run_are_bad_input_not_a_pass(tmp_path: Path) -> None:
