@@ -71,6 +71,9 @@ MAX_REPAIRS = 3
 #: Rate-limited dispatches of one operation before it fails.
 MAX_RATE_LIMIT_RETRIES = 3
 #: Codes of decisions that stop the run instead of going back to the model.
+#: Sends of a read across restarts (the first and the re-sends) before a read
+#: that every process running it dies on is given up (``cancelled``).
+READ_SENDS = 3
 #: What a person answers about a send nobody could confirm.
 CONFIRM_SCHEMA = {
     "type": "object",
@@ -1009,11 +1012,17 @@ class Controller(PeopleMixin):
             self._record_result(view, op, found, to=State.TOOL_RUNNING,
                                 payload={"reconciled": op.operation_id, "executed": True})
             return
-        if op.resends >= 1 and not TOOL_TRAITS[op.tool].side_effect:
-            # A read changes nothing, so nobody needs to say whether it ran:
-            # its one result is a timeout, and the model may ask again.
-            timed_out = failure("timeout", "TIMEOUT", f"{op.tool}: no answer after a re-send")
-            self._record_result(view, op, timed_out, to=State.TOOL_RUNNING,
+        if not TOOL_TRAITS[op.tool].side_effect:
+            # A read changes nothing, so it is sent again after each restart
+            # (nobody needs to say whether it ran): a process that died twice
+            # around it does not make it fail. Only a read that every process
+            # running it dies on is given up, not sent a READ_SENDS-th + 1 time.
+            if op.resends + 1 < READ_SENDS:
+                self._move(view, State.TOOL_RUNNING, payload={"resend": op.operation_id, "executed": False})
+                return
+            given_up = failure("cancelled", "PROCESS_ENDED", f"{op.tool}: the process running it ended "
+                                                             f"{op.resends + 1} times; not sent again")
+            self._record_result(view, op, given_up, to=State.TOOL_RUNNING,
                                 payload={"reconciled": op.operation_id, "executed": False})
             return
         if op.resends >= 1:
