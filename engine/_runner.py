@@ -285,6 +285,9 @@ class Runner:
         self.tokens: dict[str, str] = {}
         #: Why a scripted reply was refused, per run.
         self.rejections: dict[str, str] = {}
+        #: Runs another process was driving when this one came to them (a
+        #: second resume, a live run): theirs to finish and to report.
+        self.held_elsewhere: set[str] = set()
         self.store = home.open_store()
         #: The tool backends, made from the data directory (the demo ones by default).
         self.backend = backend(home.root)
@@ -401,6 +404,9 @@ class Runner:
                         # it until it ends or waits, so it tries again.
                         heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
                         continue  # nothing of it to export yet
+                    elif view.state in _HELD_ELSEWHERE:
+                        self.held_elsewhere.add(run_id)
+                        continue  # the other process reports it, and exports it
                     elif on_settled is not None:
                         on_settled(run_id)
                     self.recorder.request()

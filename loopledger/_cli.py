@@ -569,13 +569,18 @@ def resume(
         lines = _JsonLines(lambda run_id: _outcome_json(runner.outcome(run_id))) if as_json else None
         stopped = _stopped(lambda: runner.drive_all(ids, concurrency, leave_waiting=waiting,
                                                     on_settled=lines.settled if lines else None))
+        # A run another process was driving meanwhile (a second resume) is
+        # that process's to report: its state here would be a moment of it.
+        ids = [run_id for run_id in ids if run_id not in runner.held_elsewhere]
         if lines is not None:
             lines.rest(ids)
         outcomes = [runner.outcome(run_id) for run_id in ids]
     finally:
         runner.close()
     if not as_json:
-        _print_outcomes(outcomes, False, f"{len(outcomes)} run(s) resumed")
+        elsewhere = len(runner.held_elsewhere)
+        _print_outcomes(outcomes, False, f"{len(outcomes)} run(s) resumed"
+                        + (f"; {elsewhere} left to another process driving them" if elsewhere else ""))
     if stopped is not None:
         raise stopped
 

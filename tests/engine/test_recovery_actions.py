@@ -548,3 +548,26 @@ def test_a_bad_scenario_file_exits_2_with_one_line_and_records_nothing(tmp_path:
         journal = home / "journal.sqlite"
         if journal.exists():
             assert sqlite3.connect(journal).execute("SELECT COUNT(*) FROM runs").fetchone() == (0,)
+
+
+def test_two_resumes_at_once_each_print_only_what_they_drove_to_an_end(tmp_path: Path) -> None:
+    """The resume that finds the run driven by the other leaves it to that
+    one: it printed the running state it saw (MODEL_RUNNING, no reason) as
+    the run's result. Every line printed is the run's end."""
+    scenario = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "happy-refund.yaml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    for attempt in range(6):
+        home = tmp_path / f"home-{attempt}"
+        died = cli("run", str(scenario), "--json", home=home, env={"LOOPLEDGER_CRASH_AFTER_COMMITS": "2"})
+        assert died.returncode == -signal.SIGKILL, died.stderr
+        pair = [subprocess.Popen([*CLI, "resume", "--json", "--home", str(home)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+        lines = []
+        for proc in pair:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            lines += [json.loads(x) for x in out.splitlines()]
+        # Once by the one that drove it; twice when the other came to it after it ended.
+        assert 1 <= len(lines) <= 2 and {(line["status"], line["reason"]) for line in lines} == {
+            ("SUCCEEDED", "completed")}, lines
+        assert all_violations(home) == []
