@@ -578,9 +578,9 @@ def resume(
     finally:
         runner.close()
     if not as_json:
-        elsewhere = len(runner.held_elsewhere)
-        _print_outcomes(outcomes, False, f"{len(outcomes)} run(s) resumed"
-                        + (f"; {elsewhere} left to another process driving them" if elsewhere else ""))
+        _print_outcomes(outcomes, False, f"{len(outcomes)} run(s) resumed")
+        if runner.held_elsewhere:
+            typer.echo(f"{len(runner.held_elsewhere)} run(s) left to another process driving them meanwhile.")
     if stopped is not None:
         raise stopped
 
