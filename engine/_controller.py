@@ -48,6 +48,7 @@ from loopledger.validators import Context, DecisionInput, Suite, Verdict, tool_a
 from loopledger.validators._jsonschema import unusable
 
 from . import _faults
+from . import _otel as otel
 from ._backends import DemoBackend, Fault, Fenced, ToolOutcome, ToolRequest, failure
 from ._clock import now_us
 from ._conversation import conversation
@@ -278,25 +279,29 @@ class Controller(PeopleMixin):
             if self._maker_alive(view) or self._nothing_due(view):
                 return view
             raise
-        # An error leaves the view, and the moves it holds, unwritten: as if
-        # the process had died there.
-        while view.state not in TERMINAL:
-            try:
-                if view.cancel_requested and view.state is not State.FINALIZING:
-                    self._cancel(view)
-                    continue
-                if view.state is State.WAITING_USER:
-                    if not self._expire_if_due(view):
-                        break
-                    continue
-                if self._handlers[view.state](view, config) is False:  # background work still runs
-                    break
-            except (StaleStateVersion, TerminalAlreadySet):
-                # Someone else moved the run (a reply, a cancel, another
-                # worker), or ended it (this process's move is kept as a
-                # late event): start again from what the journal says now.
-                view = self.load(run_id)
-        self._flush(view)
+        spans = otel.spans()  # OpenTelemetry's, when the application set a provider up
+        with spans.drive(view, record.task_id):
+            # An error leaves the view, and the moves it holds, unwritten: as
+            # if the process had died there.
+            while view.state not in TERMINAL:
+                try:
+                    with spans.state(view):
+                        if view.cancel_requested and view.state is not State.FINALIZING:
+                            self._cancel(view)
+                            continue
+                        if view.state is State.WAITING_USER:
+                            if not self._expire_if_due(view):
+                                break
+                            continue
+                        if self._handlers[view.state](view, config) is False:  # background work still runs
+                            break
+                except (StaleStateVersion, TerminalAlreadySet):
+                    # Someone else moved the run (a reply, a cancel, another
+                    # worker), or ended it (this process's move is kept as a
+                    # late event): start again from what the journal says now.
+                    view = self.load(run_id)
+            self._flush(view)
+            spans.left(view)
         return view
 
     def _config_here(self, view: RunView, record: RunRecord) -> RunConfig:

@@ -1015,6 +1015,17 @@ def _terminate_by_unwinding() -> None:
 
 
 def main() -> None:
+    if os.environ.get("OTEL_TRACES_EXPORTER"):
+        # Spans of the runs this process drives (docs/engine.md); read only
+        # when asked for: the SDK is not imported otherwise.
+        from loopledger.engine._errors import BadInput
+        from loopledger.engine._otel import configure_from_env
+
+        try:
+            configure_from_env()
+        except BadInput as exc:
+            _err(f"bad input: {exc}")
+            sys.exit(EXIT_BAD_INPUT)
     try:
         code = app(standalone_mode=False)
     except KeyboardInterrupt:
