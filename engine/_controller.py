@@ -71,10 +71,11 @@ MAX_ATTEMPTS_PER_STEP = 3
 MAX_REPAIRS = 3
 #: Rate-limited dispatches of one operation before it fails.
 MAX_RATE_LIMIT_RETRIES = 3
-#: Codes of decisions that stop the run instead of going back to the model.
 #: Sends of a read across restarts (the first and the re-sends) before a read
 #: that every process running it dies on is given up (``cancelled``).
 READ_SENDS = 3
+#: Codes of decisions that stop the run instead of going back to the model.
+STOP_CODES = {"protocol_error": "protocol_error", "loop_detected": "loop_detected", "no_progress": "no_progress"}
 #: What a person answers about a send nobody could confirm.
 CONFIRM_SCHEMA = {
     "type": "object",
@@ -86,7 +87,6 @@ CONFIRM_SCHEMA = {
 EVIDENCE_CHECKS = frozenset({"completion_gate", "references"})
 #: The states a run waits in; their ``reason`` says what for.
 _WAITS = frozenset({State.WAITING_USER, State.WAITING_TOOL})
-STOP_CODES = {"protocol_error": "protocol_error", "loop_detected": "loop_detected", "no_progress": "no_progress"}
 
 #: Context artifacts kept in memory by id (they are immutable).
 CONTEXT_CACHE = 1024
