@@ -1017,17 +1017,22 @@ class Controller(PeopleMixin):
             self._record_result(view, op, found, to=State.TOOL_RUNNING,
                                 payload={"reconciled": op.operation_id, "executed": True})
             return
-        if not TOOL_TRAITS[op.tool].side_effect:
-            # A read changes nothing, so it is sent again after each restart
-            # (nobody needs to say whether it ran): a process that died twice
-            # around it does not make it fail. Only a read that every process
-            # running it dies on is given up, not sent a READ_SENDS-th + 1 time.
-            if op.resends + 1 < READ_SENDS:
+        if not TOOL_TRAITS[op.tool].side_effect and (op.resends >= 1 or not op.unknown):
+            # A read changes nothing, so nobody needs to say whether it ran.
+            if op.unknown:
+                # Its re-send went unanswered too, in a live process: that is
+                # a timeout, and the model may ask again.
+                outcome = failure("timeout", "TIMEOUT", f"{op.tool}: no answer after a re-send")
+            elif op.resends + 1 < READ_SENDS:
+                # The process running it ended: sent again after each
+                # restart, so two crashes around a read do not make it fail.
                 self._move(view, State.TOOL_RUNNING, payload={"resend": op.operation_id, "executed": False})
                 return
-            given_up = failure("cancelled", "PROCESS_ENDED", f"{op.tool}: the process running it ended "
-                                                             f"{op.resends + 1} times; not sent again")
-            self._record_result(view, op, given_up, to=State.TOOL_RUNNING,
+            else:
+                # Every process that ran it ended: not sent again.
+                outcome = failure("cancelled", "PROCESS_ENDED", f"{op.tool}: the process running it ended "
+                                                                f"{op.resends + 1} times; not sent again")
+            self._record_result(view, op, outcome, to=State.TOOL_RUNNING,
                                 payload={"reconciled": op.operation_id, "executed": False})
             return
         if op.resends >= 1:

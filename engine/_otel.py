@@ -98,7 +98,11 @@ class Spans:
                                         "loopledger.state_version": view.state_version})
 
     def state(self, view: Any) -> Any:
-        return self._tracer.start_as_current_span(f"loopledger.{view.state.value}", attributes={
+        # A lost compare-and-set raised in it is the loop's control flow (a
+        # reply, a cancel, another worker moved the run), not an error; a
+        # real error ends the drive's span, which records it.
+        return self._tracer.start_as_current_span(f"loopledger.{view.state.value}", record_exception=False,
+                                                  set_status_on_exception=False, attributes={
             "loopledger.run_id": view.run_id, "loopledger.step": view.step, "loopledger.attempt": view.attempt,
             "loopledger.state_version": view.state_version,
         })
@@ -129,31 +133,37 @@ def configure_from_env() -> None:
     """Set up a tracer provider from ``OTEL_TRACES_EXPORTER`` (unset or
     ``none``: nothing). A provider already set up is kept. Spans are
     exported in batches and flushed when the process exits."""
-    name = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if not name or name == "none":
+    given = os.environ.get("OTEL_TRACES_EXPORTER", "")
+    names = [n.strip().lower() for n in given.split(",") if n.strip() and n.strip().lower() != "none"]
+    if not names:
         return
-    if name not in EXPORTERS:
-        raise BadInput("OTEL_TRACES_EXPORTER", f"expected one of {', '.join(EXPORTERS)}, got {name!r}")
+    if _INSTALLED:
+        from opentelemetry import trace
+
+        if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            return  # set up already (opentelemetry-instrument, whose exporter names are its own)
+    unknown = [n for n in names if n not in EXPORTERS]
+    if unknown:
+        raise BadInput("OTEL_TRACES_EXPORTER", f"expected {', '.join(EXPORTERS)} or a list of them, got {given!r}")
     try:
         from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
     except ImportError:
-        raise BadInput("OTEL_TRACES_EXPORTER", f"{name!r} needs the otel extra: pip install 'loopledger[otel]'") \
+        raise BadInput("OTEL_TRACES_EXPORTER", f"{given!r} needs the otel extra: pip install 'loopledger[otel]'") \
             from None
-    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        return  # set up already (opentelemetry-instrument, or the caller's own)
-    if name == "console":
-        exporter: Any = ConsoleSpanExporter(out=sys.stderr)
-    else:
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            raise BadInput("OTEL_TRACES_EXPORTER", "'otlp' needs the OTLP exporter: pip install 'loopledger[otel]'") \
-                from None
-        exporter = OTLPSpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
                                                         or "loopledger"}))
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    for name in dict.fromkeys(names):
+        if name == "console":
+            exporter: Any = ConsoleSpanExporter(out=sys.stderr)
+        else:
+            try:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            except ImportError:
+                raise BadInput("OTEL_TRACES_EXPORTER", "'otlp' needs the OTLP exporter: pip install "
+                                                       "'loopledger[otel]'") from None
+            exporter = OTLPSpanExporter()
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)  # its shutdown at exit flushes what is left

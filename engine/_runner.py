@@ -20,7 +20,7 @@ import os
 import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -48,6 +48,9 @@ from ._waits import Reply, ReplyRejected, TokenClaims, issue_token, load_secret,
 #: How long a run waiting for background work sleeps before it is polled
 #: again (and a run another process held, before it is tried again).
 POLL_INTERVAL_S = 0.05
+#: Times a run another process holds is tried again (POLL_INTERVAL_S apart)
+#: before it is left to that process.
+HELD_ELSEWHERE_TRIES = 20
 
 #: States in which a drive that returned left a run to another process:
 #: neither ended nor waiting (a drive of its own takes a run on from each).
@@ -358,6 +361,8 @@ class Runner:
         leave_waiting = leave_waiting or {}
         timers: list[tuple[float, str]] = []
         queue = list(run_ids)
+        self.held_elsewhere = set()
+        tries: Counter[str] = Counter()  # of runs another process held
         stopped: list[tuple[str, BaseException]] = []
         left: list[tuple[str, str]] = []  # runs this process cannot drive, and why
         # Runs driven side by side share fsyncs (see SQLRunStore.group_commit).
@@ -405,8 +410,16 @@ class Runner:
                         heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
                         continue  # nothing of it to export yet
                     elif view.state in _HELD_ELSEWHERE:
-                        self.held_elsewhere.add(run_id)
-                        continue  # the other process reports it, and exports it
+                        # Another process held it at that moment. Tried again
+                        # a little while (it may only have looked it over);
+                        # still held after that, it is the other's to finish
+                        # and report (and export).
+                        tries[run_id] += 1
+                        if tries[run_id] < HELD_ELSEWHERE_TRIES:
+                            heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
+                        else:
+                            self.held_elsewhere.add(run_id)
+                        continue
                     elif on_settled is not None:
                         on_settled(run_id)
                     self.recorder.request()

@@ -239,7 +239,7 @@ def _more(total: int, result: ReplayResult) -> list[str]:
     """The line after a section cut at :data:`LISTED` rows, saying where the rest are."""
     if total <= LISTED:
         return []
-    where = f"replays/{result.replay_id}/diffs" if result.path is not None else "the result's diffs"
+    where = str(result.path / "diffs") if result.path is not None else "the result's diffs"
     return ["", f"… and {total - LISTED} more ({where})."]
 
 

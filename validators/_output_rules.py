@@ -48,17 +48,27 @@ def _mod97(iban: str) -> bool:
 
 def _iban(text: str) -> int:
     """The length of the IBAN ``text`` begins with (0: none). Printed IBANs
-    come in groups of four, which the pattern lets run on into a next
-    word of four capitals or digits: the longest run of groups that passes
-    mod-97 is the IBAN."""
-    ends = [m.end() for m in re.finditer(r"[A-Z0-9]+", text)]
-    if len(ends) == 1:  # written without spaces: no group boundaries to try
-        return len(text) if 15 <= len(text) <= 34 and _mod97(text) else 0
-    for end in reversed(ends):
+    come in groups of four, which the pattern lets run on into what follows:
+    trailing groups of letters alone (``PAID``) are let go, and so is all
+    from a group that may begin the next IBAN (``DE89``), longest first,
+    until mod-97 passes. Other groups with a digit are never let go: each
+    try is one more chance of a 1-in-97 false match."""
+    groups = list(re.finditer(r"[A-Z0-9]+", text))
+    ends = []  # where the IBAN may end, longest first
+    for i in range(len(groups) - 1, -1, -1):
+        ends.append(groups[i].end())
+        if i == 0 or not groups[i].group(0).isalpha():
+            break
+    # Or just before a group that may begin the next one (two IBANs a space apart).
+    ends += [groups[i - 1].end() for i in range(len(groups) - 1, 0, -1) if _IBAN_START.fullmatch(groups[i].group(0))]
+    for end in sorted(set(ends), reverse=True):
         compact = text[:end].replace(" ", "")
         if 15 <= len(compact) <= 34 and _mod97(compact):
             return end
     return 0
+
+
+_IBAN_START = re.compile(r"[A-Z]{2}\d{2}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,16 +172,31 @@ def scan_candidate(candidate: Candidate, rules: tuple[Rule, ...], scopes: tuple[
     found: list[Match] = []
     for index, field, text in _fields(candidate, scopes):
         for rule in rules:
+            if rule.confirm is not None:
+                found += [Match(rule.name, index, field, start, end) for start, end in _confirmed(rule, text)]
+                continue
             try:
                 hits = list(rule.pattern.finditer(text) if rule.timeout is None
                             else rule.pattern.finditer(text, timeout=rule.timeout))
             except TimeoutError:
                 raise Unchecked(rule.name, index, field) from None
-            for m in hits:
-                length = len(m.group(0)) if rule.confirm is None else rule.confirm(m.group(0))
-                if length:
-                    found.append(Match(rule.name, index, field, m.start(), m.start() + length))
+            found += [Match(rule.name, index, field, m.start(), m.end()) for m in hits]
     return found
+
+
+def _confirmed(rule: Rule, text: str) -> Iterator[tuple[int, int]]:
+    """A checked rule's matches (built-in, so untimed): each search goes on
+    from the end of what was confirmed, so a match that ran on into the
+    next one (two IBANs a space apart) does not hide it."""
+    pos = 0
+    while (m := rule.pattern.search(text, pos)) is not None:
+        assert rule.confirm is not None
+        length = rule.confirm(m.group(0))
+        if length:
+            yield m.start(), m.start() + length
+            pos = m.start() + length
+        else:
+            pos = m.end()
 
 
 def build_rules(patterns: Any, custom: Any) -> tuple[Rule, ...]:

@@ -83,6 +83,25 @@ def test_no_exporter_asked_for_is_no_span_and_a_wrong_one_is_bad_input(tmp_path:
     wrong = cli("run", str(SCENARIOS / "happy-refund.yaml"), home=tmp_path / "b",
                 env={"OTEL_TRACES_EXPORTER": "jaeger"})
     assert wrong.returncode == 2
-    assert wrong.stderr.strip() == ("loopledger: bad input: OTEL_TRACES_EXPORTER: expected one of console, otlp, "
-                                    "none, got 'jaeger'")
+    assert wrong.stderr.strip() == ("loopledger: bad input: OTEL_TRACES_EXPORTER: expected console, otlp, none or a "
+                                    "list of them, got 'jaeger'")
     assert not (tmp_path / "b").exists()
+
+
+def test_a_provider_set_up_before_is_kept_whatever_the_exporter_names() -> None:
+    """``opentelemetry-instrument`` reads OTEL_TRACES_EXPORTER too, with
+    names of its own (otlp_proto_http, lists): the provider it set up is
+    used, and its names are not loopledger's to refuse."""
+    code = ("import os\n"
+            "from opentelemetry import trace\n"
+            "from opentelemetry.sdk.trace import TracerProvider\n"
+            "from loopledger.engine._otel import configure_from_env\n"
+            "mine = TracerProvider()\n"
+            "trace.set_tracer_provider(mine)\n"
+            "for value in ('otlp_proto_http', 'console,otlp', 'zipkin_json'):\n"
+            "    os.environ['OTEL_TRACES_EXPORTER'] = value\n"
+            "    configure_from_env()\n"
+            "    assert trace.get_tracer_provider() is mine\n"
+            "print('kept')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "kept", done.stderr

@@ -404,6 +404,34 @@ def test_a_read_is_sent_again_after_each_restart_and_given_up_only_when_every_se
         assert all_violations(home) == []
 
 
+def test_a_read_unanswered_in_a_live_process_is_a_timeout_after_one_re_send(tmp_path: Path) -> None:
+    """No process ended: its backend gave no answer in time, twice. That is
+    a ``timeout`` (the read is re-sent once), not a read given up on
+    restarts."""
+    from loopledger.engine._backends import DemoBackend, failure
+
+    class NoAnswer(DemoBackend):
+        def execute(self, req: Any) -> Any:
+            if req.tool == "orders.get_order":
+                return failure("unknown_outcome", "TIMEOUT", "orders.get_order: no answer in time")
+            return super().execute(req)
+
+    path = tmp_path / "read.yaml"
+    path.write_text(READ_THEN_ANSWER)
+    home = Home(tmp_path / "home")
+    runner = Runner(home, backend=NoAnswer, export=False)
+    try:
+        (run_id,) = runner.create_all([(load_scenario(path), "v1")])
+        runner.drive_all([run_id])
+    finally:
+        runner.close()
+    journal = sqlite3.connect(home.journal_file)
+    ((outcome, dispatches, body),) = journal.execute(
+        "SELECT o.outcome, o.dispatch_count, a.body FROM operations o "
+        "JOIN artifacts a ON a.artifact_id = o.result_artifact_id").fetchall()
+    assert (outcome, dispatches, json.loads(body)["result"]["error"]) == ("timeout", 2, "TIMEOUT")
+
+
 # -- several tool calls in one candidate ---------------------------------------------------
 
 SEQUENTIAL = """\
@@ -571,3 +599,29 @@ def test_two_resumes_at_once_each_print_only_what_they_drove_to_an_end(tmp_path:
         assert 1 <= len(lines) <= 2 and {(line["status"], line["reason"]) for line in lines} == {
             ("SUCCEEDED", "completed")}, lines
         assert all_violations(home) == []
+
+
+def test_a_run_another_process_only_looked_over_is_driven_by_the_resume(tmp_path: Path) -> None:
+    """Held a moment by another that lets go without driving it (a resume
+    that cannot drive it there, one looking it over): the resume tries again
+    and drives it, instead of leaving it to nobody."""
+    import threading
+
+    scenario = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "happy-refund.yaml"
+    home = tmp_path / "home"
+    died = cli("run", str(scenario), "--json", home=home, env={"LOOPLEDGER_CRASH_AFTER_COMMITS": "2"})
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    (run_id,) = [r for (r,) in sqlite3.connect(home / "journal.sqlite").execute("SELECT run_id FROM runs")]
+    other = Home(home).open_store()  # its own claims, as another process's
+    assert other.claim(run_id, 0)
+    letting_go = threading.Timer(0.3, other.release, (run_id,))
+    runner = Runner(Home(home), export=False)
+    try:
+        letting_go.start()
+        runner.drive_all([run_id])
+        assert runner.held_elsewhere == set()
+        assert runner.store.get_run(run_id).state.value == "SUCCEEDED"
+    finally:
+        letting_go.join()
+        runner.close()
+        other.close()

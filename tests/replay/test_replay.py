@@ -181,7 +181,7 @@ def test_the_markdown_report_says_how_many_rows_it_left_out(default_replay: Repl
     result = dataclasses.replace(default_replay, runs=MappingProxyType(runs))
     report = markdown(result, "regressions")
     assert "## Regressions (130)" in report and "## Runs diverged (130)" in report
-    assert report.count(f"… and 30 more (replays/{result.replay_id}/diffs).") == 2
+    assert report.count(f"… and 30 more ({result.path / 'diffs'}).") == 2
     assert "run-099" in report and "run-100" not in report
     small = dataclasses.replace(default_replay, runs=MappingProxyType(dict(list(runs.items())[:100])))
     assert "more (replays/" not in markdown(small, "regressions")
