@@ -105,3 +105,38 @@ def test_a_provider_set_up_before_is_kept_whatever_the_exporter_names() -> None:
             "print('kept')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "kept", done.stderr
+
+
+def test_a_lost_compare_and_set_is_no_error_on_its_state_span_and_a_real_error_ends_the_drive_as_one() -> None:
+    """A reply, a cancel or another worker moving the run raises a
+    StaleStateVersion inside a state's span: the loop's control flow, not an
+    error. An error that ends the drive is recorded on the drive's span."""
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+
+    from loopledger.engine._errors import StaleStateVersion
+    from loopledger.engine._otel import Spans
+    from loopledger.engine._states import State
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    spans = Spans(provider.get_tracer("test"))
+    view = SimpleNamespace(run_id="r1", tenant="acme", prompt_version="v1", state=State.READY, state_version=3,
+                           step=1, attempt=1, finalizing=None)
+    with pytest.raises(RuntimeError):
+        with spans.drive(view, "task"):
+            try:
+                with spans.state(view):
+                    raise StaleStateVersion("r1", 3, 4)
+            except StaleStateVersion:
+                pass
+            raise RuntimeError("a bug")
+    state, drive = exporter.get_finished_spans()
+    assert (state.name, state.status.status_code, state.events) == ("loopledger.READY", StatusCode.UNSET, ())
+    assert drive.name == "loopledger.drive" and drive.status.status_code is StatusCode.ERROR
+    assert [e.name for e in drive.events] == ["exception"]
