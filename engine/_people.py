@@ -277,7 +277,21 @@ class PeopleMixin:
             return False
         op = view.ops.get(waiting["operation_id"]) if waiting.get("operation_id") else None
         deadline = waiting.get("ends_with") == "deadline"
-        if op is not None and not op.settled:
+        if op is not None and not op.settled and op.in_flight:
+            # A send nobody confirmed (the person asked whether it took
+            # effect never answered): its backend's record is its result; no
+            # record, under this process's claim, is a confirmed "not
+            # executed"; a backend that cannot say leaves it unknown.
+            code = "DEADLINE" if deadline else "WAIT_EXPIRED"
+            found = self._lookup(view, op)
+            if found is None:
+                found = failure("cancelled", code, f"{op.tool}: not executed (its backend has no record of it); "
+                                                   "the wait for a person to confirm it ran out")
+            elif found.outcome == "unknown_outcome":
+                found = failure("unknown_outcome", code, f"{op.tool} was sent and nobody confirmed whether it "
+                                                         "took effect before the wait ran out")
+            self._record_result(view, op, found)
+        elif op is not None and not op.settled:
             if deadline:
                 outcome = ToolOutcome(outcome="cancelled", status="failed",
                                       result={"error": "DEADLINE", "deadline_at": waiting.get("expires_at")},

@@ -625,3 +625,47 @@ def test_a_run_another_process_only_looked_over_is_driven_by_the_resume(tmp_path
         letting_go.join()
         runner.close()
         other.close()
+
+
+DEPLOY_UNCONFIRMED = """\
+id: recovery-deploy-unconfirmed
+contract:
+  goal: Deploy checkout
+  required_evidence: ["deployed:checkout"]
+  allowed_tools: [deploy.service]
+  wait_ttl_s: 3600
+{budgets}faults:
+  - {{tool: deploy.service, call: 1, kind: timeout_after_commit}}
+model:
+  - tool_calls: [{{name: deploy.service, arguments: {{service: checkout, version: 1.5.0}}}}]
+  - final: Deployed.
+    claims: [{{text: deployed, evidence: ["deployed:checkout"]}}]
+"""
+
+
+@pytest.mark.parametrize(("budgets", "ending", "code"), [
+    ("", ("EXPIRED", "expired"), "WAIT_EXPIRED"),
+    ("budgets: {deadline_s: 120}\n", ("BUDGET_EXHAUSTED", "deadline"), "DEADLINE"),
+])
+def test_a_send_nobody_confirmed_before_the_wait_ran_out_stays_unknown(tmp_path: Path, budgets: str,
+                                                                        ending: tuple[str, str], code: str) -> None:
+    """The deploy ran (its answer was lost) and its backend cannot say so;
+    the person asked never answers. Its one result is unknown_outcome, not
+    a ``cancelled`` that the backend's own record contradicts."""
+    home = tmp_path / "home"
+    path = tmp_path / "deploy.yaml"
+    path.write_text(DEPLOY_UNCONFIRMED.format(budgets=budgets))
+    waiting = json.loads(cli("run", str(path), "--json", home=home).stdout)
+    approved = cli("reply", waiting["run_id"], "--token", waiting["waiting"]["resume_token"], "--approve", "--json",
+                   home=home)
+    assert json.loads(approved.stdout)["reason"] == "waiting_for_user", approved.stdout  # did it take effect?
+    later = cli("resume", "--json", home=home, env={"LOOPLEDGER_NOW": "2030-01-01T00:00:00Z"})
+    (line,) = [json.loads(x) for x in later.stdout.splitlines()]
+    assert (line["status"], line["reason"]) == ending
+    journal = sqlite3.connect(home / "journal.sqlite")
+    ((outcome, body),) = journal.execute("SELECT o.outcome, a.body FROM operations o "
+                                         "JOIN artifacts a ON a.artifact_id = o.result_artifact_id").fetchall()
+    assert (outcome, json.loads(body)["result"]["error"]) == ("unknown_outcome", code)
+    backend = sqlite3.connect(home / "demo_backend.sqlite")
+    assert backend.execute("SELECT COUNT(*) FROM executions WHERE tool = 'deploy.service'").fetchone() == (1,)
+    assert all_violations(home) == []
