@@ -155,6 +155,9 @@ class PeopleMixin:
 
     def reply(self, run_id: str, token: str, reply: Reply) -> RunView:
         """Deliver a person's reply to a waiting run and drive it on."""
+        # As the token is read: space around it (pasted, or `$(cat file)`
+        # with its newline) is not part of it.
+        token = token.strip()
         claims = read_token(self.secret, run_id, token)
         if claims.run_id != run_id:
             raise ReplyRejected(run_id, "wrong run", f"the token is for run {claims.run_id}")

@@ -669,3 +669,20 @@ def test_a_send_nobody_confirmed_before_the_wait_ran_out_stays_unknown(tmp_path:
     backend = sqlite3.connect(home / "demo_backend.sqlite")
     assert backend.execute("SELECT COUNT(*) FROM executions WHERE tool = 'deploy.service'").fetchone() == (1,)
     assert all_violations(home) == []
+
+
+def test_space_around_a_token_is_not_part_of_it(tmp_path: Path) -> None:
+    """Pasted with a space, or read with `$(cat file)` and its newline: the
+    signature checked out, but the token's hash did not, and a genuine token
+    was refused as "not the token issued"."""
+    home = tmp_path / "home"
+    path = tmp_path / "deploy.yaml"
+    path.write_text(DEPLOY_UNCONFIRMED.format(budgets="").replace(
+        "faults:\n  - {tool: deploy.service, call: 1, kind: timeout_after_commit}\n", ""))
+    waiting = json.loads(cli("run", str(path), "--json", home=home).stdout)
+    token = waiting["waiting"]["resume_token"]
+    approved = cli("reply", waiting["run_id"], "--token", f" {token}\n", "--approve", "--json", home=home)
+    assert approved.returncode == 0, approved.stdout + approved.stderr
+    assert (json.loads(approved.stdout)["status"]) == "SUCCEEDED"
+    again = cli("reply", waiting["run_id"], "--token", f"{token} ", "--approve", "--json", home=home)
+    assert again.returncode == 1 and json.loads(again.stdout)["rejected"].startswith("already used"), again.stdout
