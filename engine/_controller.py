@@ -113,16 +113,27 @@ class RunConfig:
 
 
 class Controller(PeopleMixin):
+    @property
+    def secret(self) -> bytes:
+        with self._secret_lock:
+            if callable(self._secret):
+                self._secret = self._secret()
+            return self._secret
+
     def __init__(
         self,
         store: SQLRunStore,
         backend: DemoBackend,
         config_for: Callable[[RunRecord], RunConfig],
-        secret: bytes,
+        secret: bytes | Callable[[], bytes],
         sleep: Callable[[float], None] = time.sleep,
         prompts: Path | None = None,
     ) -> None:
-        self.secret = secret
+        # The signing secret, or how to read it: read when a token is first
+        # signed or checked, so a command that signs nothing (cancel) does not
+        # need it (nor is refused over its file's mode).
+        self._secret: bytes | Callable[[], bytes] = secret
+        self._secret_lock = threading.Lock()
         #: The data directory's own prompt versions (``<home>/prompts``), read before the bundled ones.
         self.prompts = prompts
         self._contexts: OrderedDict[str, tuple[dict[str, Any], Context | None]] = OrderedDict()

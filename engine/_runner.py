@@ -280,7 +280,7 @@ def _server_gone(exc: BaseException) -> bool:
 class Runner:
     def __init__(self, home: Home, *, sleep: Callable[[float], None] = time.sleep,
                  auto_reply: bool = True, backend: Callable[[Path], Any] = DemoBackend,
-                 export: bool = True) -> None:
+                 export: bool = True, signs: bool = True) -> None:
         self.home = home
         #: Deliver a scenario's scripted ``user:`` replies to its waits.
         self.auto_reply = auto_reply
@@ -294,7 +294,11 @@ class Runner:
         self.store = home.open_store()
         #: The tool backends, made from the data directory (the demo ones by default).
         self.backend = backend(home.root)
-        self.controller = Controller(self.store, self.backend, config_for, load_secret(home.root), sleep=sleep,
+        # The signing secret is checked before anything is recorded; a
+        # process that signs nothing (``signs=False``: cancel) reads it only
+        # should a token come to be signed after all.
+        secret = load_secret(home.root) if signs else (lambda: load_secret(home.root))
+        self.controller = Controller(self.store, self.backend, config_for, secret, sleep=sleep,
                                      prompts=home.prompts)
         # Written before the terminal state, so a crash right after it
         # cannot lose them (a run in FINALIZING is resumed; a terminal one

@@ -725,7 +725,7 @@ def cancel(
     finally:
         journal.close()
     try:
-        runner = Runner(where, auto_reply=False)
+        runner = Runner(where, auto_reply=False, signs=False)  # a cancel signs nothing
     except Unavailable as exc:
         if recorded != "recorded":
             raise

@@ -686,3 +686,18 @@ def test_space_around_a_token_is_not_part_of_it(tmp_path: Path) -> None:
     assert (json.loads(approved.stdout)["status"]) == "SUCCEEDED"
     again = cli("reply", waiting["run_id"], "--token", f"{token} ", "--approve", "--json", home=home)
     assert again.returncode == 1 and json.loads(again.stdout)["rejected"].startswith("already used"), again.stdout
+
+
+def test_a_cancel_signs_nothing_so_a_secret_file_others_may_read_does_not_stop_it(tmp_path: Path) -> None:
+    """The secret's check guards signed tokens (reply, token, run): a cancel,
+    recorded through the journal alone, is not refused over it."""
+    home = tmp_path / "home"
+    path = tmp_path / "deploy.yaml"
+    path.write_text(DEPLOY_UNCONFIRMED.format(budgets=""))
+    waiting = json.loads(cli("run", str(path), "--json", home=home).stdout)
+    (home / "secret.key").chmod(0o644)
+    refused = cli("reply", waiting["run_id"], "--token", waiting["waiting"]["resume_token"], "--approve", home=home)
+    assert refused.returncode == 2 and "secret.key" in refused.stderr, refused.stderr
+    cancelled = cli("cancel", waiting["run_id"], home=home)
+    assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout, cancelled.stdout + cancelled.stderr
+    assert all_violations(home) == []
