@@ -26,9 +26,11 @@ _ACROSS = "xa IS NOT NULL AND xb IS NOT NULL AND xa <> xb"
 
 
 def sides(t: Traces) -> list[str]:
-    """What can be compared: the recorded decisions and every replay that wrote decisions."""
+    """What can be compared: the recorded decisions and every readable
+    replay that wrote decisions (an unreadable one is named apart)."""
     found = [RECORDED] if t.has("validations") else []
-    return found + t.replay_ids()
+    t.con  # noqa: B018 - opening the connection finds the unreadable replays
+    return found + [rid for rid in t.replay_ids() if rid not in t.unreadable_replays]
 
 
 def replay_summaries(t: Traces) -> Any:

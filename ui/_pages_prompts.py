@@ -30,6 +30,10 @@ def rate_text(r: dict) -> str:
     return f"{pct(r['rate'])} [{pct(r['lo'])}–{pct(r['hi'])}] ({r['k']}/{r['n']})"
 
 
+#: Version A's colour and version B's, in every chart of the page.
+SIDE_COLOURS = ("#0068c9", "#83c9ff")
+
+
 def _body() -> None:
     versions = load(q.prompt_versions)
     if len(versions) < 2:
@@ -67,10 +71,13 @@ def _body() -> None:
         st.caption("Tokens and cost are over the runs that report them (an imported run's source may not): "
                    + "; ".join(partial) + ".")
 
+    # One colour per version on the whole page, A's first, whatever order the data comes in.
+    colours = {chart_label(a): SIDE_COLOURS[0], chart_label(b): SIDE_COLOURS[1]}
     bars = go.Figure()
     for version in (a, b):
         r = rates[version]
         bars.add_bar(name=chart_label(version), x=list(names.values()), y=[r[n]["rate"] for n in names],
+                     marker_color=colours[chart_label(version)],
                      error_y={"type": "data", "symmetric": False,
                               "array": [r[n]["hi"] - r[n]["rate"] for n in names],
                               "arrayminus": [r[n]["rate"] - r[n]["lo"] for n in names]})
@@ -80,22 +87,26 @@ def _body() -> None:
 
     left, right = st.columns(2)
     steps = data["steps"]
+    order = {"prompt_version": list(colours)}
     fig = px.bar(chart_text(steps, "prompt_version"), x="steps", y="runs", color="prompt_version", barmode="group",
-                 title="Steps per run")
+                 title="Steps per run", color_discrete_map=colours, category_orders=order)
     fig.update_layout(height=300, margin={"t": 40, "b": 10})
     left.plotly_chart(fig, key="pv_steps")
     cost = data["cost"]
     fig = px.bar(chart_text(cost, "prompt_version"), x="cost_from", y="runs", color="prompt_version",
-                 barmode="group",
-                 title="Cost per run (USD, 20 bins)")
+                 barmode="group", title="Cost per run (USD, 20 bins)", color_discrete_map=colours,
+                 category_orders=order)
     fig.update_layout(height=300, margin={"t": 40, "b": 10})
     right.plotly_chart(fig, key="pv_cost")
 
     st.subheader("Tasks solved at different rates")
     st.caption("A run counts as solved when its source scored it so (reward ≥ 1), else when it SUCCEEDED.")
     tasks = data["tasks"]
-    if tasks.empty:
-        st.caption("Every task is solved equally often under both versions.")
+    if not data["shared_tasks"]:
+        st.caption("No task was run to an end under both versions: there is nothing to compare task by task.")
+    elif tasks.empty:
+        st.caption(f"Each of the {data['shared_tasks']:,} tasks run under both versions is solved equally often "
+                   "under both.")
     else:
         st.dataframe(tasks.rename(columns={"solved_a": f"solved {a}", "solved_b": f"solved {b}",
                                            "runs_a": f"runs {a}", "runs_b": f"runs {b}"}),

@@ -386,10 +386,12 @@ def _short_payload(payload: Any, limit: int = 240) -> str:
 
 def diagnosis_sources(t: Traces) -> list[str]:
     """Whose findings can be shown: the detectors' while the runs ran, then
-    every replay's (its batch detectors over the same steps, with the
-    replayed suite's parameters)."""
+    every readable replay's (its batch detectors over the same steps, with
+    the replayed suite's parameters)."""
     found = [RECORDED] if t.has("loop_diagnoses") else []
-    return found + [rid for rid in t.replay_ids() if t.replay_has(rid, "loop_diagnoses")]
+    t.con  # noqa: B018 - opening the connection finds the unreadable replays
+    return found + [rid for rid in t.replay_ids()
+                    if t.replay_has(rid, "loop_diagnoses") and rid not in t.unreadable_replays]
 
 
 def _findings(t: Traces, source: str) -> tuple[str, dict[str, Any]]:
@@ -548,4 +550,10 @@ def prompt_compare(t: Traces, a: str, b: str) -> dict[str, Any]:
         """,
         {**_terminal(), "a": a, "b": b},
     )
-    return {"metrics": metrics, "rates": rates, "steps": steps, "cost": cost, "tasks": tasks}
+    (shared,) = t.one(
+        "SELECT count(*) FROM (SELECT task_id FROM runs WHERE prompt_version IN ($a, $b) AND status IN $terminal "
+        "GROUP BY task_id HAVING count(DISTINCT prompt_version) = 2)",
+        {**_terminal(), "a": a, "b": b},
+    )
+    return {"metrics": metrics, "rates": rates, "steps": steps, "cost": cost, "tasks": tasks,
+            "shared_tasks": int(shared)}

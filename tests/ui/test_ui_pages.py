@@ -284,6 +284,23 @@ def test_compare_prompt_versions(recorded_home: Path, ui_env: pytest.MonkeyPatch
         assert shown.loc["Runs", version] == f"{total:,}"
 
 
+def test_each_prompt_version_has_one_colour_in_every_chart(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    """Version A first, whatever order the data comes in: with B = v1 and
+    A = v2, v1 was A's colour in two charts of three."""
+    import json
+
+    from loopledger.ui._pages_prompts import SIDE_COLOURS
+
+    at = open_app(recorded_home, ui_env, "_pages_prompts.py")
+    at.selectbox(key="pv_a").set_value("v2").run()
+    at.selectbox(key="pv_b").set_value("v1").run()
+    charts = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+    assert len(charts) == 3
+    for chart in charts:
+        colours = {trace["name"]: trace["marker"]["color"] for trace in chart["data"]}
+        assert colours == {"v2": SIDE_COLOURS[0], "v1": SIDE_COLOURS[1]}, chart["layout"].get("title")
+
+
 def test_labels_page_lists_scenario_labels(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
     at = open_app(recorded_home, ui_env, "_pages_labels.py")
     real = next(p.name for p in (recorded_home / "replays").iterdir() if p.name != SYNTHETIC_REPLAY)

@@ -337,7 +337,7 @@ def test_prompt_versions_of_imported_runs_are_compared_by_their_reward(tmp_path:
     assert sorted(solved.values()) == [(1, 4), (4, 5)] and sorted(success.values()) == [4, 5]
     assert sorted(got["metrics"]["mean_reward"]) == [0.25, 0.8]
     # Tasks 0 and 3 are solved under one policy only; 1 and 2 alike under both.
-    assert sorted(got["tasks"]["task_id"]) == ["t0", "t3"]
+    assert sorted(got["tasks"]["task_id"]) == ["t0", "t3"] and got["shared_tasks"] == 4
     _, page = q.runs_page(traces, q.RunFilter(), "reward", True, 0, 10)
     assert list(page["reward"]) == [1.0] * 5 + [0.0] * 4
 
@@ -353,11 +353,17 @@ def test_an_unreadable_replay_leaves_the_other_pages_and_replays_readable(record
     assert q.overview(traces)["totals"]["runs"] == q.overview(Traces(recorded_home))["totals"]["runs"]
     assert q.runs_count(traces, q.RunFilter()) > 0
     assert list(c.unreadable_replays(traces)) == [SYNTHETIC_REPLAY]
+    # Not offered for a choice that could only fail: it is named apart.
+    assert c.sides(Traces(home)) == ["recorded", real]
     assert set(c.replay_summaries(traces)["replay_dir"]) == {real}
     assert c.compare_validators(traces, "recorded", real)["totals"] == \
         c.compare_validators(Traces(recorded_home), "recorded", real)["totals"]
     with pytest.raises(CorruptData, match=f"replay `{SYNTHETIC_REPLAY}`.*{victim.name}"):
         c.compare_validators(traces, "recorded", SYNTHETIC_REPLAY)
+    # The same for the loop findings of a replay whose table cannot be read.
+    (diagnoses,) = sorted((home / "replays" / real / "loop_diagnoses").glob("*.parquet"))[:1]
+    diagnoses.write_bytes(b"PAR1 not a footer")
+    assert q.diagnosis_sources(Traces(home)) == ["recorded"]
 
 
 def test_a_trace_table_with_an_unreadable_footer_fails_only_the_queries_that_read_it(recorded_home: Path,
