@@ -29,8 +29,7 @@ def sides(t: Traces) -> list[str]:
     """What can be compared: the recorded decisions and every readable
     replay that wrote decisions (an unreadable one is named apart)."""
     found = [RECORDED] if t.has("validations") else []
-    t.con  # noqa: B018 - opening the connection finds the unreadable replays
-    return found + [rid for rid in t.replay_ids() if rid not in t.unreadable_replays]
+    return found + t.readable_replay_ids()
 
 
 def replay_summaries(t: Traces) -> Any:

@@ -181,6 +181,12 @@ class Traces:
         """Replays that wrote decisions (the others cannot be compared)."""
         return [rid for rid, tables in self._replays.items() if tables["decisions"]]
 
+    def readable_replay_ids(self) -> list[str]:
+        """:meth:`replay_ids` but those whose files DuckDB cannot read (which
+        the replay views leave out): what a page may offer as a choice."""
+        self.con  # noqa: B018 - opening the connection finds the unreadable replays
+        return [rid for rid in self.replay_ids() if rid not in self.unreadable_replays]
+
     def replay_has(self, replay_id: str, table: str) -> bool:
         return bool(self._replays.get(replay_id, {}).get(table))
 

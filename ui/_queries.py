@@ -389,9 +389,7 @@ def diagnosis_sources(t: Traces) -> list[str]:
     every readable replay's (its batch detectors over the same steps, with
     the replayed suite's parameters)."""
     found = [RECORDED] if t.has("loop_diagnoses") else []
-    t.con  # noqa: B018 - opening the connection finds the unreadable replays
-    return found + [rid for rid in t.replay_ids()
-                    if t.replay_has(rid, "loop_diagnoses") and rid not in t.unreadable_replays]
+    return found + [rid for rid in t.readable_replay_ids() if t.replay_has(rid, "loop_diagnoses")]
 
 
 def _findings(t: Traces, source: str) -> tuple[str, dict[str, Any]]:
@@ -399,9 +397,9 @@ def _findings(t: Traces, source: str) -> tuple[str, dict[str, Any]]:
     if source == RECORDED:
         t.require("loop_diagnoses")
         return "loop_diagnoses d", {}
-    if source not in diagnosis_sources(t):
+    if source not in t.replay_ids() or not t.replay_has(source, "loop_diagnoses"):
         raise NoData(f"No replay `{source}` with loop diagnoses under {t.replays_dir}.")
-    t.require_replay(source)
+    t.require_replay(source)  # one that cannot be read: the file named
     return "(SELECT * FROM replay_loop_diagnoses WHERE replay_dir = $source) d", {"source": source}
 
 

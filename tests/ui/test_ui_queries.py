@@ -364,6 +364,8 @@ def test_an_unreadable_replay_leaves_the_other_pages_and_replays_readable(record
     (diagnoses,) = sorted((home / "replays" / real / "loop_diagnoses").glob("*.parquet"))[:1]
     diagnoses.write_bytes(b"PAR1 not a footer")
     assert q.diagnosis_sources(Traces(home)) == ["recorded"]
+    with pytest.raises(CorruptData, match=f"replay `{real}`.*{diagnoses.name}"):  # asked for anyway: the file named
+        q.diagnoses_summary(Traces(home), source=real)
 
 
 def test_a_trace_table_with_an_unreadable_footer_fails_only_the_queries_that_read_it(recorded_home: Path,
