@@ -22,8 +22,8 @@ from typing import Any
 from loopledger.canonical import Canonical
 
 from ._import_model import (
-    TOO_DEEP,
     SOURCE_NAME,
+    TOO_DEEP,
     Conversation,
     ImportInputError,
     Message,

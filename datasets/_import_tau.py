@@ -18,9 +18,9 @@ user``, and never become the agent's operations.
 from __future__ import annotations
 
 import gzip
-import zlib
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path

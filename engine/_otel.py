@@ -92,9 +92,8 @@ class Spans:
         """Where the drive left the run: its state (and the reason it ended
         with) and state version."""
         if self._drive is not None:
-            reason = (view.finalizing or {}).get("reason") if view.finalizing else None
             self._drive.set_attributes({"loopledger.state": view.state.value,
-                                        "loopledger.reason": reason or "",
+                                        "loopledger.reason": (view.finalizing or {}).get("reason") or "",
                                         "loopledger.state_version": view.state_version})
 
     def state(self, view: Any) -> Any:

@@ -115,11 +115,11 @@ def _checked(traces: Any, suites: list[tuple[str, Any]], baseline: Any, write_to
     replays = _path(write_to, "write_to", "the path of a replays folder") if write else root.parent / "replays"
     if write and replays.exists() and not replays.is_dir():
         raise ReplayInputError("write_to", f"{replays} is not a folder; expected the folder to write replays into")
-    if write and (replays.resolve() == root.resolve() or root.resolve() in replays.resolve().parents):
+    target, folder = replays.resolve(), root.resolve()
+    if write and (target == folder or folder in target.parents):
         # Its tables would be read as the traces' own the next time.
-        raise ReplayInputError("write_to", f"{replays} is {'' if replays.resolve() == root.resolve() else 'in '}the "
-                                           f"traces folder {root}; expected a folder outside it, e.g. "
-                                           f"{root.parent / 'replays'}")
+        raise ReplayInputError("write_to", f"{replays} is {'' if target == folder else 'in '}the traces folder "
+                                           f"{root}; expected a folder outside it, e.g. {root.parent / 'replays'}")
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise ReplayInputError("workers", f"expected a whole number >= 1 (None: automatic), got {_got(workers)}")
     if not suites:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ParamError
+from ._jsonschema import PATTERN_TIMEOUT_S
 from ._model import Candidate, ClaimItem, DecisionInput, PlanItem, TextItem, ToolCallItem, Verdict
 from ._params import choice_param, int_param, str_list_param
 from ._registry import Issue, validator
@@ -154,8 +155,9 @@ def _fields(candidate: Candidate, scopes: tuple[str, ...]) -> Iterator[tuple[int
                 yield index, "raw_arguments", item.raw_arguments
 
 
-#: Seconds one search of a suite's own pattern may take over one field.
-CUSTOM_TIMEOUT_S = 1.0
+#: Seconds one search of a suite's own pattern may take over one field: the
+#: bound of every pattern from outside (tool_args_schema's too).
+CUSTOM_TIMEOUT_S = PATTERN_TIMEOUT_S
 
 
 class Unchecked(Exception):
