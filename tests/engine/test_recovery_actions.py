@@ -361,6 +361,15 @@ def test_crash_after_dispatch_kills_the_process_and_resume_reconciles_one_execut
     assert all_violations(home) == []
 
 
+def only_operation(journal: sqlite3.Connection) -> tuple[str, str | None, int]:
+    """The journal's one operation: its outcome, its result's error code
+    (None on success) and how many times it was sent."""
+    ((outcome, body, dispatches),) = journal.execute(
+        "SELECT o.outcome, a.body, o.dispatch_count FROM operations o "
+        "JOIN artifacts a ON a.artifact_id = o.result_artifact_id").fetchall()
+    return outcome, json.loads(body)["result"].get("error"), dispatches
+
+
 READ_THEN_ANSWER = """\
 id: recovery-read-unanswered
 contract:
@@ -395,11 +404,7 @@ def test_a_read_is_sent_again_after_each_restart_and_given_up_only_when_every_se
         (line,) = [json.loads(x) for x in resumed.stdout.splitlines()]
         assert (line["status"], line["reason"]) == ("SUCCEEDED", "completed")
         journal = sqlite3.connect(home / "journal.sqlite")
-        ((outcome, result, dispatches),) = journal.execute(
-            "SELECT o.outcome, a.body, o.dispatch_count FROM operations o "
-            "LEFT JOIN artifacts a ON a.artifact_id = o.result_artifact_id").fetchall()
-        code = json.loads(result)["result"].get("error") if result else None
-        assert (outcome, code, dispatches) == expected, (crashes, outcome, result)
+        assert only_operation(journal) == expected, crashes
         assert journal.execute("SELECT COUNT(*) FROM events WHERE to_state = 'WAITING_USER'").fetchone() == (0,)
         assert all_violations(home) == []
 
@@ -425,11 +430,7 @@ def test_a_read_unanswered_in_a_live_process_is_a_timeout_after_one_re_send(tmp_
         runner.drive_all([run_id])
     finally:
         runner.close()
-    journal = sqlite3.connect(home.journal_file)
-    ((outcome, dispatches, body),) = journal.execute(
-        "SELECT o.outcome, o.dispatch_count, a.body FROM operations o "
-        "JOIN artifacts a ON a.artifact_id = o.result_artifact_id").fetchall()
-    assert (outcome, dispatches, json.loads(body)["result"]["error"]) == ("timeout", 2, "TIMEOUT")
+    assert only_operation(sqlite3.connect(home.journal_file)) == ("timeout", "TIMEOUT", 2)
 
 
 # -- several tool calls in one candidate ---------------------------------------------------
@@ -662,10 +663,7 @@ def test_a_send_nobody_confirmed_before_the_wait_ran_out_stays_unknown(tmp_path:
     later = cli("resume", "--json", home=home, env={"LOOPLEDGER_NOW": "2030-01-01T00:00:00Z"})
     (line,) = [json.loads(x) for x in later.stdout.splitlines()]
     assert (line["status"], line["reason"]) == ending
-    journal = sqlite3.connect(home / "journal.sqlite")
-    ((outcome, body),) = journal.execute("SELECT o.outcome, a.body FROM operations o "
-                                         "JOIN artifacts a ON a.artifact_id = o.result_artifact_id").fetchall()
-    assert (outcome, json.loads(body)["result"]["error"]) == ("unknown_outcome", code)
+    assert only_operation(sqlite3.connect(home / "journal.sqlite"))[:2] == ("unknown_outcome", code)
     backend = sqlite3.connect(home / "demo_backend.sqlite")
     assert backend.execute("SELECT COUNT(*) FROM executions WHERE tool = 'deploy.service'").fetchone() == (1,)
     assert all_violations(home) == []
