@@ -790,7 +790,12 @@ class Controller(PeopleMixin):
                 artifacts.append(Artifact("diagnosis", {"detector": d.validator, "code": d.code,
                                                         "message": d.message, "evidence": evidence,
                                                         "step": view.step}))
-                rows.append({"step": view.step, "detector": d.validator, "detector_version": d.validator_version,
+                # The row is the finding (the step its pattern began to
+                # hold at, as the batch detectors report it); the artifact
+                # keeps the step the run stopped at.
+                since = evidence.get("since_step")
+                rows.append({"step": since if isinstance(since, int) and 0 < since <= view.step else view.step,
+                             "detector": d.validator, "detector_version": d.validator_version,
                              "pattern": str(evidence.get("pattern", d.code)), "evidence_json": evidence})
             extra["artifacts"] = tuple(artifacts)
             extra["facts"] = {**recorded["facts"], "loop_diagnoses": tuple(rows)}

@@ -332,15 +332,16 @@ def run_job(job: Job) -> list[list[RunReplay]]:
             if run_id not in data.event_spans and data.recorded_candidates.get(run_id):
                 raise RunTraceError(run_id, f"events: none in the traces, for "
                                             f"{data.recorded_candidates[run_id]} recorded candidate(s)")
-            evaluated = _evaluate_run(run, events, data.bodies, suites)
+            evaluated, open_calls = _evaluate_run(run, events, data.bodies, suites)
             _check_baseline_covered(run_id, evaluated, data.baseline)
             if data.baseline is not None and data.recorded_baseline:
                 _check_recorded_decisions(run_id, evaluated, data.baseline.get(run_id, {}),
                                           data.decision_events(run_id))
             error = None
         except RunTraceError as exc:
-            evaluated, closed, error = [], [], exc.reason
-        _step_columns(closed, steps)
+            evaluated, open_calls, closed, error = [], (), [], exc.reason
+        if evaluated:
+            _step_columns(run_id, closed, evaluated[-1][0][0], open_calls, steps)
         for i, suite in enumerate(suites):
             rid = job.replay_ids[i]
             mine = [(c, res[i]) for c, res in evaluated] if len(suites) > 1 else [(c, res[0]) for c, res in evaluated]
@@ -376,12 +377,14 @@ def _with_diagnoses(result: RunReplay, found: Iterable[Diagnosis]) -> RunReplay:
 
 
 def _evaluate_run(run: Mapping[str, Any], events: Sequence[Mapping[str, Any]], bodies: Mapping[str, str],
-                  suites: Sequence[Any]) -> list[tuple[tuple[int, int, str], list[Any]]]:
-    """Every validated candidate of the run: ((step, attempt, candidate_id), [SuiteResult per suite])."""
+                  suites: Sequence[Any]) -> tuple[list[tuple[tuple[int, int, str], list[Any]]], tuple[str, ...]]:
+    """Every validated candidate of the run: ((step, attempt, candidate_id),
+    [SuiteResult per suite]); and the call keys the last one proposes."""
     from loopledger.engine import decision_input, validated_candidates
 
     contexts: dict[str, Any] = {}
     out = []
+    inp = None
     artifact = _reader(bodies)
     for view, candidate_id, context_id in validated_candidates(run, events):
         candidate_text = _body(bodies, candidate_id, run["run_id"], "candidate")
@@ -391,7 +394,7 @@ def _evaluate_run(run: Mapping[str, Any], events: Sequence[Mapping[str, Any]], b
             context = contexts[context_id] = _loads(_body(bodies, context_id, run["run_id"], "context"))
         inp = decision_input(view, _loads(candidate_text), context, candidate_id, artifact=artifact)
         out.append(((view.step, view.attempt, candidate_id), [s.evaluate(inp) for s in suites]))
-    return out
+    return out, tuple(c.call_key for c in inp.proposed_calls) if inp is not None else ()
 
 
 def _check_baseline_covered(run_id: str, evaluated: Sequence[tuple[tuple[int, int, str], Any]],
@@ -469,15 +472,24 @@ def _reader(bodies: Mapping[str, str]) -> Any:
     return read
 
 
-#: The step table's columns (validators.STEP_COLUMNS), filled from the
-#: recorded ``step_closed`` events.
-_STEP_FIELDS = ("run_id", "step", "states", "calls", "errors", "new_evidence", "completed_operations", "candidates")
+#: The step table's columns (validators.STEP_COLUMNS).
+_STEP_FIELDS = ("run_id", "step", "states", "calls", "errors", "new_evidence", "completed_operations", "candidates",
+                "open")
 
 
-def _step_columns(closed: Sequence[Mapping[str, Any]], columns: dict[str, list[Any]]) -> None:
-    """Append the run's recorded step records (``step_closed`` payloads) to
-    the step table's columns."""
+def _step_columns(run_id: str, closed: Sequence[Mapping[str, Any]], last: int, calls: Sequence[str],
+                  columns: dict[str, list[Any]]) -> None:
+    """Append a run's rows of the step table: what its live loop validators
+    saw. Each candidate was decided on the steps finished before it (the
+    recorded ``step_closed`` payloads) and its own proposed calls as the
+    step being decided; the last candidate's (at step ``last``) is the open
+    step that ends the table (``open``: only its calls, nothing ran yet, so
+    the error and progress patterns do not read it). What the run did after its
+    last decision no decision saw, and a finding there would be one no
+    recording could hold."""
     for p in closed:
+        if int(p["step"]) >= last:
+            break
         columns["run_id"].append(p["run_id"])
         columns["step"].append(int(p["step"]))
         columns["states"].append(list(p["states"]))
@@ -486,6 +498,16 @@ def _step_columns(closed: Sequence[Mapping[str, Any]], columns: dict[str, list[A
         columns["new_evidence"].append(int(p["new_evidence"]))
         columns["completed_operations"].append(int(p["completed_operations"]))
         columns["candidates"].append(p.get("candidates"))
+        columns["open"].append(False)
+    columns["run_id"].append(run_id)
+    columns["step"].append(last)
+    columns["states"].append([])
+    columns["calls"].append(list(calls))
+    columns["errors"].append([])
+    columns["new_evidence"].append(0)
+    columns["completed_operations"].append(0)
+    columns["candidates"].append(None)
+    columns["open"].append(True)
 
 
 def _diagnose(steps: Mapping[str, list[Any]], suite: Any) -> list[Diagnosis]:

@@ -15,6 +15,8 @@ Patterns (all on runtime facts):
 * ``loop.repeated_error`` — the same error code seen ``threshold`` times in a run.
 * ``loop.no_progress`` — ``window`` consecutive steps without a progress
   marker (new evidence, a completed operation, a smaller candidate set).
+  An open step (``StepRecord.open``: the calls a candidate proposes, before
+  anything ran) does not count.
 * ``loop.oscillation`` — the step tokens (calls, or the states visited)
   repeat with period ``period`` for ``cycles`` cycles, and are not constant
   (a constant sequence is ``repeated_call``'s business). The calls are the
@@ -201,6 +203,8 @@ class NoProgress(Detector):
         self._last_candidates: int | None = None
 
     def observe(self, rec: StepRecord) -> list[Finding]:
+        if rec.open:
+            return []  # nothing ran in it yet
         narrowed = (
             rec.candidates is not None
             and self._last_candidates is not None

@@ -30,7 +30,7 @@ import polars as pl
 
 from ._detectors import BROKEN_BY_PROGRESS, DIAGNOSIS_COLUMNS, make_detector
 from ._errors import InputError
-from ._steps import STEP_COLUMNS, step_schema
+from ._steps import OPEN, STEP_COLUMNS, step_schema
 
 __all__ = ["detect_batch", "empty_diagnoses"]
 
@@ -65,7 +65,16 @@ def _prepare(steps: pl.DataFrame) -> pl.LazyFrame:
     if missing:
         raise InputError("steps", f"missing column(s) {', '.join(missing)}; expected {', '.join(STEP_COLUMNS)}")
     schema = step_schema()
-    frame = steps.select([pl.col(c).cast(schema[c]) for c in STEP_COLUMNS])
+    is_open = pl.col(OPEN).cast(pl.Boolean).fill_null(False) if OPEN in steps.columns else pl.lit(False)
+    frame = steps.select([pl.col(c).cast(schema[c]) for c in STEP_COLUMNS] + [is_open.alias(OPEN)])
+    ran = (pl.col("states").list.len() > 0) | (pl.col("errors").list.len() > 0) | (pl.col("new_evidence") != 0) | (
+        pl.col("completed_operations") != 0) | pl.col("candidates").is_not_null()
+    wrong = frame.select(pl.int_range(pl.len()).filter(pl.col(OPEN) & ran.fill_null(False)).first()).item()
+    if wrong is not None:
+        row = frame.row(wrong, named=True)
+        raise InputError(f"steps[{wrong}]", f"an open step (open = true: run {row['run_id']} step {row['step']}) has "
+                                            "calls only, nothing ran in it; expected no states, errors, progress or "
+                                            "candidates")
     # Streaming sees each run's steps in step order; so must we. Tables
     # written by the recorder already are, and checking is much cheaper
     # than sorting a million rows again.
@@ -147,21 +156,30 @@ def _repeated_error(lf: pl.LazyFrame, threshold: int) -> Plan:
 
 
 def _no_progress(lf: pl.LazyFrame, window: int) -> Plan:
+    # Open steps (a candidate's proposed calls, nothing ran) do not count,
+    # as in streaming: over the finished steps only, `_k` numbers them and
+    # the streak is `_k` since the last one with progress.
+    done = ~pl.col(OPEN)
     # The last known candidate-set size before this step, within the run.
-    last_with = _since(pl.col("candidates").is_not_null()).shift(1)
+    last_with = _since(pl.col("candidates").is_not_null() & done).shift(1)
     prev_known = pl.when(last_with >= pl.col("_run_start")).then(pl.col("candidates").gather(last_with.fill_null(0)))
     progress = (
         (pl.col("new_evidence") > 0)
         | (pl.col("completed_operations") > 0)
         | (pl.col("candidates") < prev_known).fill_null(False)
     )
-    # Steps without progress since the last step with progress, or since the
-    # row before the run's first when there was none yet.
-    base = pl.when(pl.col("_p")).then(_IDX).when(pl.col("_new_run")).then(_IDX - 1).forward_fill()
+    k = pl.col("_k")
+    # Finished steps without progress since the last one with progress, or
+    # since the run began when there was none yet.
+    base = (pl.when(pl.col("_p") & pl.col("_done")).then(k)
+            .when(pl.col("_new_run")).then(k - pl.col("_done").cast(pl.Int64)).forward_fill())
+    streak = pl.col("_done") & ~pl.col("_p")
     query = (
-        lf.select(_RUN, "step", "_idx", "_new_run", progress.alias("_p"), pl.col("step").shift(window - 1).alias("_first"))
-        .with_columns((_IDX - base).alias("_n"))
-        .filter(~pl.col("_p") & (pl.col("_n") == window))
+        lf.select(_RUN, "step", "_new_run", done.alias("_done"), progress.alias("_p"))
+        .with_columns(pl.col("_done").cast(pl.Int64).cum_sum().alias("_k"))
+        .with_columns((k - base).alias("_n"))
+        .with_columns(pl.when(streak & (pl.col("_n") == 1)).then(pl.col("step")).forward_fill().alias("_first"))
+        .filter(streak & (pl.col("_n") == window))
         .select(_RUN, "step", *_finding("no_progress", window=window, first_step=pl.col("_first")))
     )
     return [query]

@@ -25,7 +25,7 @@ from ._steps import StepRecord, call_key
 
 def _candidate_step(inp: DecisionInput) -> StepRecord:
     calls = tuple(call_key(c.tool, c.args_hash) for c in inp.proposed_calls)
-    return StepRecord(run_id=inp.run_id, step=inp.step, calls=calls)
+    return StepRecord(run_id=inp.run_id, step=inp.step, calls=calls, open=True)
 
 
 class _Prefixes:

@@ -43,9 +43,20 @@ class StepRecord:
     #: lookup), when it tracks one; ``None`` otherwise. A step that makes it
     #: smaller than the last known size made progress.
     candidates: int | None = None
+    #: A step still being decided: the calls a candidate proposes, before
+    #: anything ran (what a live stop decision adds to the finished steps).
+    #: It has calls only; the call patterns read it, the error and progress
+    #: patterns do not.
+    open: bool = False
+
+    def __post_init__(self) -> None:
+        if self.open and (self.states or self.errors or self.new_evidence or self.completed_operations
+                          or self.candidates is not None):
+            raise ValueError(f"run {self.run_id} step {self.step}: an open step has calls only (nothing ran in it), "
+                             "not states, errors, progress or candidates")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "run_id": self.run_id,
             "step": self.step,
             "states": list(self.states),
@@ -55,6 +66,9 @@ class StepRecord:
             "completed_operations": self.completed_operations,
             "candidates": self.candidates,
         }
+        if self.open:
+            out["open"] = True
+        return out
 
 
 STEP_COLUMNS: tuple[str, ...] = (
@@ -67,6 +81,10 @@ STEP_COLUMNS: tuple[str, ...] = (
     "completed_operations",
     "candidates",
 )
+
+#: A column the step table may have besides ``STEP_COLUMNS``: ``open``
+#: (bool; absent or null is false), as in :attr:`StepRecord.open`.
+OPEN = "open"
 
 
 def call_key(tool: str, args_hash: str) -> str:
@@ -86,6 +104,7 @@ def step_schema() -> dict[str, Any]:
         "new_evidence": pl.Int64,
         "completed_operations": pl.Int64,
         "candidates": pl.Int64,
+        OPEN: pl.Boolean,
     }
 
 
@@ -93,7 +112,7 @@ def steps_frame(records: Iterable[StepRecord]) -> pl.DataFrame:
     """The step table (one row per record) the batch detectors take."""
     import polars as pl
 
-    columns: dict[str, list[Any]] = {name: [] for name in STEP_COLUMNS}
+    columns: dict[str, list[Any]] = {name: [] for name in (*STEP_COLUMNS, OPEN)}
     for r in records:
         columns["run_id"].append(r.run_id)
         columns["step"].append(r.step)
@@ -103,6 +122,7 @@ def steps_frame(records: Iterable[StepRecord]) -> pl.DataFrame:
         columns["new_evidence"].append(r.new_evidence)
         columns["completed_operations"].append(r.completed_operations)
         columns["candidates"].append(r.candidates)
+        columns[OPEN].append(r.open)
     return pl.DataFrame(columns, schema=step_schema())
 
 

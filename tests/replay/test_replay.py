@@ -56,6 +56,24 @@ def test_replayed_decisions_equal_the_recorded_rows(default_replay: ReplayResult
     assert replayed == recorded
 
 
+def test_the_recording_suite_finds_the_recorded_loop_diagnoses(default_replay: ReplayResult,
+                                                               recorded_home: Path) -> None:
+    # The batch detectors read what the live loop validators read: the
+    # finished steps before each candidate and the last candidate's own
+    # calls. A stop at a candidate (its proposed calls never ran) is found
+    # at the same step, by the same detector, as the engine recorded it.
+    cols = "run_id, step, detector, detector_version, pattern"
+    recorded = scan(recorded_home / "traces" / "loop_diagnoses", f"SELECT {cols} FROM t ORDER BY ALL")
+    assert default_replay.path is not None
+    replayed = scan(default_replay.path / "loop_diagnoses", f"SELECT {cols} FROM t ORDER BY ALL")
+    assert {task(r[0]) for r in recorded} >= {"loop-repeated-call", "loop-oscillation", "loop-no-progress",
+                                               "loop-repeated-error"}
+    assert replayed == recorded
+    by_run = {run_id: {(d.step, d.detector) for d in r.diagnoses} for run_id, r in default_replay.runs.items()}
+    assert {(run_id, step, detector) for run_id, found in by_run.items() for step, detector in found} == {
+        (r[0], r[1], r[2]) for r in recorded}
+
+
 def test_parallel_workers_give_the_same_result(default_replay: ReplayResult, recorded_home: Path) -> None:
     parallel = replay(recorded_home / "traces", "default", workers=2)
     assert dataclasses.replace(parallel.summary, replay_id="", seconds=0) == dataclasses.replace(
@@ -78,6 +96,9 @@ def test_a_lower_repeated_call_threshold_gives_exactly_the_expected_flips(record
     # failure of the run is data, not the replay's verdict.
     assert [(d.step, d.replay_verdict) for d in run.diffs if d.candidate_level] == [(2, "reject")]
     assert run.run_failed and run.reason == "loop_detected"
+    # The batch detector finds the same stop: the calls of step 2's
+    # candidate repeat step 1's.
+    assert [(d.step, d.detector, d.pattern) for d in run.diagnoses] == [(2, "loop.repeated_call", "repeated_call")]
     assert result.summary.flips == 1 and result.summary.runs_diverged == 1
 
 

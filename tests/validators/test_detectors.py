@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from loopledger.validators import (
     DETECTORS,
+    InputError,
     ParamError,
     StepRecord,
     detect_batch,
@@ -69,6 +70,39 @@ def test_no_progress_window_and_progress_markers():
                       steps({"candidates": 9}, {}, {"new_evidence": 1}, {}, {"completed_operations": 1}, {},
                             {"candidates": 4}, {}, {"candidates": 4}))
     assert found == [] and not det.active
+
+
+def test_an_open_step_counts_for_the_call_patterns_only():
+    # The last record of each run is the step of a candidate being decided:
+    # its proposed calls, nothing ran.
+    records = (steps({"calls": (A,)}, {"calls": (A,)}, {"calls": (A,), "open": True})
+               + steps({}, {}, {"calls": (B,), "open": True}, run="r2")
+               + steps(*[{"calls": (x,), "new_evidence": 1} for x in (A, B, A)], {"calls": (B,), "open": True},
+                       run="r3"))
+    params = [("loop.repeated_call", {"threshold": 3}), ("loop.no_progress", {"window": 3}),
+              ("loop.oscillation", {"period": 2, "cycles": 2})]
+    streamed = sorted((f.run_id, f.step, f.pattern) for f in detect_stream(records, params))
+    assert streamed == [("r1", 3, "repeated_call"), ("r3", 4, "oscillation_calls")]
+    batch = detect_batch(steps_frame(records), params)
+    assert sorted(batch.select("run_id", "step", "pattern").rows()) == streamed
+    # Between finished steps, an open one neither counts nor breaks a streak.
+    records = steps({}, {"open": True}, {}, {"open": True, "calls": (A,)}, {})
+    found = detect_batch(steps_frame(records), [("loop.no_progress", {"window": 3})])
+    assert found.select("step", "evidence_json").rows() == [(5, '{"first_step":1,"window":3}')]
+    assert [(f.step, f.evidence) for f in feed("loop.no_progress", {"window": 3}, records)[0]] == [
+        (5, {"first_step": 1, "window": 3})]
+    # A table without the open column has none: every step counts.
+    plain = detect_batch(steps_frame(records).drop("open"), [("loop.no_progress", {"window": 3})])
+    assert plain["step"].to_list() == [3]
+
+
+def test_an_open_step_has_calls_only():
+    with pytest.raises(ValueError, match="run r1 step 2: an open step has calls only"):
+        StepRecord("r1", 2, calls=(A,), errors=("E",), open=True)
+    frame = steps_frame(steps({}, {"open": True})).with_columns(new_evidence=pl.Series([0, 1]))
+    with pytest.raises(InputError) as caught:
+        detect_batch(frame, ALL)
+    assert caught.value.where == "steps[1]" and "run r1 step 2" in str(caught.value)
 
 
 def test_no_progress_is_not_fooled_by_a_larger_candidate_set():
@@ -173,7 +207,9 @@ _record = st.fixed_dictionaries({
     "completed_operations": st.sampled_from([0, 0, 0, 1]),
     "candidates": st.none() | st.integers(0, 4),
 })
-_runs = st.lists(st.lists(_record, min_size=1, max_size=14), min_size=1, max_size=4)
+# A step being decided (open) has calls only.
+_open = st.fixed_dictionaries({"calls": st.lists(_tokens, max_size=2).map(tuple), "open": st.just(True)})
+_runs = st.lists(st.lists(_record | _open, min_size=1, max_size=14), min_size=1, max_size=4)
 _params = {
     "loop.repeated_call": st.fixed_dictionaries({"threshold": st.integers(2, 4)}),
     "loop.repeated_error": st.fixed_dictionaries({"threshold": st.integers(2, 4)}),
