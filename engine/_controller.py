@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from loopledger.canonical import loads
+from loopledger.canonical import canonical_json, loads
 from loopledger.validators import Context, DecisionInput, Suite, Verdict, tool_allowed
 from loopledger.validators._jsonschema import unusable
 
@@ -852,7 +852,7 @@ class Controller(PeopleMixin):
             return
         if not self._sendable(op, config):
             self._wait_user(view, config, "approval", {
-                "question": f"Approve {op.tool} with {op.arguments}?",
+                "question": f"Approve {op.tool} with {canonical_json(op.arguments)}?",
                 "operation_id": op.operation_id,
                 "tool": op.tool,
                 "tool_version": op.version,

@@ -555,7 +555,7 @@ def _publish(out: Path, summary: Summary, suite: Any, traces: Path) -> Path:
     (out / "summary").mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out / "summary" / "summary.parquet", compression="zstd")
     meta = {"replay_id": summary.replay_id, "suite": suite.to_dict(), "suite_version": suite.version,
-            "baseline": summary.baseline, "traces": str(traces)}
+            "baseline": summary.baseline, "traces": str(traces.resolve())}
     (out / "replay.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     final = out.with_name(out.name.removesuffix(".partial"))
     os.replace(out, final)

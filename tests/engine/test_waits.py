@@ -456,6 +456,8 @@ def test_the_approval_binds_the_operation_and_its_canonical_arguments(tmp_path: 
     assert question["canonical_arguments"] == json.loads(args_json) == {"service": "checkout", "version": "1.5.0"}
     assert question["actor"] == "acme" and question["scope"]["tenant"] == "acme"
     assert question["reason"] == "Deploy checkout 1.5.0" and "policy_version" in question
+    # Asked in the words a person reads: the arguments as JSON, not a Python dict.
+    assert question["question"] == 'Approve deploy.service with {"service":"checkout","version":"1.5.0"}?'
     # The token is bound to this wait and the state version the run waits at.
     claims = claims_of(w["resume_token"])
     assert (claims.run_id, claims.wait_id, claims.state_version) == (run_id, waiting["wait_id"],

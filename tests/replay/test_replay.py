@@ -301,3 +301,12 @@ def test_replay_many_reads_once_and_judges_with_each_suite(recorded_home: Path) 
     assert set(results) == {"default", "strict"}
     assert results["default"].summary.flips == 0
     assert results["strict"].summary.flips == replay(recorded_home / "traces", "strict").summary.flips > 0
+
+
+def test_a_replay_names_its_traces_by_their_absolute_path(home_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Read later from anywhere (a baseline's refusal names the traces it replayed).
+    monkeypatch.chdir(home_copy)
+    result = replay("traces", "default", write_to="replays")
+    assert result.path is not None
+    meta = json.loads((result.path / "replay.json").read_text())
+    assert meta["traces"] == str(home_copy / "traces") and Path(meta["traces"]).is_absolute()
