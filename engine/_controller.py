@@ -71,9 +71,10 @@ MAX_ATTEMPTS_PER_STEP = 3
 MAX_REPAIRS = 3
 #: Rate-limited dispatches of one operation before it fails.
 MAX_RATE_LIMIT_RETRIES = 3
-#: Sends of a read across restarts (the first and the re-sends) before a read
-#: that every process running it dies on is given up (``cancelled``).
-READ_SENDS = 3
+#: Sends of an operation across restarts (the first and the re-sends, each
+#: after the backend confirmed it had not executed) before one that every
+#: process running it dies on is given up (``cancelled``).
+RESTART_SENDS = 3
 #: Codes of decisions that stop the run instead of going back to the model.
 STOP_CODES = {"protocol_error": "protocol_error", "loop_detected": "loop_detected", "no_progress": "no_progress"}
 #: What a person answers about a send nobody could confirm.
@@ -1033,34 +1034,36 @@ class Controller(PeopleMixin):
             self._record_result(view, op, found, to=State.TOOL_RUNNING,
                                 payload={"reconciled": op.operation_id, "executed": True})
             return
-        if not TOOL_TRAITS[op.tool].side_effect and (op.resends >= 1 or not op.unknown):
-            # A read changes nothing, so nobody needs to say whether it ran.
-            if op.unknown:
-                # Its re-send went unanswered too, in a live process: that is
-                # a timeout, and the model may ask again.
-                outcome = failure("timeout", "TIMEOUT", f"{op.tool}: no answer after a re-send")
-            elif op.resends + 1 < READ_SENDS:
-                # The process running it ended: sent again after each
-                # restart, so two crashes around a read do not make it fail.
+        # Confirmed not executed.
+        if not op.unknown:
+            # The process that sent it ended: nothing timed out, and the
+            # backend says it did not run, so it is sent again after each
+            # restart (two crashes around a send do not change how the run
+            # ends), up to RESTART_SENDS sends; one that every process running
+            # it died on is given up, as not executed.
+            if op.resends + 1 < RESTART_SENDS:
                 self._move(view, State.TOOL_RUNNING, payload={"resend": op.operation_id, "executed": False})
                 return
-            else:
-                # Every process that ran it ended: not sent again.
-                outcome = failure("cancelled", "PROCESS_ENDED", f"{op.tool}: the process running it ended "
-                                                                f"{op.resends + 1} times; not sent again")
-            self._record_result(view, op, outcome, to=State.TOOL_RUNNING,
-                                payload={"reconciled": op.operation_id, "executed": False})
+            self._record_result(view, op, failure("cancelled", "PROCESS_ENDED", f"{op.tool}: the process running "
+                                                  f"it ended {op.resends + 1} times; not sent again"),
+                                to=State.TOOL_RUNNING, payload={"reconciled": op.operation_id, "executed": False})
             return
-        if op.resends >= 1:
-            # Already re-sent once and still no answer: a person decides.
-            self._wait_user(view, config, "user", {
-                "question": f"Cannot confirm whether {op.tool} ({op.operation_id}) ran. Did it take effect?",
-                "operation_id": op.operation_id,
-                "schema": CONFIRM_SCHEMA,
-            }, {}, operation=op)
+        if op.resends == 0:
+            # It timed out: one safe re-send under the same key.
+            self._move(view, State.TOOL_RUNNING, payload={"resend": op.operation_id, "executed": False})
             return
-        # Confirmed not executed: one safe re-send under the same key.
-        self._move(view, State.TOOL_RUNNING, payload={"resend": op.operation_id, "executed": False})
+        # The re-send timed out too, in a live process.
+        if not TOOL_TRAITS[op.tool].side_effect:
+            # A read changes nothing: a timeout, and the model may ask again.
+            self._record_result(view, op, failure("timeout", "TIMEOUT", f"{op.tool}: no answer after a re-send"),
+                                to=State.TOOL_RUNNING, payload={"reconciled": op.operation_id, "executed": False})
+            return
+        # A write: a late answer could still land; a person decides.
+        self._wait_user(view, config, "user", {
+            "question": f"Cannot confirm whether {op.tool} ({op.operation_id}) ran. Did it take effect?",
+            "operation_id": op.operation_id,
+            "schema": CONFIRM_SCHEMA,
+        }, {}, operation=op)
 
     # -- WAITING_TOOL -------------------------------------------------------------
 

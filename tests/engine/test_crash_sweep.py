@@ -22,8 +22,8 @@ After every kill point:
   from FINALIZING, contiguous seq, one terminal result per tool request, no
   side effect executed twice for one idempotency key, Parquet = journal;
 * the run is terminal, or waits legitimately: the wait its scenario expects,
-  or a person's word on a send the backend confirms never executed, asked
-  because the crash landed on the one re-send reconciliation allows;
+  or a person's word on a send whose backend cannot confirm whether it ran
+  (the deploy API); a send the backend confirms never ran is sent again;
 * a terminal run ends as its scenario expects (status, reason, side effects
   per tool, decisions), except where the crash landed between a faulted
   call's dispatch commit and its send: then the fault, bound to the call
@@ -57,6 +57,7 @@ from loopledger.engine._home import Home
 from loopledger.engine._runner import Runner
 from loopledger.engine._scenario import Scenario, load_scenario
 from loopledger.engine._states import TERMINAL, State
+from loopledger.engine._tools import TOOL_TRAITS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "datasets" / "scenarios"
@@ -99,10 +100,11 @@ def crash_point(home: Path, scenario: Scenario, n: int, known: set[str]) -> dict
             for e in runner.store.events(run_id)
         )
         waiting = record.waiting or {}
-        confirm_executions = None
+        confirm_executions, confirmable = None, None
         if record.state is State.WAITING_USER and waiting.get("schema") == CONFIRM_SCHEMA:
             op = ops[waiting["operation_id"]]
             confirm_executions = runner.backend.execution_count(op["idempotency_key"])
+            confirmable = TOOL_TRAITS[op["tool"]].confirms_after_timeout
         # The scenario's expect.decisions, as labels on the candidates the
         # run reached (written before the terminal state: a crash just after
         # it must not lose them).
@@ -115,7 +117,7 @@ def crash_point(home: Path, scenario: Scenario, n: int, known: set[str]) -> dict
             missing_labels=missing_labels,
             run_id=run_id, state=record.state.value, reason=record.reason, mismatches=outcome.mismatches,
             displaced=displaced, confirm_question=confirm_executions is not None,
-            confirm_executions=confirm_executions,
+            confirm_executions=confirm_executions, confirmable=confirmable,
         )
     finally:
         runner.close()
@@ -189,9 +191,12 @@ def test_a_crash_after_any_commit_then_resume_keeps_the_hard_rules(swept: dict[s
         # Not terminal: only a legitimate wait for a person.
         assert p["state"] == "WAITING_USER", f"{where}: left {p['state']}"
         if p["confirm_question"]:
-            # Reconciliation asks a person only about a send that never ran.
+            # Reconciliation asks a person only about a send that never ran,
+            # and only when its backend cannot say so (or the scenario's own
+            # re-send timed out again): a send the backend confirms never ran
+            # is sent again after a crash, however often the crash landed.
             assert p["confirm_executions"] == 0, where
-            assert p["displaced"] or result["expect_status"] == "WAITING_USER", where
+            assert not p["confirmable"] or result["expect_status"] == "WAITING_USER", where
         else:
             assert p["mismatches"] == [], f"{where}: {p['mismatches']}"
 

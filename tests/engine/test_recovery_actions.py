@@ -385,16 +385,16 @@ def test_a_read_is_sent_again_after_each_restart_and_given_up_only_when_every_se
     """A read changes nothing: after a restart it is sent again, whatever
     happened to the sends before, so two crashes around it do not make it
     fail (it was recorded as a timeout nobody saw). A read that every
-    process running it dies on is given up after READ_SENDS sends
+    process running it dies on is given up after RESTART_SENDS sends
     (``cancelled``, PROCESS_ENDED) and the model goes on; nobody is asked
     whether a read took effect."""
-    from loopledger.engine._controller import READ_SENDS
+    from loopledger.engine._controller import RESTART_SENDS
 
     path = tmp_path / "read.yaml"
     path.write_text(READ_THEN_ANSWER)
     crash = {"LOOPLEDGER_CRASH_AT": "after_dispatch"}
-    for crashes, expected in ((READ_SENDS - 1, ("success", None, READ_SENDS)),
-                              (READ_SENDS, ("cancelled", "PROCESS_ENDED", READ_SENDS))):
+    for crashes, expected in ((RESTART_SENDS - 1, ("success", None, RESTART_SENDS)),
+                              (RESTART_SENDS, ("cancelled", "PROCESS_ENDED", RESTART_SENDS))):
         home = tmp_path / f"home-{crashes}"
         assert cli("run", str(path), "--json", home=home, env=crash).returncode == -signal.SIGKILL
         for _ in range(crashes - 1):
