@@ -75,6 +75,9 @@ MAX_RATE_LIMIT_RETRIES = 3
 #: after the backend confirmed it had not executed) before one that every
 #: process running it dies on is given up (``cancelled``).
 RESTART_SENDS = 3
+#: Keys of a loop validator's evidence that a loop_diagnoses row holds in
+#: columns of its own (detector, pattern, step).
+_ROW_COLUMNS = frozenset({"detector", "pattern", "since_step"})
 #: Codes of decisions that stop the run instead of going back to the model.
 STOP_CODES = {"protocol_error": "protocol_error", "loop_detected": "loop_detected", "no_progress": "no_progress"}
 #: What a person answers about a send nobody could confirm.
@@ -797,7 +800,9 @@ class Controller(PeopleMixin):
                 since = evidence.get("since_step")
                 rows.append({"step": since if isinstance(since, int) and 0 < since <= view.step else view.step,
                              "detector": d.validator, "detector_version": d.validator_version,
-                             "pattern": str(evidence.get("pattern", d.code)), "evidence_json": evidence})
+                             "pattern": str(evidence.get("pattern", d.code)),
+                             # What the detector found (its own columns aside), as the batch form writes it.
+                             "evidence_json": {k: v for k, v in evidence.items() if k not in _ROW_COLUMNS}})
             extra["artifacts"] = tuple(artifacts)
             extra["facts"] = {**recorded["facts"], "loop_diagnoses": tuple(rows)}
         self._finalize(view, "FAILED", STOP_CODES[first.code], extra=extra, detail=first.message)

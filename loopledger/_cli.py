@@ -999,6 +999,12 @@ class Terminated(BaseException):
     """SIGTERM, where a command unwinds on it (see :func:`_terminate_by_unwinding`)."""
 
 
+#: The signal that ended the command (SIGINT, SIGTERM), where it unwinds on
+#: one: DuckDB turns the exception a signal raises inside a query into its
+#: own "interrupted" error, and this says which signal it was.
+_SIGNALLED: list[int] = []
+
+
 def _terminate_by_unwinding() -> None:
     """Make SIGTERM raise :class:`Terminated` in the main thread, so that a
     command's cleanup runs (the default ends the process where it stands).
@@ -1009,9 +1015,23 @@ def _terminate_by_unwinding() -> None:
 
     def terminated(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends it at once
+        _SIGNALLED.append(signum)
         raise Terminated()
 
+    def interrupted(signum: int, frame: Any) -> None:
+        _SIGNALLED.append(signum)
+        signal.default_int_handler(signum, frame)
+
     signal.signal(signal.SIGTERM, terminated)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, interrupted)
+
+
+def _interrupted_query(exc: BaseException) -> bool:
+    """DuckDB's error for a query a signal interrupted (``Terminated`` or
+    ``KeyboardInterrupt`` raised inside it comes out as this)."""
+    kinds = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(_SIGNALLED) and ("InterruptException" in kinds or "Query interrupted" in str(exc))
 
 
 def main() -> None:
@@ -1035,6 +1055,12 @@ def main() -> None:
         _err("terminated")
         sys.exit(143)
     except Exception as exc:
+        import signal
+
+        if _interrupted_query(exc):
+            terminated = _SIGNALLED[0] == signal.SIGTERM
+            _err("terminated" if terminated else "interrupted")
+            sys.exit(143 if terminated else 130)
         # click's exceptions, known by name: newer typer versions bundle
         # their own copy of click, older ones use the click package.
         kinds = {cls.__name__ for cls in type(exc).__mro__}
@@ -1055,4 +1081,7 @@ def main() -> None:
             _err("interrupted")
             sys.exit(130)
         raise
+    if code == 130:
+        # typer turns a KeyboardInterrupt it meets into exit 130, silently.
+        _err("interrupted")
     sys.exit(code if isinstance(code, int) else EXIT_OK)

@@ -198,7 +198,7 @@ def _baseline_files(traces: TraceSet, baseline: str, replays: Path) -> list[Path
             hint = (f"; finished replays: {', '.join(known)}" if len(known) <= 5
                     else f"; the newest 5 of {len(known)} finished replays: {', '.join(known[-5:])}")
         raise BaselineNotFound("baseline", f"no finished replay {baseline!r} under {replays}{hint}")
-    files = list(table_files(folder / "decisions", "decisions", BASELINE_COLUMNS).files)
+    files = list(table_files(folder / "decisions", "decisions", BASELINE_COLUMNS, versioned=False).files)
     _check_overlap(traces, baseline, folder, files)
     return files
 

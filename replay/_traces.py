@@ -76,7 +76,7 @@ class TraceSet:
         return self.tables["candidates"].rows
 
 
-def table_files(folder: Path, name: str, required: Sequence[str]) -> TableFiles:
+def table_files(folder: Path, name: str, required: Sequence[str], versioned: bool = True) -> TableFiles:
     """Check every Parquet file of one table by its footer (cheap: no data
     pages are read) and return them."""
     import pyarrow.parquet as pq
@@ -99,7 +99,7 @@ def table_files(folder: Path, name: str, required: Sequence[str]) -> TableFiles:
         if missing:
             raise TracesError(str(path), f"table {name!r} lacks column(s) {', '.join(missing)}")
         _check_types(path, name, meta.schema.to_arrow_schema(), required)
-        _check_schema_version(path, meta, newest)
+        _check_schema_version(path, meta, newest, versioned)
         columns = names if columns is None else columns & names
         rows += meta.num_rows
     return TableFiles(name, files, columns or frozenset(), rows)
@@ -146,12 +146,17 @@ def _quoted(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-def _check_schema_version(path: Path, meta: Any, newest: int) -> None:
+def _check_schema_version(path: Path, meta: Any, newest: int, required: bool) -> None:
     """Every ``schema_version`` of a file (from its row-group statistics)
     is a version this build reads: a whole number from 1 to ``newest``,
-    never missing."""
+    never missing. A trace table (``required``) has the column: every row
+    the recorder writes carries one; a replay's tables read back as a
+    baseline have none."""
     names = meta.schema.names
     if "schema_version" not in names:
+        if required:
+            raise TracesError(str(path), f"no column 'schema_version'; expected one, 1 to {newest} in every row "
+                                         "(the recorder writes it)")
         return
     index = names.index("schema_version")
     if meta.schema.column(index).physical_type not in ("INT32", "INT64"):

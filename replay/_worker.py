@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from loopledger._parquet import one_line
 from loopledger.canonical import canonical_json
 
 from ._errors import RunTraceError
@@ -140,8 +141,26 @@ def _spans(keys: Sequence[Any]) -> dict[Any, tuple[int, int]]:
 
 
 #: Event kinds whose payload the run view does not read (see RunView.apply):
-#: their JSON is not parsed.
+#: parsed (to know it is JSON), not folded.
 _UNREAD_PAYLOADS = frozenset({"decisions", "run_created", "late_event"})
+
+
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
+
+
+def _object(run_id: str, seq: int, kind: str, payload: str | None) -> dict[str, Any]:
+    """An event's payload, a JSON object (none is an empty one)."""
+    if not payload:
+        return {}
+    try:
+        value = _loads(payload)
+    except ValueError as exc:  # orjson's and json's decode errors are ValueErrors
+        raise RunTraceError(run_id, f"events: seq {seq} ({kind}): its payload_json is not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise RunTraceError(run_id, f"events: seq {seq} ({kind}): its payload_json is {_JSON_KINDS[type(value)]}; "
+                                    "expected a JSON object")
+    return value
 
 
 class _Partition:
@@ -165,10 +184,10 @@ class _Partition:
             events = events.sort(["run_id", "seq"], maintain_order=True)
             self.broken.update(_broken_sequences(events))
             self.event_columns = [events[c].to_list() for c in ("kind", "to_state", "step", "attempt",
-                                                               "payload_json")]
+                                                               "payload_json", "seq")]
             self.event_spans = _spans(events["run_id"].to_list())
         else:
-            self.event_columns, self.event_spans = [[] for _ in range(5)], {}
+            self.event_columns, self.event_spans = [[] for _ in range(6)], {}
         # Every recorded candidate counts, including those the engine never
         # validated (an untrusted finish is a new attempt, not a decision).
         candidates = _frame(work, "candidates", part, ["run_id"])
@@ -229,42 +248,45 @@ class _Partition:
         if span is None:
             return []
         start, end = span
-        kinds, _, steps, attempts, payloads = (c[start:end] for c in self.event_columns)
-        try:
-            return [(step, attempt, _loads(payload)) for kind, step, attempt, payload
-                    in zip(kinds, steps, attempts, payloads) if kind == "decisions" and payload]
-        except ValueError as exc:
-            raise RunTraceError(run_id, f"events: a payload_json is not JSON ({exc})") from None
+        kinds, _, steps, attempts, payloads, seqs = (c[start:end] for c in self.event_columns)
+        out = []
+        for kind, step, attempt, payload, seq in zip(kinds, steps, attempts, payloads, seqs):
+            if kind != "decisions":
+                continue
+            brief = _object(run_id, seq, kind, payload)
+            if not isinstance(brief.get("verdict"), str) or not isinstance(brief.get("blocking", []), list):
+                raise RunTraceError(run_id, f"events: seq {seq} ({kind}): no verdict or blocking decisions in its "
+                                            "payload; expected what the engine records (verdict, count, blocking)")
+            out.append((step, attempt, brief))
+        return out
 
     def events(self, run_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The run's events in seq order up to its last validated candidate,
-        payloads parsed (except the kinds the run view does not read), and
+        payloads parsed (empty for the kinds the run view does not read), and
         the payloads of all its ``step_closed`` events. Events after the last
         candidate entered VALIDATING cannot change a decision: they are not
-        folded, and their payloads are parsed only for the step table."""
+        folded. Every payload must be a JSON object."""
         span = self.event_spans.get(run_id)
         if span is None:
             return [], []
         start, end = span
-        kinds, states, steps, attempts, payloads = (c[start:end] for c in self.event_columns)
+        kinds, states, steps, attempts, payloads, seqs = (c[start:end] for c in self.event_columns)
         last = -1
         for i in range(len(kinds) - 1, -1, -1):
             if kinds[i] == "transition" and states[i] == "VALIDATING":
                 last = i
                 break
-        loads = _loads
+        # Every payload is read (a broken one after the last candidate is
+        # still a trace that was changed); those the run view does not read
+        # are not kept.
+        parsed = [_object(run_id, seq, kind, payload) for kind, payload, seq in zip(kinds, payloads, seqs)]
         unread = _UNREAD_PAYLOADS
-        try:
-            folded = [{"kind": kind, "to_state": to_state, "step": step, "attempt": attempt,
-                       "payload": loads(payload) if payload and kind not in unread else {}}
-                      for kind, to_state, step, attempt, payload in zip(kinds[:last + 1], states[:last + 1],
-                                                                        steps[:last + 1], attempts[:last + 1],
-                                                                        payloads[:last + 1])]
-            closed = [e["payload"] for e in folded if e["kind"] == "step_closed"]
-            closed += [loads(payload) for kind, payload in zip(kinds[last + 1:], payloads[last + 1:])
-                       if kind == "step_closed"]
-        except ValueError as exc:  # orjson's and json's decode errors are ValueErrors
-            raise RunTraceError(run_id, f"events: a payload_json is not JSON ({exc})") from None
+        folded = [{"kind": kind, "to_state": to_state, "step": step, "attempt": attempt,
+                   "payload": payload if kind not in unread else {}}
+                  for kind, to_state, step, attempt, payload in zip(kinds[:last + 1], states[:last + 1],
+                                                                    steps[:last + 1], attempts[:last + 1],
+                                                                    parsed[:last + 1])]
+        closed = [p for kind, p in zip(kinds, parsed) if kind == "step_closed"]
         return folded, closed
 
 
@@ -340,6 +362,12 @@ def run_job(job: Job) -> list[list[RunReplay]]:
             error = None
         except RunTraceError as exc:
             evaluated, open_calls, closed, error = [], (), [], exc.reason
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+            # JSON of the wrong shape in a payload or a body (a field
+            # missing, a list where an object was recorded, a state no
+            # build has): the run cannot be read back.
+            evaluated, open_calls, closed = [], (), []
+            error = f"events or artifacts hold what no recording writes ({one_line(exc)})"
         if evaluated:
             _step_columns(run_id, closed, evaluated[-1][0][0], open_calls, steps)
         for i, suite in enumerate(suites):

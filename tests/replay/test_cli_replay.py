@@ -161,6 +161,15 @@ def test_a_schema_version_no_build_wrote(home_copy: Path, values: list, said: st
     one_line(out.stderr, path.name, said)
 
 
+@pytest.mark.parametrize("table", ["runs", "events", "artifacts", "candidates", "validations", "labels"])
+def test_a_trace_file_without_its_schema_version_column_is_refused(home_copy: Path, table: str) -> None:
+    path = sorted((home_copy / "traces" / table).glob("*.parquet"))[0]
+    pq.write_table(pq.read_table(path).drop_columns(["schema_version"]), path)
+    out = replay_on(home_copy)
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, path.name, "no column 'schema_version'")
+
+
 def test_corrupt_parquet(home_copy: Path) -> None:
     victim = sorted((home_copy / "traces" / "events").glob("*.parquet"))[0]
     victim.write_bytes(b"PAR1 this is not a parquet file at all")
@@ -504,6 +513,51 @@ def _a_payload_not_json(traces: Path) -> list[str]:
     return [victim, "payload_json is not JSON"]
 
 
+def _an_event(traces: Path, kind: str, column: str, value: str, last: bool = False) -> str:
+    """Set ``column`` of the first (or last) event of ``kind`` of a validated run; return the run."""
+    import duckdb
+
+    victim = _a_validated_run(traces)
+    (seq,) = duckdb.connect().execute(
+        f"SELECT {'max' if last else 'min'}(seq) FROM read_parquet('{traces}/events/**/*.parquet') "
+        "WHERE run_id = ? AND kind = ?", [victim, kind]).fetchone()
+
+    def spoil(t: pa.Table) -> pa.Table:
+        values = [value if (r, q) == (victim, seq) else v for r, q, v in zip(
+            t.column("run_id").to_pylist(), t.column("seq").to_pylist(), t.column(column).to_pylist())]
+        return t.set_column(t.schema.get_field_index(column), column, pa.array(values, pa.string()))
+
+    _rewrite(traces / "events", spoil)
+    return victim
+
+
+def _the_last_candidates_payload_not_json(traces: Path) -> list[str]:
+    """Recorded after its candidate entered VALIDATING: no decision reads it,
+    and it is still a trace that was changed."""
+    return [_an_event(traces, "candidate_recorded", "payload_json", "{not json", last=True),
+            "payload_json is not JSON"]
+
+
+def _a_step_closed_payload_null(traces: Path) -> list[str]:
+    return [_an_event(traces, "step_closed", "payload_json", "null"), "step_closed", "is null; expected a JSON object"]
+
+
+def _a_decisions_payload_an_array(traces: Path) -> list[str]:
+    return [_an_event(traces, "decisions", "payload_json", "[]"), "is an array; expected a JSON object"]
+
+
+def _a_decisions_payload_empty(traces: Path) -> list[str]:
+    return [_an_event(traces, "decisions", "payload_json", "{}"), "no verdict"]
+
+
+def _a_candidate_recorded_payload_empty(traces: Path) -> list[str]:
+    return [_an_event(traces, "candidate_recorded", "payload_json", "{}"), "no recording writes", "candidate_id"]
+
+
+def _a_state_no_build_has(traces: Path) -> list[str]:
+    return [_an_event(traces, "transition", "to_state", "BOGUS"), "'BOGUS' is not a valid State"]
+
+
 def _seq_as_text(traces: Path) -> list[str]:
     victim = sorted((traces / "events").glob("*.parquet"))[0]
     t = pq.read_table(victim)
@@ -601,7 +655,10 @@ def _a_runs_row_written_twice(traces: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("spoil", [_events_of_a_run_gone, _one_event_gone, _events_written_twice, _events_cut_short,
-                                   _a_payload_not_json, _seq_as_text, _a_verdict_no_validator_gives,
+                                   _a_payload_not_json, _the_last_candidates_payload_not_json,
+                                   _a_step_closed_payload_null, _a_decisions_payload_an_array,
+                                   _a_decisions_payload_empty, _a_candidate_recorded_payload_empty,
+                                   _a_state_no_build_has, _seq_as_text, _a_verdict_no_validator_gives,
                                    _the_runs_row_of_a_run_gone, _only_the_decisions_of_a_run_left,
                                    _a_blocking_decision_gone, _an_accept_row_gone, _every_decision_of_a_run_gone,
                                    _an_accept_made_a_reject,
@@ -851,6 +908,72 @@ def test_a_replay_ended_by_sigterm_leaves_nothing_unfinished(recorded_home: Path
     assert proc.returncode == 143, (out, err)
     assert err.strip() == "loopledger: terminated"
     assert list((home / "replays").iterdir()) == []
+
+
+def test_a_replay_interrupted_says_so(recorded_home: Path, tmp_path: Path) -> None:
+    """Ctrl-C: exit 130 and one line (typer's own handling exited 130 and said nothing)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from replay_kit import LOOPLEDGER
+
+    (tmp_path / "slowmod.py").write_text(
+        "import time\nfrom loopledger.validators import validator\n\n"
+        "@validator(name='slow.sleep', version='1')\ndef sleep():\n"
+        "    def check(inp):\n        time.sleep(0.05)\n        return []\n    return check\n")
+    suite = tmp_path / "slow.yaml"
+    suite.write_text("name: slow\nimports: [slowmod]\nvalidators: [structure, slow.sleep]\n")
+    home = tmp_path / "home"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.Popen([LOOPLEDGER, "replay", "--suite", str(suite), "--traces", str(recorded_home / "traces"),
+                             "--home", str(home), "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 60
+    while not list((home / "replays").glob("*.partial")) if (home / "replays").is_dir() else True:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert err.strip() == "loopledger: interrupted"
+    assert list((home / "replays").iterdir()) == []
+
+
+@pytest.mark.parametrize(("signum", "code", "said"), [(15, 143, "terminated"), (2, 130, "interrupted")])
+def test_a_signal_inside_a_duckdb_query_is_that_signal_not_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: int, code: int, said: str) -> None:
+    """DuckDB turns the exception a signal handler raises inside a query
+    (partitioning the traces) into its own "Query interrupted" error."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    import duckdb
+
+    import loopledger.replay._commands as commands
+    from loopledger import _cli
+
+    def slow_query(**_: object) -> int:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signum)).start()
+        duckdb.sql("SELECT count(*) FROM range(100000000000) t(x) WHERE x % 7 = 3").fetchall()
+        return 0
+
+    monkeypatch.setattr(commands, "replay_command", slow_query)
+    monkeypatch.setattr(_cli, "_SIGNALLED", [])
+    monkeypatch.setattr(sys, "argv", ["loopledger", "replay", "--suite", "default"])
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            _cli.main()
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    assert ended.value.code == code
+    assert capsys.readouterr().err.strip() == f"loopledger: {said}"
 
 
 def test_a_validator_of_an_interactive_session_is_not_sent_to_worker_processes(recorded_home: Path) -> None:

@@ -62,7 +62,7 @@ def test_the_recording_suite_finds_the_recorded_loop_diagnoses(default_replay: R
     # finished steps before each candidate and the last candidate's own
     # calls. A stop at a candidate (its proposed calls never ran) is found
     # at the same step, by the same detector, as the engine recorded it.
-    cols = "run_id, step, detector, detector_version, pattern"
+    cols = "run_id, step, detector, detector_version, pattern, evidence_json"
     recorded = scan(recorded_home / "traces" / "loop_diagnoses", f"SELECT {cols} FROM t ORDER BY ALL")
     assert default_replay.path is not None
     replayed = scan(default_replay.path / "loop_diagnoses", f"SELECT {cols} FROM t ORDER BY ALL")
