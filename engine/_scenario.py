@@ -8,6 +8,7 @@ expected. Nothing is recorded until every file of a ``run`` has loaded.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -70,6 +71,34 @@ _NULL_ARGUMENTS = {
 }
 
 
+def _not_finite(value: Any, path: str) -> str | None:
+    """The path of the first float in ``value`` that is not finite, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        items: Any = ((f"{path}.{k}", v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for where, item in items:
+        found = _not_finite(item, where)
+        if found is not None:
+            return found
+    return None
+
+
+def _finite_json(value: Any) -> Any:
+    """``value`` when every number in it is finite. JSON has no .inf or
+    .nan: sent, one would become null, and the trace would not hold what the
+    script says."""
+    where = _not_finite(value, "")
+    if where is not None:
+        raise ValueError(f"{where.lstrip('.') or 'the value'} is not a finite number; expected finite numbers only "
+                         "(JSON has no .inf or .nan)")
+    return value
+
+
 class ScriptedCall(_Strict):
     """One tool call a scripted model entry makes."""
 
@@ -87,6 +116,8 @@ class ScriptedCall(_Strict):
         if value is None and not _stored(info):
             raise ValueError(_NULL_ARGUMENTS[info.field_name])
         return value
+
+    _finite = field_validator("arguments")(classmethod(lambda cls, value: _finite_json(value)))
 
     @model_validator(mode="after")
     def _one_form(self) -> ScriptedCall:
@@ -116,6 +147,8 @@ class ModelEntry(_Strict):
     final: str | None = None
     claims: list[ScriptedClaim] = Field(default_factory=list)
     plan: list[Any] | None = None
+
+    _finite = field_validator("plan")(classmethod(lambda cls, value: _finite_json(value)))
     # Faulty forms:
     stream: Literal["truncated"] | None = None
     finish_reason: Literal["stop", "tool_calls", "length", "content_filter", "error"] | None = None
@@ -217,6 +250,8 @@ class UserReply(_Strict):
 
     approve: bool | None = None
     answer: Any = None
+
+    _finite = field_validator("answer")(classmethod(lambda cls, value: _finite_json(value)))
 
     @model_validator(mode="after")
     def _one_of_approve_or_answer(self, info: ValidationInfo) -> UserReply:

@@ -86,6 +86,15 @@ model:
          "expected exactly one of approve (true or false) or answer, got neither"),
         ("id: a\ncontract: {goal: g}\nuser: [{approve: true, answer: {executed: false}}]\n", "s.yaml: user[0]",
          "got approve and answer"),
+        # JSON has no .inf or .nan: sent, one would be recorded as null.
+        ("id: a\ncontract: {goal: g}\nmodel: [{tool_calls: [{name: payments.refund, arguments: {amount: .inf}}]}]\n",
+         "s.yaml: model[0].tool_calls[0].arguments", "amount is not a finite number"),
+        ("id: a\ncontract: {goal: g}\nmodel: [{tool_calls: [{name: t, arguments: {a: {b: [1, .nan]}}}]}]\n",
+         "s.yaml: model[0].tool_calls[0].arguments", "a.b[1] is not a finite number"),
+        ("id: a\ncontract: {goal: g}\nuser: [{answer: {n: -.inf}}]\n", "s.yaml: user[0].answer",
+         "n is not a finite number"),
+        ("id: a\ncontract: {goal: g}\nmodel: [{final: x, plan: [.nan]}]\n", "s.yaml: model[0].plan",
+         "is not a finite number"),
     ],
 )
 def test_bad_fields_name_file_field_and_expectation(tmp_path: Path, text: str, where: str, why: str) -> None:
