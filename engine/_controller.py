@@ -116,6 +116,43 @@ class RunConfig:
     approval_required: frozenset[str] = frozenset(t.name for t in DEMO_TOOLS if t.requires_approval)
 
 
+def _payload_ops(ops: list[OpView]) -> list[dict[str, Any]]:
+    """The operations as a transition's payload records them (what the run view reads back)."""
+    return [{"operation_id": op.operation_id, "idempotency_key": op.idempotency_key, "call_id": op.call_id,
+             "tool": op.tool, "version": op.version, "arguments": op.arguments, "args_hash": op.args_hash,
+             "step": op.step, **({"denied": True} if op.denied else {})} for op in ops]
+
+
+def _result_parts(op: OpView, outcome: ToolOutcome) -> tuple[list[Artifact], dict[str, Any], dict[str, Any]]:
+    """A request's terminal result as recorded: the result artifact (none
+    without a result), the ``operation_result`` event's payload, and the
+    operation's row update."""
+    artifacts: list[Artifact] = []
+    result_id = None
+    summary = None
+    if outcome.result is not None:
+        full = Artifact("tool_result", {"operation_id": op.operation_id, "tool": op.tool, "result": outcome.result})
+        artifacts.append(full)
+        result_id = full.artifact_id
+        summary = reduce_result(op.tool, outcome.result)
+        if isinstance(summary, dict) and "full_artifact" in summary:
+            summary = {**summary, "full_artifact": result_id}
+    event = {
+        "operation_id": op.operation_id,
+        "tool": op.tool,
+        "outcome": outcome.outcome,
+        "status": outcome.status,
+        "error_code": outcome.error_code,
+        "evidence": [dict(e) for e in outcome.evidence],
+        "work_id": outcome.work_id,
+        "result_artifact_id": result_id,
+        "summary": summary,
+    }
+    update = {"operation_id": op.operation_id, "status": outcome.status, "outcome": outcome.outcome,
+              "result_artifact_id": result_id, "work_id": outcome.work_id}
+    return artifacts, event, update
+
+
 class Controller(PeopleMixin):
     @property
     def secret(self) -> bytes:
@@ -701,10 +738,6 @@ class Controller(PeopleMixin):
             self._finalize(view, "SUCCEEDED", "completed", extra=recorded,
                            payload_extra={"final_id": final.artifact_id})
             return
-        budget = config.scenario.budgets.max_tool_calls
-        if budget is not None and view.counters["tool_calls"] + len(calls) > budget:
-            self._finalize(view, "BUDGET_EXHAUSTED", "max_tool_calls", extra=recorded)
-            return
         allowed = config.scenario.contract.allowed_tools
         ops = [self._operation(view, index, call, denied=allowed is not None and not tool_allowed(call.tool, allowed))
                for index, call in enumerate(calls, start=1)]
@@ -725,6 +758,10 @@ class Controller(PeopleMixin):
             }
             for op in ops
         )
+        budget = config.scenario.budgets.max_tool_calls
+        if budget is not None and view.counters["tool_calls"] + len(calls) > budget:
+            self._over_tool_calls(view, ops, new_operations, budget, recorded)
+            return
         # The first operation that needs nobody's approval is marked as sent in
         # the same commit that records it, and sent right after: a crash in
         # between leaves it in flight, and the resumed run reconciles it.
@@ -735,22 +772,34 @@ class Controller(PeopleMixin):
             ) + new_operations[1:]
             recorded["events"] = tuple(recorded["events"]) + (
                 NewEvent("operation_dispatched", {"operation_id": first.operation_id}),)
-        payload_ops = [
-            {"operation_id": op.operation_id, "idempotency_key": op.idempotency_key, "call_id": op.call_id,
-             "tool": op.tool, "version": op.version, "arguments": op.arguments, "args_hash": op.args_hash,
-             "step": op.step, **({"denied": True} if op.denied else {})}
-            for op in ops
-        ]
         self._move(
             view,
             State.TOOL_RUNNING,
-            payload={"operations": payload_ops},
+            payload={"operations": _payload_ops(ops)},
             new_operations=new_operations,
             counters={"tool_calls": len(ops)},
             **recorded,
         )
         if first is not None:
             self._send(view, config, view.ops[first.operation_id])
+
+    def _over_tool_calls(self, view: RunView, ops: list[OpView], rows: tuple[dict[str, Any], ...], budget: int,
+                         recorded: dict[str, Any]) -> None:
+        """The accepted calls would exceed ``max_tool_calls``: the run ends
+        BUDGET_EXHAUSTED, and each call, recorded, gets its one terminal
+        result in the same commit: ``cancelled`` (MAX_TOOL_CALLS), not sent."""
+        left = max(budget - view.counters["tool_calls"], 0)
+        outcome = failure("cancelled", "MAX_TOOL_CALLS", f"max_tool_calls: {len(ops)} call(s) proposed, {left} left "
+                                                         f"of {budget}; not sent")
+        artifacts, events, done = list(recorded.get("artifacts", ())), list(recorded.get("events", ())), []
+        for op, row in zip(ops, rows):
+            parts, event, update = _result_parts(op, outcome)
+            artifacts += parts
+            events.append(NewEvent("operation_result", event))
+            done.append({**row, **update})
+        extra = {**recorded, "artifacts": tuple(artifacts), "events": tuple(events), "new_operations": tuple(done)}
+        self._finalize(view, "BUDGET_EXHAUSTED", "max_tool_calls", extra=extra,
+                       payload_extra={"operations": _payload_ops(ops)})
 
     def _operation(self, view: RunView, index: int, call: Any, *, denied: bool = False) -> OpView:
         operation_id = f"{view.run_id}.s{view.step}.op{index}"
@@ -967,34 +1016,11 @@ class Controller(PeopleMixin):
         """Commit the request's one terminal result (with ``close_step``, also
         the move to READY that ends the step; ``before``: events committed
         with it, ahead of it)."""
-        artifacts: list[Artifact] = []
-        result_id = None
-        summary = None
-        if outcome.result is not None:
-            full = Artifact("tool_result", {"operation_id": op.operation_id, "tool": op.tool,
-                                           "result": outcome.result})
-            artifacts.append(full)
-            result_id = full.artifact_id
-            summary = reduce_result(op.tool, outcome.result)
-            if isinstance(summary, dict) and "full_artifact" in summary:
-                summary = {**summary, "full_artifact": result_id}
-        event = {
-            "operation_id": op.operation_id,
-            "tool": op.tool,
-            "outcome": outcome.outcome,
-            "status": outcome.status,
-            "error_code": outcome.error_code,
-            "evidence": [dict(e) for e in outcome.evidence],
-            "work_id": outcome.work_id,
-            "result_artifact_id": result_id,
-            "summary": summary,
-        }
+        artifacts, event, update = _result_parts(op, outcome)
         events = [*before, NewEvent("operation_result", event)]
         if close_step:
             to = State.READY
             events.append(NewEvent("step_closed", view.step_record(with_result=event).to_dict()))
-        update = {"operation_id": op.operation_id, "status": outcome.status, "outcome": outcome.outcome,
-                  "result_artifact_id": result_id, "work_id": outcome.work_id}
         self._commit(view, Commit(
             view.run_id, view.state_version, to,
             payload=payload or {},

@@ -234,7 +234,9 @@ class RunView:
             self.attempts_in_step += 1
         self.step, self.attempt = step, attempt
         self.step_states.append(target._value_)
-        if target is State.TOOL_RUNNING and "operations" in payload:
+        # Operations are recorded on the move to TOOL_RUNNING, or with a
+        # FINALIZING that ends the run before they are sent (a budget).
+        if "operations" in payload:
             for op in payload["operations"]:
                 added = self.ops[op["operation_id"]] = OpView(**op)
                 self._remodel(added)

@@ -58,6 +58,26 @@ def test_tool_calls_used_exactly_leave_the_final_answer_free(tmp_path: Path) -> 
     assert (line["status"], line["reason"]) == ("SUCCEEDED", "completed")
 
 
+def test_calls_past_the_tool_call_budget_each_get_their_one_terminal_result(tmp_path: Path) -> None:
+    """The candidate was accepted, so its calls are tool requests: recorded,
+    each ``cancelled`` (MAX_TOOL_CALLS), none sent, in the commit that ends
+    the run."""
+    scenario = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "budget-max-tool-calls.yaml"
+    home = tmp_path / "home"
+    line, _ = run(scenario, home)
+    assert (line["status"], line["reason"]) == ("BUDGET_EXHAUSTED", "max_tool_calls")
+    journal = sqlite3.connect(home / "journal.sqlite")
+    ops = journal.execute("SELECT tool, outcome, status, dispatch_count, canonical_args_json FROM operations "
+                          "ORDER BY operation_id").fetchall()
+    assert [(t, o, s, n) for t, o, s, n, _ in ops] == [("orders.get_order", "cancelled", "failed", 0)] * 3
+    assert [json.loads(a)["order_id"] for *_, a in ops] == ["ORD-1013", "ORD-1014", "ORD-1015"]
+    results = [json.loads(p) for (p,) in journal.execute(
+        "SELECT payload_json FROM events WHERE kind = 'operation_result' ORDER BY seq")]
+    assert [r["error_code"] for r in results] == ["MAX_TOOL_CALLS"] * 3
+    assert journal.execute("SELECT tool_calls FROM runs").fetchone() == (0,)
+    assert all_violations(home) == []
+
+
 def test_the_deadline_counts_from_when_the_engine_takes_the_run_up(tmp_path: Path) -> None:
     """A run created with a batch and queued behind the others has not
     started: its outcome does not depend on what else is in the batch."""

@@ -104,7 +104,7 @@ def test_show_prints_the_diagnosis_and_the_wait_whole(recorded) -> None:
     shown = loopledger("show", looped, home=home).stdout
     (diagnosis,) = [x for x in shown.splitlines() if x.startswith("loop diagnosis")]
     evidence = json.loads(diagnosis.split(" repeated_call ", 1)[1])
-    assert evidence["pattern"] == "repeated_call" and len(evidence["call"]) > 60
+    assert evidence["count"] == 3 and len(evidence["call"]) > 60
     waiting = next(line for line in lines if line["task_id"] == "ask-user-bad-answer")
     shown = loopledger("show", waiting["run_id"], home=home).stdout
     (wait,) = [x for x in shown.splitlines() if x.startswith("waiting for user")]
@@ -122,7 +122,7 @@ def test_show_json_is_the_whole_run_as_the_journal_holds_it(recorded) -> None:
     assert shown["events"][-1]["to_state"] == line["status"]
     # Decoded, not clipped: the diagnosis's evidence and every decision whole.
     (diagnosis,) = shown["loop_diagnoses"]
-    assert diagnosis["pattern"] == "repeated_call" and diagnosis["evidence"]["pattern"] == "repeated_call"
+    assert diagnosis["pattern"] == "repeated_call" and diagnosis["evidence"]["count"] == 3
     assert {d["candidate_id"] for d in shown["decisions"]} <= {c["candidate_id"] for c in shown["candidates"]}
     assert all(isinstance(c["items"], list) for c in shown["candidates"])
     assert {op["tool"] for op in shown["operations"]} and all("canonical_args" in op for op in shown["operations"])
