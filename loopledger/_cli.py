@@ -174,10 +174,23 @@ def _is_database_error(exc: BaseException) -> bool:
     return psycopg is not None and isinstance(exc, psycopg.Error)
 
 
+#: ``--home`` and ``--store`` given before the command (``loopledger --home
+#: DIR run ...``): the defaults of the command's own options.
+_GLOBAL: dict[str, str | None] = {"home": None, "store": None}
+
+
+@app.callback()
+def _options(home: HomeOption = None, store: StoreOption = None) -> None:
+    """A durable agent loop as a persisted state machine, with offline replay of its decisions."""
+    _GLOBAL.update(home=home, store=store)
+
+
 def _home(home: str | None, store: str | None = None) -> Any:
     from loopledger.engine._errors import BadInput
     from loopledger.engine._home import Home
 
+    home = home if home is not None else _GLOBAL["home"]
+    store = store if store is not None else _GLOBAL["store"]
     if home is not None and not home.strip():
         raise BadInput("--home", "expected a folder, got an empty string")
     return Home.resolve(home, store)

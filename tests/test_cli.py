@@ -207,6 +207,22 @@ def test_home_defaults_to_the_environment_then_the_working_directory(tmp_path: P
     assert (tmp_path / "loopledger-data" / "journal.sqlite").is_file()
 
 
+def test_home_may_come_before_the_command_and_the_commands_own_wins(tmp_path: Path) -> None:
+    scenario = str(REPO / "datasets" / "scenarios" / "happy-refund.yaml")
+    before, own = tmp_path / "before", tmp_path / "own"
+    assert cli("--home", str(before), "run", scenario, cwd=tmp_path).returncode == 0
+    assert (before / "journal.sqlite").is_file() and not (tmp_path / "loopledger-data").exists()
+    run_id = scalar_run_id(before)
+    assert cli("--home", str(before), "show", run_id, cwd=tmp_path).returncode == 0
+    assert cli("--home", str(before), "run", scenario, "--home", str(own), cwd=tmp_path).returncode == 0
+    assert (own / "journal.sqlite").is_file()
+    assert cli("--home", str(own), "show", run_id, cwd=tmp_path).returncode == 1  # not that home's run
+    # A store given before the command is the command's journal too.
+    shown = cli("--store", f"sqlite:///{before / 'journal.sqlite'}", "--home", str(own), "show", run_id,
+                cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "names"),
     [
