@@ -97,7 +97,8 @@ def guarded(fn: F) -> F:
             # The journal or a backend database failed under us (disk full,
             # corruption, a lock held too long, a server gone): infrastructure,
             # not input. A PostgreSQL journal's failure names its URL.
-            _err(f"{_failed_database(exc, kwargs.get('store'))}: {' '.join(str(exc).split())}")
+            store = kwargs.get("store") or _GLOBAL["store"]
+            _err(f"{_failed_database(exc, store)}: {' '.join(str(exc).split())}")
             raise typer.Exit(EXIT_INFRA) from None
 
     return wrapper  # type: ignore[return-value]
@@ -185,11 +186,17 @@ def _options(home: HomeOption = None, store: StoreOption = None) -> None:
     _GLOBAL.update(home=home, store=store)
 
 
-def _home(home: str | None, store: str | None = None) -> Any:
+def _home(home: str | None, store: str | None = None, *, command: str | None = None) -> Any:
+    """The data directory (and journal) a command works on; ``command``
+    names one without a ``--store`` of its own, which refuses one given
+    before it rather than pass over it."""
     from loopledger.engine._errors import BadInput
     from loopledger.engine._home import Home
 
     home = home if home is not None else _GLOBAL["home"]
+    if command is not None and _GLOBAL["store"] is not None:
+        raise BadInput("--store", f"{command} reads and writes the data directory (--home) only; expected no "
+                                  "--store before it")
     store = store if store is not None else _GLOBAL["store"]
     if home is not None and not home.strip():
         raise BadInput("--home", "expected a folder, got an empty string")
@@ -882,8 +889,8 @@ def replay_cmd(
     # folder) is left behind.
     _terminate_by_unwinding()
     try:
-        code = replay_command(home=_home(home), suite=suite, baseline=baseline, traces=traces, fail_on=fail_on,
-                              junit=junit, markdown=markdown, workers=workers)
+        code = replay_command(home=_home(home, command="replay"), suite=suite, baseline=baseline, traces=traces,
+                              fail_on=fail_on, junit=junit, markdown=markdown, workers=workers)
     except ReplayInputError as exc:
         _err(f"bad input: {exc}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
@@ -989,7 +996,7 @@ def import_cmd(
     input (file, record and reason; nothing written)."""
     from loopledger.datasets import ImportInputError, import_traces
 
-    where = _home(home)
+    where = _home(home, command="import")
     try:
         result = import_traces(fmt, paths, home=where.root, tools=tools, decide=decide)
     except ImportInputError as exc:
@@ -1025,6 +1032,8 @@ def _terminate_by_unwinding() -> None:
     processes: the engine's commands keep SIGTERM's default, a crash the
     journal is made to survive."""
     import signal
+
+    _SIGNALLED.clear()  # a command run before in this process says nothing of this one
 
     def terminated(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends it at once

@@ -145,8 +145,31 @@ def _spans(keys: Sequence[Any]) -> dict[Any, tuple[int, int]]:
 _UNREAD_PAYLOADS = frozenset({"decisions", "run_created", "late_event"})
 
 
+#: A ``step_closed`` payload's fields (the StepRecord the engine wrote) and
+#: what each holds: they become the step table's typed columns.
+_STEP_TYPES = {"run_id": "text", "step": "whole", "states": "texts", "calls": "texts", "errors": "texts",
+               "new_evidence": "whole", "completed_operations": "whole"}
+
+
+def _check_step(run_id: str, seq: int, p: dict[str, Any]) -> None:
+    """A ``step_closed`` payload holds a step record: every field, each of
+    its type (``candidates`` a whole number or null)."""
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    checks = {"text": lambda v: isinstance(v, str), "whole": whole,
+              "texts": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)}
+    wanted = {"text": "text", "whole": "a whole number", "texts": "a list of texts"}
+    for field, kind in _STEP_TYPES.items():
+        if field not in p or not checks[kind](p[field]):
+            got = "missing" if field not in p else f"got {_JSON_KINDS.get(type(p[field]), 'a value')}"
+            raise RunTraceError(run_id, f"events: seq {seq} (step_closed): {field} {got}; expected {wanted[kind]}")
+    if p.get("candidates") is not None and not whole(p["candidates"]):
+        raise RunTraceError(run_id, f"events: seq {seq} (step_closed): candidates is not a whole number or null")
+
+
 _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
-               type(None): "null"}
+               type(None): "null", dict: "an object"}
 
 
 def _object(run_id: str, seq: int, kind: str, payload: str | None) -> dict[str, Any]:
@@ -280,6 +303,9 @@ class _Partition:
         # still a trace that was changed); those the run view does not read
         # are not kept.
         parsed = [_object(run_id, seq, kind, payload) for kind, payload, seq in zip(kinds, payloads, seqs)]
+        for kind, p, seq in zip(kinds, parsed, seqs):
+            if kind == "step_closed":
+                _check_step(run_id, seq, p)
         unread = _UNREAD_PAYLOADS
         folded = [{"kind": kind, "to_state": to_state, "step": step, "attempt": attempt,
                    "payload": payload if kind not in unread else {}}
@@ -367,7 +393,7 @@ def run_job(job: Job) -> list[list[RunReplay]]:
             # missing, a list where an object was recorded, a state no
             # build has): the run cannot be read back.
             evaluated, open_calls, closed = [], (), []
-            error = f"events or artifacts hold what no recording writes ({one_line(exc)})"
+            error = f"its events or artifacts could not be read back ({one_line(exc)})"
         if evaluated:
             _step_columns(run_id, closed, evaluated[-1][0][0], open_calls, steps)
         for i, suite in enumerate(suites):

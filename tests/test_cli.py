@@ -221,6 +221,11 @@ def test_home_may_come_before_the_command_and_the_commands_own_wins(tmp_path: Pa
     shown = cli("--store", f"sqlite:///{before / 'journal.sqlite'}", "--home", str(own), "show", run_id,
                 cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
+    # A command without a journal of its own takes none: refused, not passed over.
+    for command in (["replay", "--suite", "default"], ["import", "openai-jsonl", "x.jsonl"]):
+        refused = cli("--store", "sqlite:///elsewhere.sqlite", "--home", str(before), *command, cwd=tmp_path)
+        assert refused.returncode == 2
+        assert_one_clear_line(refused.stderr, "bad input", "--store", command[0])
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,12 @@ exit codes, reports, and one clear line for bad input."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sqlite3
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree as ET
 
 import pyarrow as pa
@@ -513,8 +515,9 @@ def _a_payload_not_json(traces: Path) -> list[str]:
     return [victim, "payload_json is not JSON"]
 
 
-def _an_event(traces: Path, kind: str, column: str, value: str, last: bool = False) -> str:
-    """Set ``column`` of the first (or last) event of ``kind`` of a validated run; return the run."""
+def _an_event(traces: Path, kind: str, column: str, value: Any, last: bool = False) -> str:
+    """Set ``column`` of the first (or last) event of ``kind`` of a validated
+    run (``value``: the new text, or a function of the old); return the run."""
     import duckdb
 
     victim = _a_validated_run(traces)
@@ -523,7 +526,7 @@ def _an_event(traces: Path, kind: str, column: str, value: str, last: bool = Fal
         "WHERE run_id = ? AND kind = ?", [victim, kind]).fetchone()
 
     def spoil(t: pa.Table) -> pa.Table:
-        values = [value if (r, q) == (victim, seq) else v for r, q, v in zip(
+        values = [(value(v) if callable(value) else value) if (r, q) == (victim, seq) else v for r, q, v in zip(
             t.column("run_id").to_pylist(), t.column("seq").to_pylist(), t.column(column).to_pylist())]
         return t.set_column(t.schema.get_field_index(column), column, pa.array(values, pa.string()))
 
@@ -542,6 +545,26 @@ def _a_step_closed_payload_null(traces: Path) -> list[str]:
     return [_an_event(traces, "step_closed", "payload_json", "null"), "step_closed", "is null; expected a JSON object"]
 
 
+def _the_last_step_closed_payload_empty(traces: Path) -> list[str]:
+    """After the last candidate: read for the step table only, and still checked."""
+    return [_an_event(traces, "step_closed", "payload_json", "{}", last=True), "step_closed", "run_id missing"]
+
+
+def _a_step_closed_count_as_null(traces: Path) -> list[str]:
+    def spoil(text: str) -> str:
+        return json.dumps({**json.loads(text), "new_evidence": None})
+
+    return [_an_event(traces, "step_closed", "payload_json", spoil, last=True), "new_evidence got null",
+            "expected a whole number"]
+
+
+def _a_step_closed_candidates_as_text(traces: Path) -> list[str]:
+    def spoil(text: str) -> str:
+        return json.dumps({**json.loads(text), "candidates": "3"})
+
+    return [_an_event(traces, "step_closed", "payload_json", spoil), "candidates is not a whole number"]
+
+
 def _a_decisions_payload_an_array(traces: Path) -> list[str]:
     return [_an_event(traces, "decisions", "payload_json", "[]"), "is an array; expected a JSON object"]
 
@@ -551,7 +574,7 @@ def _a_decisions_payload_empty(traces: Path) -> list[str]:
 
 
 def _a_candidate_recorded_payload_empty(traces: Path) -> list[str]:
-    return [_an_event(traces, "candidate_recorded", "payload_json", "{}"), "no recording writes", "candidate_id"]
+    return [_an_event(traces, "candidate_recorded", "payload_json", "{}"), "could not be read back", "candidate_id"]
 
 
 def _a_state_no_build_has(traces: Path) -> list[str]:
@@ -656,7 +679,9 @@ def _a_runs_row_written_twice(traces: Path) -> list[str]:
 
 @pytest.mark.parametrize("spoil", [_events_of_a_run_gone, _one_event_gone, _events_written_twice, _events_cut_short,
                                    _a_payload_not_json, _the_last_candidates_payload_not_json,
-                                   _a_step_closed_payload_null, _a_decisions_payload_an_array,
+                                   _a_step_closed_payload_null, _the_last_step_closed_payload_empty,
+                                   _a_step_closed_count_as_null, _a_step_closed_candidates_as_text,
+                                   _a_decisions_payload_an_array,
                                    _a_decisions_payload_empty, _a_candidate_recorded_payload_empty,
                                    _a_state_no_build_has, _seq_as_text, _a_verdict_no_validator_gives,
                                    _the_runs_row_of_a_run_gone, _only_the_decisions_of_a_run_left,
