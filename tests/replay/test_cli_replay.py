@@ -940,11 +940,13 @@ def test_a_replay_ended_by_a_signal_says_so_and_leaves_nothing_unfinished(
     assert list((home / "replays").iterdir()) == []
 
 
-@pytest.mark.parametrize(("signum", "code", "said"), [(15, 143, "terminated"), (2, 130, "interrupted")])
-def test_a_signal_inside_a_duckdb_query_is_that_signal_not_a_traceback(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: int, code: int, said: str) -> None:
+def test_sigterm_inside_a_duckdb_query_is_terminated_not_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """DuckDB turns the exception a signal handler raises inside a query
-    (partitioning the traces) into its own "Query interrupted" error."""
+    (partitioning the traces) into its own "Query interrupted" error. (Ctrl-C
+    is left to the subprocess test above: in a test runner's worker, DuckDB
+    does not always see a SIGINT sent to its own process.)"""
+    signum, code, said = 15, 143, "terminated"
     import os
     import signal
     import sys
@@ -957,15 +959,14 @@ def test_a_signal_inside_a_duckdb_query_is_that_signal_not_a_traceback(
 
     def slow_query(**_: object) -> int:
         threading.Timer(0.3, lambda: os.kill(os.getpid(), signum)).start()
-        duckdb.sql("SELECT count(*) FROM range(100000000000) t(x) WHERE x % 7 = 3").fetchall()
+        # Seconds of work, not hours: a signal that never lands fails the test, it does not hang it.
+        duckdb.sql("SELECT count(*) FROM range(2000000000) t(x) WHERE x % 7 = 3").fetchall()
         return 0
 
     monkeypatch.setattr(commands, "replay_command", slow_query)
     monkeypatch.setattr(_cli, "_SIGNALLED", [])
     monkeypatch.setattr(sys, "argv", ["loopledger", "replay", "--suite", "default"])
     previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    # Ctrl-C's default, whatever the test runner's own is (a background job ignores it).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(SystemExit) as ended:
             _cli.main()
