@@ -50,11 +50,13 @@ MIGRATION_LOCK = 7_400_000_001
 #: label, and taken (exclusive) by an export while its snapshot is made.
 LABELS_LOCK = 7_400_000_002
 URL_PREFIXES = ("postgresql://", "postgres://")
-#: A password in a URL or a connection string: ``user:PASSWORD@`` (up to the
-#: last ``@`` of the authority: a password may hold an unencoded one), a
-#: ``password=`` parameter, or ``password=`` among ``key=value`` settings.
-_PASSWORDS = (re.compile(r"://[^:/@?]*:([^/?]*)@"), re.compile(r"[?&]password=([^&]*)"),
-              re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)"))
+#: A URL in a message (any scheme: a mistyped one is quoted back too),
+#: from its scheme to the next space or quote.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]*")
+#: A ``password=`` parameter of a URL's query.
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*")
+#: A ``password=`` among ``key=value`` connection settings.
+_SETTING_PASSWORD = re.compile(r"((?:^|\s)password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 #: Connection settings a URL does not give: a dead server or network is
 #: found out in seconds instead of hanging a commit for ever.
 CONNECT_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
@@ -66,11 +68,44 @@ def is_postgres_url(url: str) -> bool:
 
 
 def redact(text: str, url: str | None = None) -> str:
-    """``text`` (a URL, or a message that quotes ``url``) with every
-    password of the URL replaced by ``***``."""
-    for secret in {m.group(1) for pattern in _PASSWORDS for m in pattern.finditer(url or text) if m.group(1)}:
-        text = text.replace(secret, "***")
-    return text
+    """``text`` (a URL, or a message that quotes one) with every password
+    in it replaced by ``***``: in a URL, all from the user's ``:`` to the
+    authority's last ``@`` (a password may hold an unencoded ``@``, ``/``
+    or ``?``), and ``password=`` values; never a bare substring elsewhere
+    (a short password would mask parts of words, and say what it is).
+    ``url``: the URL the message is about, masked where it is quoted whole."""
+    if url is not None and url in text:
+        text = text.replace(url, _redact_url(url))
+    text = _URL.sub(lambda m: _redact_url(m.group(0)), text)
+    return _SETTING_PASSWORD.sub(lambda m: m.group(1) + "***", text)
+
+
+def _redact_url(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    secret = _url_password(url)
+    if secret:
+        user_end = rest.find(":")
+        rest = f"{rest[:user_end]}:***{rest[user_end + 1 + len(secret):]}"
+    return _QUERY_PASSWORD.sub(lambda m: m.group(1) + "***", f"{scheme}://{rest}")
+
+
+def _url_password(url: str) -> str:
+    """The password of a URL's user part as written: from the user's ``:``
+    to the authority's last ``@`` ("" without one)."""
+    rest = url.partition("://")[2]
+    at = rest.rfind("@")
+    user_end = rest.find(":", 0, at) if at >= 0 else -1
+    if user_end < 0 or {"/", "@"} & set(rest[:user_end]):
+        return ""
+    return rest[user_end + 1:at]
+
+
+def _quotes_a_piece_of(text: str, url: str) -> bool:
+    """Whether ``text`` holds a piece of the URL's password (libpq, reading
+    a password with an unencoded ``/`` or ``?``, takes part of it for the
+    port, the host or the database, and says so)."""
+    secret = _url_password(url)
+    return bool(secret) and any(piece in text for piece in re.split(r"[/@?:#]", secret) if len(piece) >= 2)
 
 
 def _psycopg() -> Any:
@@ -87,7 +122,12 @@ def connect(url: str) -> Any:
     try:
         given = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:  # not a URL libpq can read: the input, not the server
-        raise BadInput("--store", f"{redact(url)}: {redact(' '.join(str(exc).split()), url)}") from None
+        # libpq's message may quote a piece of a password it could not place.
+        why = redact(" ".join(str(exc).split()), url)
+        if _quotes_a_piece_of(why, url):
+            why = "libpq cannot read it"
+        raise BadInput("--store", f"{redact(url)}: {why}; expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
+                                  "(special characters percent-encoded)") from None
     _check_settings(url, given)
     if not given.get("dbname") and not os.environ.get("PGDATABASE"):
         # libpq would pick a database named after the user (often the
@@ -114,7 +154,11 @@ def _check_settings(url: str, given: dict[str, Any]) -> None:
     server had failed): bad input, named."""
     ports = str(given.get("port", "")).split(",") if given.get("port") else []
     if any(not _WHOLE.match(port) or not 1 <= int(port) <= 65535 for port in ports):
-        raise BadInput("--store", f"{redact(url)}: port {given['port']!r}; expected a whole number from 1 to 65535")
+        # A password holding "/" makes libpq read part of it as the port:
+        # that value is not repeated.
+        shown = "" if _quotes_a_piece_of(str(given["port"]), url) else f" {given['port']!r}"
+        raise BadInput("--store", f"{redact(url)}: port{shown}; expected a whole number from 1 to 65535 (a "
+                                  "password's special characters percent-encoded)")
     if "connect_timeout" in given and not _WHOLE.match(str(given["connect_timeout"])):
         raise BadInput("--store", f"{redact(url)}: connect_timeout {given['connect_timeout']!r}; "
                                   "expected whole seconds")

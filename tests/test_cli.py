@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sqlite3
 import subprocess
@@ -109,6 +110,27 @@ def test_a_password_with_an_at_sign_is_masked_whole() -> None:
     assert redact("postgresql://postgres:pa@ss@127.0.0.1:1/db") == "postgresql://postgres:***@127.0.0.1:1/db"
     assert redact("host=h password='a b' user=u") == "host=h password=*** user=u"
     assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+    # Unencoded ?, @ and / in a password: masked whole, up to the authority's last @.
+    for password in ("Sup3r?Secret", "Hunter2@MySecretTail", "pa@ss/word", "pa/ss"):
+        assert redact(f"postgresql://u:{password}@127.0.0.1:5432/db") == "postgresql://u:***@127.0.0.1:5432/db"
+    assert redact("postgresql://h/db?sslmode=require&password=ed") == "postgresql://h/db?sslmode=require&password=***"
+    assert redact("postgresql://u@h:5432/db?application_name=a@b") == "postgresql://u@h:5432/db?application_name=a@b"
+    # Never a bare substring: a short password would mask parts of words, and give itself away.
+    url = "postgresql://ll:ion@127.0.0.1:55433/j6"
+    message = f"{url}: cannot open the journal: connection failed: password authentication failed"
+    assert redact(message, url) == ("postgresql://ll:***@127.0.0.1:55433/j6: cannot open the journal: connection "
+                                    "failed: password authentication failed")
+
+
+@pytest.mark.parametrize("url", ["postgresql://ll:Qz7/Wx9@127.0.0.1:55433/j6", "postgresql://ll:Qz7?Wx9@127.0.0.1:1/j6",
+                                 "postgresql://ll:Qz7@Wx9@127.0.0.1:notaport/db", "postgresql://ll:Qz7?Wx9@/j6"])
+def test_a_store_url_libpq_misreads_never_shows_a_piece_of_its_password(tmp_path: Path, url: str) -> None:
+    """A password with an unencoded / ? or @: libpq may take part of it for
+    the port or the host, and say so; none of it is shown."""
+    result = cli("show", "x", "--home", str(tmp_path / "home"), "--store", url)
+    assert result.returncode in (2, 3), result.stderr
+    assert not {"Qz7", "Wx9"} & set(re.findall(r"Qz7|Wx9", result.stderr + result.stdout)), result.stderr
+    assert_one_clear_line(result.stderr, "***")
 
 
 def test_a_journal_that_is_not_a_database_is_an_infrastructure_failure(tmp_path: Path) -> None:
