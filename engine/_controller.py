@@ -299,7 +299,9 @@ class Controller(PeopleMixin):
         and has not let go of it within ``wait_s`` seconds, the run is left to
         it and returned as the journal has it."""
         if not self.store.claim(run_id, wait_s):
-            return self.load(run_id)
+            view = self.load(run_id)
+            view.held_elsewhere = True
+            return view
         try:
             return self._drive(run_id)
         finally:

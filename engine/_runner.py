@@ -404,16 +404,21 @@ class Runner:
                     # Under a pinned clock (LOOPLEDGER_NOW) no work ever falls
                     # due: the run is left waiting, for a resume at a later time.
                     unmoved = leave_waiting.get(run_id) == view.state_version
-                    if view.state is State.WAITING_TOOL and wait_for_tools and not pinned() and not unmoved:
+                    # A run another process held is not reported in the state
+                    # it was read in, which it may only be passing through (a
+                    # wait the other is ending), unless that state is terminal.
+                    held = view.state in _HELD_ELSEWHERE or (view.held_elsewhere and view.state not in TERMINAL)
+                    if view.state is State.WAITING_TOOL and wait_for_tools and not pinned() and not unmoved \
+                            and not view.held_elsewhere:
                         heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
-                    elif view.state in _HELD_ELSEWHERE and view.batch_id == self.batch_id:
+                    elif held and view.batch_id == self.batch_id:
                         # One of this process's own runs that another process
                         # held at that moment (a resume looking it over, or
                         # driving it after a reply): this process answers for
                         # it until it ends or waits, so it tries again.
                         heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
                         continue  # nothing of it to export yet
-                    elif view.state in _HELD_ELSEWHERE:
+                    elif held:
                         # Another process held it at that moment. Tried again
                         # a little while (it may only have looked it over);
                         # still held after that, it is the other's to finish

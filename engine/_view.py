@@ -152,6 +152,9 @@ class RunView:
     #: the controller), written with the next commit of whoever holds this
     #: view. Another caller's view of the same run never sees them.
     unwritten: tuple[Commit, ...] = field(default=(), repr=False)
+    #: Read while another process (or thread) held the run: its state may be
+    #: one the run is only passing through (see Controller.drive).
+    held_elsewhere: bool = field(default=False, repr=False)
 
     @classmethod
     def blank(cls, run_id: str, tenant: str, prompt_version: str = "", model_route: str = "") -> RunView:

@@ -628,6 +628,30 @@ def test_a_run_another_process_only_looked_over_is_driven_by_the_resume(tmp_path
         other.close()
 
 
+def test_a_waiting_run_another_process_holds_is_left_to_it_not_reported_as_waiting(tmp_path: Path) -> None:
+    """Read while another holds it, a waiting run may be one the other is
+    taking out of its wait (an expired one it ends): the state read is not
+    the run's result. Two resumes at once printed such runs as still
+    waiting, although the other ended them."""
+    scenario = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "approval-waits-for-person.yaml"
+    home = tmp_path / "home"
+    waiting = cli("run", str(scenario), "--json", home=home)
+    assert waiting.returncode == 0, waiting.stderr
+    (line,) = [json.loads(x) for x in waiting.stdout.splitlines()]
+    assert line["status"] == "WAITING_USER"
+    other = Home(home).open_store()  # another process's claim, held throughout
+    assert other.claim(line["run_id"], 0)
+    runner = Runner(Home(home), export=False)
+    settled: list[str] = []
+    try:
+        runner.drive_all([line["run_id"]], on_settled=settled.append)
+        assert settled == [] and runner.held_elsewhere == {line["run_id"]}
+    finally:
+        runner.close()
+        other.release(line["run_id"])
+        other.close()
+
+
 DEPLOY_UNCONFIRMED = """\
 id: recovery-deploy-unconfirmed
 contract:
