@@ -82,6 +82,10 @@ class MigrationTarget:
     def create_version_table(self, conn: Any) -> None:
         conn.execute(VERSION_TABLE)
 
+    def has_version_table(self, conn: Any) -> bool:
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+                            ).fetchone() is not None
+
     def begin_exclusive(self, conn: Any) -> None:
         raise NotImplementedError
 
@@ -101,8 +105,16 @@ def migrate(conn: Any, target: MigrationTarget, now_us: int, upto: int | None = 
     """Apply every pending migration (up to ``upto``); return the version reached."""
     migrations = load_migrations(target.dialect)
     p = target.placeholder()
-    target.create_version_table(conn)
-    for migration in migrations:
+    pending = migrations
+    if upto is None and target.has_version_table(conn):
+        # Every migration applied already (the usual case): nothing to lock
+        # or create, so a role that may only read the journal can open it.
+        applied = dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
+        if all(applied.get(m.version) == m.checksum for m in migrations):
+            pending = []
+    if pending:
+        target.create_version_table(conn)
+    for migration in pending:
         if upto is not None and migration.version > upto:
             break
         target.begin_exclusive(conn)

@@ -181,6 +181,9 @@ class _PostgresMigrations(MigrationTarget):
             raise
         conn.execute("COMMIT")
 
+    def has_version_table(self, conn: Any) -> bool:
+        return conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()[0]
+
     def begin_exclusive(self, conn: Any) -> None:
         conn.execute("BEGIN")
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))

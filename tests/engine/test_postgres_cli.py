@@ -229,3 +229,23 @@ def test_a_connection_lost_mid_command_is_one_line_naming_the_journal(tmp_path: 
     # The driving thread or the export thread meets it first: either names the journal.
     assert lines_[0].startswith("loopledger: journal: ") and "postgresql://" in lines_[0], lines_[0]
     assert database in lines_[0], lines_[0]
+
+
+def test_a_role_that_may_only_read_the_journal_can_show_a_run(tmp_path: Path, postgres_url: str) -> None:
+    """Opening a migrated journal writes nothing (no version table made, no
+    lock taken), so `show` works for a role with SELECT only."""
+    import psycopg
+
+    home = tmp_path / "home"
+    ran = cli("run", str(SCENARIOS / "happy-refund.yaml"), "--json", home=home, store=postgres_url)
+    assert ran.returncode == 0, ran.stderr
+    (run,) = lines(ran)
+    parts = psycopg.conninfo.conninfo_to_dict(postgres_url)
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute("DROP ROLE IF EXISTS journal_reader")
+        admin.execute("CREATE ROLE journal_reader LOGIN")
+        admin.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO journal_reader")
+    reader = f"postgresql://journal_reader@{parts.get('host', '127.0.0.1')}:{parts.get('port', 5432)}/{parts['dbname']}"
+    shown = cli("show", run["run_id"], "--json", home=home, store=reader)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["status"] == "SUCCEEDED"
