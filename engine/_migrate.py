@@ -109,8 +109,11 @@ def migrate(conn: Any, target: MigrationTarget, now_us: int, upto: int | None = 
     if upto is None and target.has_version_table(conn):
         # Every migration applied already (the usual case): nothing to lock
         # or create, so a role that may only read the journal can open it.
-        applied = dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
-        if all(applied.get(m.version) == m.checksum for m in migrations):
+        try:
+            applied = dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
+        except Exception:  # noqa: BLE001 - not a version table of ours: the full path says how
+            applied = {}
+        if applied and all(applied.get(m.version) == m.checksum for m in migrations):
             pending = []
     if pending:
         target.create_version_table(conn)
