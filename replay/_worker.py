@@ -17,7 +17,7 @@ import hashlib
 import importlib
 import json
 from collections import defaultdict
-from itertools import groupby
+from itertools import groupby, takewhile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +145,11 @@ def _spans(keys: Sequence[Any]) -> dict[Any, tuple[int, int]]:
 _UNREAD_PAYLOADS = frozenset({"decisions", "run_created", "late_event"})
 
 
+#: JSON's names of the values a payload may hold.
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null", dict: "an object"}
+
+
 #: A ``step_closed`` payload's fields (the StepRecord the engine wrote) and
 #: what each holds: they become the step table's typed columns.
 _STEP_TYPES = {"run_id": "text", "step": "whole", "states": "texts", "calls": "texts", "errors": "texts",
@@ -166,10 +171,6 @@ def _check_step(run_id: str, seq: int, p: dict[str, Any]) -> None:
             raise RunTraceError(run_id, f"events: seq {seq} (step_closed): {field} {got}; expected {wanted[kind]}")
     if p.get("candidates") is not None and not whole(p["candidates"]):
         raise RunTraceError(run_id, f"events: seq {seq} (step_closed): candidates is not a whole number or null")
-
-
-_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
-               type(None): "null", dict: "an object"}
 
 
 def _object(run_id: str, seq: int, kind: str, payload: str | None) -> dict[str, Any]:
@@ -263,35 +264,16 @@ class _Partition:
         if orphans:
             self.runs.sort(key=lambda run: run["run_id"])
 
-    def decision_events(self, run_id: str) -> list[tuple[int, int, dict[str, Any]]]:
-        """(step, attempt, payload) of the run's ``decisions`` events: what
-        its recorded decisions were, in brief (the overall verdict and the
-        blocking ones)."""
-        span = self.event_spans.get(run_id)
-        if span is None:
-            return []
-        start, end = span
-        kinds, _, steps, attempts, payloads, seqs = (c[start:end] for c in self.event_columns)
-        out = []
-        for kind, step, attempt, payload, seq in zip(kinds, steps, attempts, payloads, seqs):
-            if kind != "decisions":
-                continue
-            brief = _object(run_id, seq, kind, payload)
-            if not isinstance(brief.get("verdict"), str) or not isinstance(brief.get("blocking", []), list):
-                raise RunTraceError(run_id, f"events: seq {seq} ({kind}): no verdict or blocking decisions in its "
-                                            "payload; expected what the engine records (verdict, count, blocking)")
-            out.append((step, attempt, brief))
-        return out
-
-    def events(self, run_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def events(self, run_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[Any, ...]]]:
         """The run's events in seq order up to its last validated candidate,
-        payloads parsed (empty for the kinds the run view does not read), and
-        the payloads of all its ``step_closed`` events. Events after the last
-        candidate entered VALIDATING cannot change a decision: they are not
-        folded. Every payload must be a JSON object."""
+        payloads parsed (empty for the kinds the run view does not read); the
+        payloads of all its ``step_closed`` events; and (step, attempt, seq,
+        payload) of its ``decisions`` events (see :func:`_decision_briefs`).
+        Events after the last candidate entered VALIDATING cannot change a
+        decision: they are not folded. Every payload must be a JSON object."""
         span = self.event_spans.get(run_id)
         if span is None:
-            return [], []
+            return [], [], []
         start, end = span
         kinds, states, steps, attempts, payloads, seqs = (c[start:end] for c in self.event_columns)
         last = -1
@@ -313,7 +295,20 @@ class _Partition:
                                                                     steps[:last + 1], attempts[:last + 1],
                                                                     parsed[:last + 1])]
         closed = [p for kind, p in zip(kinds, parsed) if kind == "step_closed"]
-        return folded, closed
+        decided = [(step, attempt, seq, p) for kind, step, attempt, seq, p in zip(kinds, steps, attempts, seqs, parsed)
+                   if kind == "decisions"]
+        return folded, closed, decided
+
+
+def _decision_briefs(run_id: str, decided: Sequence[tuple[Any, ...]]) -> list[tuple[int, int, dict[str, Any]]]:
+    """(step, attempt, payload) of the run's ``decisions`` events (from
+    :meth:`_Partition.events`): what its recorded decisions were, in brief
+    (the overall verdict and the blocking ones)."""
+    for _, _, seq, brief in decided:
+        if not isinstance(brief.get("verdict"), str) or not isinstance(brief.get("blocking", []), list):
+            raise RunTraceError(run_id, f"events: seq {seq} (decisions): no verdict or blocking decisions in its "
+                                        "payload; expected what the engine records (verdict, count, blocking)")
+    return [(step, attempt, brief) for step, attempt, _, brief in decided]
 
 
 #: Suites this process loaded for the replay under way: a process replays
@@ -376,7 +371,7 @@ def run_job(job: Job) -> list[list[RunReplay]]:
         try:
             if run_id in data.broken:
                 raise RunTraceError(run_id, data.broken[run_id])
-            events, closed = data.events(run_id)
+            events, closed, decided = data.events(run_id)
             if run_id not in data.event_spans and data.recorded_candidates.get(run_id):
                 raise RunTraceError(run_id, f"events: none in the traces, for "
                                             f"{data.recorded_candidates[run_id]} recorded candidate(s)")
@@ -384,7 +379,7 @@ def run_job(job: Job) -> list[list[RunReplay]]:
             _check_baseline_covered(run_id, evaluated, data.baseline)
             if data.baseline is not None and data.recorded_baseline:
                 _check_recorded_decisions(run_id, evaluated, data.baseline.get(run_id, {}),
-                                          data.decision_events(run_id))
+                                          _decision_briefs(run_id, decided))
             error = None
         except RunTraceError as exc:
             evaluated, open_calls, closed, error = [], (), [], exc.reason
@@ -535,33 +530,19 @@ def _step_columns(run_id: str, closed: Sequence[Mapping[str, Any]], last: int, c
                   columns: dict[str, list[Any]]) -> None:
     """Append a run's rows of the step table: what its live loop validators
     saw. Each candidate was decided on the steps finished before it (the
-    recorded ``step_closed`` payloads) and its own proposed calls as the
-    step being decided; the last candidate's (at step ``last``) is the open
-    step that ends the table (``open``: only its calls, nothing ran yet, so
-    the error and progress patterns do not read it). What the run did after its
-    last decision no decision saw, and a finding there would be one no
-    recording could hold."""
-    for p in closed:
-        if int(p["step"]) >= last:
-            break
-        columns["run_id"].append(p["run_id"])
-        columns["step"].append(int(p["step"]))
-        columns["states"].append(list(p["states"]))
-        columns["calls"].append(list(p["calls"]))
-        columns["errors"].append(list(p["errors"]))
-        columns["new_evidence"].append(int(p["new_evidence"]))
-        columns["completed_operations"].append(int(p["completed_operations"]))
-        columns["candidates"].append(p.get("candidates"))
-        columns["open"].append(False)
-    columns["run_id"].append(run_id)
-    columns["step"].append(last)
-    columns["states"].append([])
-    columns["calls"].append(list(calls))
-    columns["errors"].append([])
-    columns["new_evidence"].append(0)
-    columns["completed_operations"].append(0)
-    columns["candidates"].append(None)
-    columns["open"].append(True)
+    recorded ``step_closed`` payloads, checked by :func:`_check_step`) and
+    its own proposed calls as the step being decided; the last candidate's
+    (at step ``last``) is the open step that ends the table (``open``: only
+    its calls, nothing ran yet, so the error and progress patterns do not
+    read it). What the run did after its last decision no decision saw,
+    and a finding there would be one no recording could hold."""
+    from loopledger.validators import StepRecord
+
+    rows = list(takewhile(lambda p: p["step"] < last, closed))
+    rows.append(StepRecord(run_id, last, calls=tuple(calls), open=True).to_dict())
+    for row in rows:
+        for name in _STEP_FIELDS:
+            columns[name].append(row.get(name, False) if name == "open" else row.get(name))
 
 
 def _diagnose(steps: Mapping[str, list[Any]], suite: Any) -> list[Diagnosis]:
