@@ -29,9 +29,11 @@ PATTERN_TIMEOUT_S = 1.0
 
 def _search(pattern: str, text: str) -> bool | None:
     """Whether ``pattern`` matches somewhere in ``text``; None when it
-    could not tell in time."""
+    could not tell in time. (``concurrent=False``: with a timeout, ``regex``
+    otherwise gives up the interpreter lock for each match, and takes it back
+    only when another busy thread lets go of it, some milliseconds later.)"""
     try:
-        return regex.search(pattern, text, timeout=PATTERN_TIMEOUT_S) is not None
+        return regex.search(pattern, text, timeout=PATTERN_TIMEOUT_S, concurrent=False) is not None
     except TimeoutError:
         return None
 

@@ -179,7 +179,7 @@ def scan_candidate(candidate: Candidate, rules: tuple[Rule, ...], scopes: tuple[
                 continue
             try:
                 hits = list(rule.pattern.finditer(text) if rule.timeout is None
-                            else rule.pattern.finditer(text, timeout=rule.timeout))
+                            else rule.pattern.finditer(text, timeout=rule.timeout, concurrent=False))
             except TimeoutError:
                 raise Unchecked(rule.name, index, field) from None
             found += [Match(rule.name, index, field, m.start(), m.end()) for m in hits]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from validators_helpers import call, claim, make_input, text
+from validators_helpers import call, claim, make_input, steps_of_another_thread_during, text
 
 from loopledger.validators import ParamError, Verdict, get_factory
 
@@ -100,6 +100,8 @@ def test_a_custom_pattern_that_backtracks_without_end_refuses_the_output_uncheck
     assert (d.verdict, d.code) == (Verdict.REJECT, "output_unchecked")
     assert d.evidence == {"rule": "runaway", "item": 1, "field": "text", "timeout_s": 1.0}
     assert check(make_input([text("aaa")])).code == "sensitive_output"  # it still matches what it can
+    # Matched without letting go of the interpreter lock (as the tool schemas' patterns are).
+    assert steps_of_another_thread_during(lambda: check(make_input([text("a" * 64 + "!")]))) < 1_000_000
 
 
 def test_claims_plans_and_optionally_tool_arguments_are_scanned():

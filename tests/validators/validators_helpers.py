@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from loopledger.validators import DecisionInput
@@ -83,3 +85,28 @@ def make_input(
         }
     )
 
+
+
+def steps_of_another_thread_during(work: Callable[[], Any]) -> int:
+    """How many times a busy thread went round its loop while ``work`` ran:
+    some tens of thousands (the switches between Python's own bytecodes)
+    when ``work`` kept the interpreter lock through a second's match,
+    millions when it let go of it. (A match that lets go of the lock waits, after each match, for
+    the engine's other busy threads to let go of it in turn.)"""
+    steps, stop = [0], threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            steps[0] += 1
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    while steps[0] == 0:
+        pass
+    try:
+        before = steps[0]
+        work()
+        return steps[0] - before
+    finally:
+        stop.set()
+        spinner.join()
