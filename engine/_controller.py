@@ -58,6 +58,7 @@ from ._model import Collected, ModelAdapter, ModelRequest, ScriptExhausted, Stre
 from ._people import PeopleMixin, wait_over
 from ._prompts import load_prompt
 from ._records import Artifact, Commit, NewEvent, RunRecord
+from ._refused import judged, refusal_parts, tool_call_items, untrusted, with_refusals
 from ._results import reduce_result
 from ._scenario import Scenario
 from ._states import TERMINAL, State
@@ -552,6 +553,11 @@ class Controller(PeopleMixin):
             "events": (NewEvent("candidate_recorded", {"candidate_id": candidate.artifact_id,
                                                        "items": collected.items}),),
         }
+        if not collected.trusted:
+            # Its tool calls are never sent: each gets its result now.
+            common = with_refusals(common, refusal_parts(
+                view.run_id, view.step, view.attempt,
+                untrusted(tool_call_items(collected.items), collected.finish_reason)))
         if collected.trusted:
             with self._cache_lock:
                 self._candidates[candidate.artifact_id] = loads(candidate.canonical)
@@ -709,7 +715,7 @@ class Controller(PeopleMixin):
 
         stops = [d for d in blocking if d.code in STOP_CODES]
         if stops:
-            self._stop_on_decisions(view, stops, recorded)
+            self._stop_on_decisions(view, stops, self._refuse_calls(view, inp, blocking, recorded))
             return
         gate = next((d for d in blocking if d.validator == "completion_gate"), None)
         if (gate is not None and gate.code == "pending_work" and view.pending_background()
@@ -727,10 +733,11 @@ class Controller(PeopleMixin):
             # TOOL_RUNNING, bound to that operation and state version.
             verdict = Verdict.ACCEPT
         if verdict in (Verdict.REPAIR, Verdict.REJECT):
-            self._repair(view, config, blocking, recorded)
+            self._repair(view, config, blocking, self._refuse_calls(view, inp, blocking, recorded))
             return
         if verdict is Verdict.ASK:
-            self._wait_user(view, config, "user", {"question": blocking[0].message, "schema": {}}, recorded)
+            self._wait_user(view, config, "user", {"question": blocking[0].message, "schema": {}},
+                            self._refuse_calls(view, inp, blocking, recorded))
             return
         calls = inp.proposed_calls
         if not calls:
@@ -784,6 +791,14 @@ class Controller(PeopleMixin):
         )
         if first is not None:
             self._send(view, config, view.ops[first.operation_id])
+
+    @staticmethod
+    def _refuse_calls(view: RunView, inp: DecisionInput, blocking: Any, recorded: dict[str, Any]) -> dict[str, Any]:
+        """``recorded`` with the terminal result of each call of a candidate
+        that was not accepted (see _refused.py)."""
+        items = [call.model_dump(mode="json") for call in inp.candidate.tool_calls]
+        return with_refusals(recorded, refusal_parts(view.run_id, view.step, view.attempt,
+                                                     judged(items, inp.context, blocking)))
 
     def _over_tool_calls(self, view: RunView, ops: list[OpView], rows: tuple[dict[str, Any], ...], budget: int,
                          recorded: dict[str, Any]) -> None:

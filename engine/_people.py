@@ -15,6 +15,7 @@ from ._backends import ToolOutcome, failure
 from ._clock import from_us, now_us
 from ._errors import StaleStateVersion, TerminalAlreadySet
 from ._records import Artifact, Commit, NewEvent
+from ._refused import refusal_parts, tool_call_items, with_refusals
 from ._states import TERMINAL, State
 from ._tools import EVIDENCE_KIND, evidence_subject
 from ._view import OpView, RunView
@@ -356,6 +357,12 @@ class PeopleMixin:
                 self._record_result(view, op, ToolOutcome(
                     outcome="cancelled", status="failed", result={"error": "CANCELLED"}, evidence=(),
                     error_code="CANCELLED", retry_after_s=None, work_id=None, executed=False), hold=True)
+        extra: dict[str, Any] = {"set_fields": {"waiting_json": None}}
+        if view.state is State.VALIDATING:
+            # A candidate nobody judged: its calls are never sent.
+            extra = with_refusals(extra, refusal_parts(view.run_id, view.step, view.attempt, [
+                (item, "cancelled", "CANCELLED", "not run: the run was cancelled before its candidate was judged")
+                for item in tool_call_items(view.candidate_items)]))
         status = "CANCEL_UNKNOWN" if unconfirmed else "CANCELLED"
-        self._finalize(view, status, "cancelled", extra={"set_fields": {"waiting_json": None}},
+        self._finalize(view, status, "cancelled", extra=extra,
                        payload_extra={"unconfirmed": unconfirmed} if unconfirmed else None)

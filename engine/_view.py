@@ -71,6 +71,10 @@ class OpView:
     in_flight: bool = False
     #: The last send timed out or the process died: the outcome is unknown.
     unknown: bool = False
+    #: Never sent: a call of a candidate that was not accepted, or of a
+    #: response that was not trusted (see _refused.py). Its result is
+    #: recorded; it is not one of its step's operations.
+    refused: bool = False
 
     @property
     def settled(self) -> bool:
@@ -105,6 +109,9 @@ class RunView:
     counters: dict[str, float]
     context_id: str | None = None
     candidate_id: str | None = None
+    #: The last candidate's items (as recorded): a cancel that finds it still
+    #: in VALIDATING gives its tool calls their results.
+    candidate_items: list[Any] = field(default_factory=list, repr=False)
     attempts_in_step: int = 0
     repairs: int = 0
     ops: dict[str, OpView] = field(default_factory=dict)
@@ -212,8 +219,13 @@ class RunView:
             self.cancel_requested = True
         elif kind == "token_reissued":
             self.waiting = payload["waiting"]
+        elif kind == "calls_refused":
+            for op in payload["operations"]:
+                added = self.ops[op["operation_id"]] = OpView(**op, refused=True)
+                self._remodel(added)
         elif kind == "candidate_recorded":
             self.candidate_id = payload["candidate_id"]
+            self.candidate_items = payload["items"]
             self.pending_messages.append({"role": "assistant", "items": payload["items"]})
         # Other kinds (decisions, late_event, ...) carry no state the loop needs.
 
@@ -266,6 +278,10 @@ class RunView:
         op.error_code = p.get("error_code")
         op.work_id = p.get("work_id") or op.work_id
         self._remodel(op)
+        if op.refused:
+            # Not an outcome of the agent's calls: the candidate's decisions
+            # say what was wrong, and the model is told by its feedback.
+            return
         op.in_flight = op.unknown = False
         if op.outcome == "background_accepted" and not op.work_done:
             self.background_open[op.operation_id] = None
@@ -330,13 +346,15 @@ class RunView:
     # -- what the loop asks of it ------------------------------------------
 
     def step_ops(self) -> list[OpView]:
+        """The operations of the step in progress (not the calls it refused)."""
         # Operations are recorded in step order: the current step's are the
         # last ones, so this does not walk the whole run.
         found: list[OpView] = []
         for op in reversed(self.ops.values()):
             if op.step != self.step:
                 break
-            found.append(op)
+            if not op.refused:
+                found.append(op)
         found.reverse()
         return found
 

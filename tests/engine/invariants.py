@@ -90,6 +90,18 @@ def journal_violations(home: Path, store_url: str | None = None) -> list[str]:
                 found.append(f"{run_id}: operation {op_id} outcome {outcome!r} is not in the taxonomy")
             if state in TERMINAL and results[op_id] != 1 and not _ended_in_flight(events[run_id], op_id, state):
                 found.append(f"{run_id}: ended {state} but operation {op_id} has {results[op_id]} results")
+        # ... and every tool call a model proposed is a request: each has its
+        # operation (the calls that were never sent included), once.
+        if state in TERMINAL:
+            proposed = Counter(
+                (step, item.get("call_id"))
+                for step, items in conn.execute("SELECT step, items_json FROM candidates WHERE run_id = ?", (run_id,))
+                for item in (json.loads(items) if isinstance(items, str) else items) if item.get("type") == "tool_call")
+            recorded = Counter(tuple(row) for row in conn.execute(
+                "SELECT step, call_id FROM operations WHERE run_id = ?", (run_id,)))
+            if proposed != recorded:
+                found.append(f"{run_id}: ended {state} with tool calls proposed {sorted(proposed.items())} but "
+                             f"operations {sorted(recorded.items())} (by step and call id)")
     return found
 
 

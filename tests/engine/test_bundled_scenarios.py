@@ -161,8 +161,10 @@ def test_retries_reuse_the_context_and_never_merge_attempts(recorded) -> None:
     assert (second[0], second[1], second[2]) == (1, 2, "tool_calls")
     assert first[3] == second[3], "a retry uses the same context artifact"
     assert "raw_arguments" in first[4] and "raw_arguments" not in second[4]
-    (ops,) = journal.execute("SELECT COUNT(*) FROM operations WHERE run_id = ? AND step = 1", (run_id,)).fetchone()
-    assert ops == 1, "the half-received call never became an operation"
+    ops = journal.execute("SELECT call_id, outcome, dispatch_count FROM operations WHERE run_id = ? AND step = 1"
+                          " ORDER BY created_seq", (run_id,)).fetchall()
+    # The half-received call is never sent: its one result says so.
+    assert ops == [("call_1_1_1", "cancelled", 0), ("call_1_2_1", "success", 1)]
 
 
 def test_every_run_and_candidate_records_its_prompt_version_and_hash(recorded) -> None:
@@ -232,3 +234,38 @@ def test_the_prompt_version_comparison_shows_a_difference_of_one_step() -> None:
     assert rows["steps"] == ["8", "7"] and rows["model attempts"] == ["8", "7"]
     assert rows["tokens"] == ["300", "270"] and rows["cost (USD)"] == ["0.0030", "0.0030"]
     assert rows["as expected"] == ["3/3", "3/3"]
+
+
+def test_calls_never_sent_have_their_one_result_saying_why(recorded) -> None:
+    """Each call of a candidate the suite did not accept, or of a response
+    that was not trusted, is a request with one terminal result, nothing
+    sent: the CONTRACT's taxonomy, with the code of what refused it."""
+    home, lines = recorded
+    import sqlite3
+
+    journal = sqlite3.connect(home / "journal.sqlite")
+    refused: dict[str, list[tuple]] = {}
+    for line in lines:
+        if ".v1." in line["run_id"]:
+            refused[line["task_id"]] = journal.execute(
+                "SELECT step, tool, outcome, status, dispatch_count, policy_decision, canonical_args_json"
+                " FROM operations WHERE run_id = ? AND operation_id LIKE '%.call%' ORDER BY created_seq",
+                (line["run_id"],)).fetchall()
+    codes = {op_id.split(".")[-1]: json.loads(payload)["error_code"] for op_id, payload in journal.execute(
+        "SELECT json_extract(payload_json, '$.operation_id'), payload_json FROM events WHERE kind = 'operation_result'"
+        " AND run_id LIKE 'model-unknown-tool.v1.%'")}
+    assert refused["model-unknown-tool"] == [
+        (1, "orders.cancel_order", "unknown_or_disabled_tool", "failed", 0, "not_evaluated", '{"order_id":"ORD-1006"}')]
+    assert codes["call1"] == "UNKNOWN_TOOL"
+    assert [r[2] for r in refused["model-schema-violation"]] == ["validation_failed"]
+    assert refused["model-unparseable-arguments"][0][2] == "validation_failed"
+    # Its arguments as received: the text that did not parse, as a JSON string.
+    assert json.loads(refused["model-unparseable-arguments"][0][6]) == '{"order_id": "ORD-'
+    assert [(r[2], r[5]) for r in refused["permission-forbidden-path"]] == [("permission_denied", "deny")]
+    assert [r[2] for r in refused["model-stale-tool-version"]] == ["unknown_or_disabled_tool"]
+    assert [r[2] for r in refused["repairs-exhausted"]] == ["validation_failed"] * 4
+    assert [r[2] for r in refused["loop-repeated-call"]] == ["cancelled"]
+    assert [r[2] for r in refused["model-truncated-exhausted"]] == ["cancelled"] * 3
+    assert refused["happy-refund"] == []
+    # None was ever sent, and the demo backend executed nothing for them.
+    assert {r[4] for rows in refused.values() for r in rows} == {0}

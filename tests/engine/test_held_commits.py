@@ -219,7 +219,9 @@ def test_a_cancel_from_another_caller_keeps_the_drivers_held_moves_but_not_its_n
     # The first try refused, then the held move alone.
     assert chains[:3] == [("MODEL_RUNNING",), ("VALIDATING", "TOOL_RUNNING"), ("VALIDATING",)]
     assert len(runner.store.facts("candidates", run_id)) == 1 and run.model_attempts == 1 and run.tokens_out
-    assert runner.store.operations(run_id) == []
+    # The candidate nobody judged: its call is never sent, and has its one result.
+    assert [(op["call_id"], op["outcome"], op["dispatch_count"]) for op in runner.store.operations(run_id)] == [
+        ("call_1_1_1", "cancelled", 0)]
     kinds = [e.kind for e in runner.store.events(run_id)]
     assert kinds.index("cancel_requested") < kinds.index("candidate_recorded")
     assert all_violations(tmp_path / "home") == []

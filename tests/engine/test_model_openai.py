@@ -176,7 +176,8 @@ def test_stream_cut_mid_arguments_is_an_incomplete_attempt_then_a_new_one(tmp_pa
     assert "arguments" not in partial and partial["raw_arguments"] == '{"orde'
     assert (rec.candidates[1]["step"], rec.candidates[1]["attempt"]) == (1, 2)
     assert ("MODEL_RUNNING", "MODEL_RUNNING", 1, 2) in rec.transitions()
-    assert len(rec.operations) == 1  # the half-received call never reached a tool
+    # The half-received call never reached a tool: its one result says so.
+    assert sorted((op["outcome"], op["dispatch_count"]) for op in rec.operations) == [("cancelled", 0), ("success", 1)]
     # The retry is sent the same context: nothing of the broken attempt.
     assert server.requests[1]["messages"] == server.requests[0]["messages"]
 
@@ -242,7 +243,10 @@ def test_stop_signal_contradicting_the_content_is_a_protocol_error(tmp_path, ser
     server.script(reply)
     rec = run_scenario(tmp_path, ROUTE, env)
     assert (rec.run.state.value, rec.run.reason) == ("FAILED", "protocol_error"), rec.output
-    assert rec.operations == []
+    # Nothing was sent; each call proposed has its one result all the same.
+    proposed = [i["call_id"] for c in rec.candidates for i in items(c["items_json"]) if i["type"] == "tool_call"]
+    assert [(op["call_id"], op["outcome"], op["dispatch_count"]) for op in rec.operations] == [
+        (call_id, "cancelled", 0) for call_id in proposed]
 
 
 def test_refusal_is_a_content_filter_finish(tmp_path, server, env) -> None:
