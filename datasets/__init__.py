@@ -1,5 +1,6 @@
-"""Bundled scenarios and suites, demo tool backends' seed data, and
-importers of external trace formats.
+"""Bundled scenarios and suites, and importers of external trace formats.
+(The demo tool backends' seed data lives with the backends, in
+``loopledger.engine``: see docs/tools.md.)
 
     from loopledger.datasets import import_traces
 
