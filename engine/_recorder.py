@@ -481,7 +481,11 @@ class Recorder:
 
         values: set[Any] = set()
         for path in sorted(self.table_dir(name).glob("*.parquet")):
-            values.update(pq.read_table(path, columns=[column]).column(0).to_pylist())
+            try:
+                values.update(pq.read_table(path, columns=[column]).column(0).to_pylist())
+            except (OSError, ValueError, KeyError) as exc:  # pyarrow's errors for a broken file
+                raise BadInput(str(path), f"not a readable {name} table file with a {column} column "
+                                          f"({one_line(exc)}); nothing was imported") from None
         return values
 
     def _manifests(self) -> list[Path]:

@@ -394,3 +394,26 @@ def test_an_import_sweeps_scratch_folders_whose_import_is_gone(tmp_path: Path,
     # Its import gone, the next one removes it.
     import_traces("openai-jsonl", [_chats(tmp_path, 3, "last.jsonl")], home=tmp_path / "home")
     assert [p.name for p in scratch.iterdir()] == [making.name]
+
+
+@pytest.mark.parametrize("broken", ["not parquet", "no run_id column"])
+def test_a_broken_trace_file_already_in_the_home_is_bad_input_and_nothing_is_imported(tmp_path: Path,
+                                                                                      broken: str) -> None:
+    """What is there is read to skip runs already imported: a file that cannot
+    be read so is named, exit 2, as replay names it (it was a traceback)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    home = tmp_path / "home"
+    assert cli("import", "openai-jsonl", str(_chats(tmp_path, 2, "first.jsonl")), "--home", str(home)).returncode == 0
+    bad = home / "traces" / "runs" / "zz.parquet"
+    if broken == "not parquet":
+        bad.write_bytes(b"garbage\n")
+    else:
+        pq.write_table(pa.table({"x": [1]}), bad)
+    before = sorted(p.name for p in (home / "traces").rglob("*"))
+    done = cli("import", "openai-jsonl", str(_chats(tmp_path, 3, "second.jsonl")), "--home", str(home))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"loopledger: bad input: {bad}: not a readable runs table file with a run_id column")
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
+    assert sorted(p.name for p in (home / "traces").rglob("*")) == before
