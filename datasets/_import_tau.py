@@ -125,13 +125,27 @@ def _catalogue_near(path: Path, domain: str, explicit: Path | None) -> Canonical
 def pair_results(calls: tuple[ToolCall, ...], results: list[ToolResult]) -> list[ToolResult | None]:
     """Each call's result among the tool messages that follow its assistant
     message. By id when the ids tell the calls apart and every result names
-    one of them; otherwise by position (tau-bench reuses ids). A call with
-    no result gets None."""
+    one of them; otherwise by position (tau-bench reuses ids). Where some
+    result names no call of the message, the others that each name a call
+    of their own keep it, and the rest go by position to the calls left. A
+    call with no result gets None."""
     ids = [c.call_id for c in calls]
     if len(set(ids)) == len(ids) and results and all(r.call_id in ids for r in results) \
             and len({r.call_id for r in results}) == len(results):
         by_id = {r.call_id: r for r in results}
         return [by_id.get(i) for i in ids]
+    if len(set(ids)) == len(ids) and any(r.call_id not in ids for r in results):
+        paired: list[ToolResult | None] = [None] * len(calls)
+        rest = []
+        for r in results:
+            n = ids.index(r.call_id) if r.call_id in ids else None
+            if n is not None and paired[n] is None:
+                paired[n] = r
+            else:
+                rest.append(r)
+        for n, r in zip([n for n, p in enumerate(paired) if p is None], rest):
+            paired[n] = r
+        return paired
     return [results[i] if i < len(results) else None for i in range(len(calls))]
 
 

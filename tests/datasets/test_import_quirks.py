@@ -168,6 +168,24 @@ def test_parallel_calls_are_matched_by_id_whatever_their_order(tmp_path: Path) -
     assert json.loads(final["items_json"]) == [{"type": "text", "text": "A is paid; B does not exist."}]
 
 
+def test_a_result_that_names_its_call_keeps_it_beside_one_that_names_none(tmp_path: Path) -> None:
+    """One result with an id the message never issued made every result go
+    by position: the failure of the call to B was recorded as A's."""
+    messages = [
+        {"role": "user", "content": "check A and B"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("c1", "get_order", {"order_id": "A"}),
+                                                              _call("c2", "get_order", {"order_id": "B"})]},
+        {"role": "tool", "tool_call_id": "c2", "content": "Error: order B not found"},
+        {"role": "tool", "tool_call_id": "zzz", "content": '{"status": "paid"}'},
+        {"role": "assistant", "content": "A is paid; B does not exist."},
+    ]
+    path = _jsonl(tmp_path, {"messages": messages, "tools": TOOLS["tools"], "metadata": {"id": "x2"}})
+    import_traces("openai-jsonl", [path], home=tmp_path / "home")
+    ops = {o["call_id"]: o for o in table(tmp_path / "home", "operations")}
+    # c2 keeps the result that names it; the one naming no call goes to the call left.
+    assert (ops["c1"]["outcome"], ops["c2"]["outcome"]) == ("success", "validation_failed")
+
+
 def test_legacy_function_call_shape(tmp_path: Path) -> None:
     messages = [
         {"role": "system", "content": "You can call functions."},
