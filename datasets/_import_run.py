@@ -31,7 +31,7 @@ from loopledger._procs import die_with_parent, remove_if_abandoned
 
 from ._import_model import Conversation, ImportInputError
 from ._import_openai import read_openai_jsonl, read_toolbench
-from ._import_tau import expand, read_tau2, read_tau_bench
+from ._import_tau import catalogue_in_tools, expand, read_tau2, read_tau_bench
 
 #: A format's reader: a file (and the ``--tools`` file) → its runs, each
 #: converted when asked for (a :class:`~._import_model.Runs`) or all at once.
@@ -125,7 +125,10 @@ def _sources(fmt: Any, paths: Any, tools: Any) -> _Source:
     if tools_path is not None and not tools_path.is_file():
         raise _refused("tools", f"no such file {tools_path}")
     reader, patterns = FORMATS[fmt]
-    return _Source(fmt, reader, list(expand(given, patterns)), tools_path)
+    # A folder of tau-bench or tau2 data holds its catalogues too (tools/):
+    # they are read as catalogues, not as traces.
+    skip = catalogue_in_tools if fmt in ("tau-bench", "tau2") else None
+    return _Source(fmt, reader, list(expand(given, patterns, skip)), tools_path)
 
 
 def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) -> tuple[int, list[Conversation], int]:

@@ -21,7 +21,7 @@ import gzip
 import json
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -445,16 +445,27 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
     return Runs(len(simulations), convert)
 
 
-def expand(paths: list[Path], patterns: tuple[str, ...]) -> Iterator[Path]:
+def catalogue_in_tools(path: Path, folder: Path) -> bool:
+    """A tool catalogue where tau-bench and tau2 look for one
+    (``tools/<domain>_tools.json`` under the folder walked): not a trace."""
+    parts = path.relative_to(folder).parts
+    return len(parts) >= 2 and parts[-2] == "tools" and path.name.endswith("_tools.json")
+
+
+def expand(paths: list[Path], patterns: tuple[str, ...],
+           skip: Callable[[Path, Path], bool] | None = None) -> Iterator[Path]:
     """Files as given; a folder gives its files matching ``patterns``,
     sorted, leaving out hidden ones (a name starting with ``.``, or inside
-    such a folder: an editor's backup, ``.git``)."""
+    such a folder: an editor's backup, ``.git``), and those ``skip(file,
+    folder)`` names."""
     for path in paths:
         if path.is_dir():
             try:
                 found = files_under(path, patterns, "a trace file")
             except UnreadableEntry as exc:
                 raise ImportInputError(str(exc.path), None, exc.why) from None
+            if skip is not None:
+                found = [f for f in found if not skip(f, path)]
             if not found:
                 raise ImportInputError(str(path), None, f"no {' or '.join(patterns)} file in this folder")
             yield from found

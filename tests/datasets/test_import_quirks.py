@@ -60,6 +60,20 @@ def test_reused_call_id_is_matched_by_position(tmp_path: Path) -> None:
     assert (label["expected_verdict"], label["source"], label["step"]) == ("reject", "import", 3)
 
 
+def test_the_data_folder_itself_can_be_given_its_catalogues_are_not_read_as_traces(tmp_path: Path) -> None:
+    """tau-bench's layout is ``tools/`` beside the trajectories' folder: the
+    folder above both is the natural thing to give (it failed on
+    ``tools/shop_tools.json`` as a trajectory file)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    _tau_bench_file(data)
+    result = import_traces("tau-bench", [data], home=tmp_path / "home")
+    assert result.runs == 1 and [Path(f.path).name for f in result.files] == ["gpt-4o-shop.json"]
+    # A catalogue named on its own is still read as what it was given as.
+    with pytest.raises(ImportInputError, match="shop_tools.json"):
+        import_traces("tau-bench", [data / "tools" / "shop_tools.json"], home=tmp_path / "other")
+
+
 @pytest.mark.parametrize("given", ["gpt-4o-shop.json", "."])
 def test_a_path_relative_to_the_working_folder_finds_its_catalogue(tmp_path: Path, monkeypatch,
                                                                    given: str) -> None:
