@@ -31,7 +31,7 @@ from loopledger._procs import die_with_parent, remove_if_abandoned
 
 from ._import_model import Conversation, ImportInputError
 from ._import_openai import read_openai_jsonl, read_toolbench
-from ._import_tau import catalogue_in_tools, expand, read_tau2, read_tau_bench
+from ._import_tau import catalogue_in_tools, expand, read_bytes, read_tau2, read_tau_bench
 
 #: A format's reader: a file (and the ``--tools`` file) → its runs, each
 #: converted when asked for (a :class:`~._import_model.Runs`) or all at once.
@@ -147,6 +147,8 @@ def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) ->
         n = len(runs)
         invalid = getattr(runs, "invalid", 0)
         if not n and not invalid:
+            if not read_bytes(path).strip():
+                return 0, [], 0  # an empty file of lines: no runs, nothing wrong (one of a folder's, say)
             raise ImportInputError(str(path), None, f"no runs in this file; is it {fmt}?")
         conversations = []
         for index in range(int(lo * n), int(hi * n)):  # the first bad record is the one named, in any part

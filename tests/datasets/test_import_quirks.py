@@ -200,6 +200,21 @@ def test_a_result_that_names_its_call_keeps_it_beside_one_that_names_none(tmp_pa
     assert (ops["c1"]["outcome"], ops["c2"]["outcome"]) == ("success", "validation_failed")
 
 
+def test_an_empty_file_of_lines_holds_no_runs_and_does_not_stop_a_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "chats"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                                             {"role": "assistant", "content": "hello"}]}) + "\n")
+    (folder / "b.jsonl").write_text("")
+    (folder / "c.jsonl").write_text("\n  \n")
+    result = import_traces("openai-jsonl", [folder], home=tmp_path / "home")
+    assert result.runs == 1 and [f.runs for f in result.files] == [1, 0, 0]
+    # Lines that are there but hold no run of the format are still refused.
+    (folder / "d.jsonl").write_text("[]\n")
+    with pytest.raises(ImportInputError, match="d.jsonl"):
+        import_traces("openai-jsonl", [folder], home=tmp_path / "other")
+
+
 def test_legacy_function_call_shape(tmp_path: Path) -> None:
     messages = [
         {"role": "system", "content": "You can call functions."},
