@@ -1005,14 +1005,24 @@ def import_cmd(
         if option is None:
             raise
         raise ImportInputError(option, exc.record, exc.reason) from None
+    lines = []
     for f in result.files:
         invalid = f", {f.invalid} marked not valid by the source" if f.invalid else ""
-        typer.echo(f"{f.path}: {f.runs} runs ({f.skipped} already imported{invalid}), {f.candidates} candidates, "
-                   f"{f.operations} tool calls ({f.failed_operations} failed"
-                   + (f", {f.unanswered_operations} without a result" if f.unanswered_operations else "")
-                   + f"), {f.user_tool_calls} user tool calls")
-    typer.echo(f"imported {result.runs} runs into {where.root} ({result.skipped} skipped); "
-               f"next: loopledger replay --suite {shlex.quote(decide or 'default')} {where.options()}")
+        lines.append(f"{f.path}: {f.runs} runs ({f.skipped} already imported{invalid}), {f.candidates} candidates, "
+                     f"{f.operations} tool calls ({f.failed_operations} failed"
+                     + (f", {f.unanswered_operations} without a result" if f.unanswered_operations else "")
+                     + f"), {f.user_tool_calls} user tool calls")
+    lines.append(f"imported {result.runs} runs into {where.root} ({result.skipped} skipped); "
+                 f"next: loopledger replay --suite {shlex.quote(decide or 'default')} {where.options()}")
+    try:
+        for line in lines:
+            typer.echo(line)
+    except BrokenPipeError:
+        # The reader went away (``| head``) after the runs were imported: the
+        # import is done (exit 0); what is left of its report goes nowhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 class Terminated(BaseException):

@@ -417,3 +417,20 @@ def test_a_broken_trace_file_already_in_the_home_is_bad_input_and_nothing_is_imp
     assert done.stderr.startswith(f"loopledger: bad input: {bad}: not a readable runs table file with a run_id column")
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
     assert sorted(p.name for p in (home / "traces").rglob("*")) == before
+
+
+def test_a_reader_that_goes_away_after_the_import_does_not_make_it_a_failure(tmp_path: Path) -> None:
+    """``loopledger import ... | head -1``: the runs are imported; the report
+    that can no longer be read is not an I/O failure (it was exit 3)."""
+    import subprocess
+
+    from import_kit import LOOPLEDGER
+
+    home = tmp_path / "home"
+    proc = subprocess.Popen([LOOPLEDGER, "import", "openai-jsonl", str(_chats(tmp_path, 4)), "--home", str(home)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command writes a line: every write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert err == "" and len(table(home, "runs")) == 4
