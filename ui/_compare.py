@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._data import RECORDED, VERDICTS, NoData, Traces
+from ._data import RECORDED, VERDICTS, CorruptData, NoData, Traces
 
 _KEY = "run_id, step, attempt, candidate_id, validator"
 DIVERGENCE_ROWS = 2000  # runs listed on the page; the total is always shown
@@ -170,7 +170,13 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
     )
     by_step = t.df("WITH d AS (SELECT run_id, min(step) AS divergence_step FROM flips GROUP BY run_id) "
                    "SELECT divergence_step, count(*) AS runs FROM d GROUP BY ALL ORDER BY 1", None, cur)
-    labelled = _label_outcomes(t, cur, src_a, src_b, params, (a != RECORDED, b != RECORDED))
+    try:
+        labelled = _label_outcomes(t, cur, src_a, src_b, params, (a != RECORDED, b != RECORDED))
+        labels_error = None
+    except CorruptData as exc:
+        # The flips, the matrix and the divergence need no labels: only the
+        # figures against labels are lost (and say why).
+        labelled, labels_error = None, str(exc)
     cur.close()
     return {
         "a": a, "b": b, "used_diffs": fast,
@@ -178,11 +184,12 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
                    "runs_diverged": int(runs_diverged), "candidates_changed": int(candidates),
                    "flips_across_versions": int(flips_across),
                    "not_compared": int(not_compared),
-                   "regressions": int((labelled["outcome"] == "regression").sum()),
-                   "fixes": int((labelled["outcome"] == "fix").sum())},
+                   "regressions": None if labelled is None else int((labelled["outcome"] == "regression").sum()),
+                   "fixes": None if labelled is None else int((labelled["outcome"] == "fix").sum())},
         "by_validator": by_validator,
         "confusion": _square(confusion),
         "labels": labelled,
+        "labels_error": labels_error,
         "divergence": divergence,
         "divergence_by_step": by_step,
     }

@@ -6,6 +6,7 @@ import plotly.express as px
 import streamlit as st
 
 from loopledger.ui import _queries as q
+from loopledger.ui._data import DataError
 from loopledger.ui._st import chart_text, guarded, load, pct
 
 
@@ -60,7 +61,12 @@ def _body() -> None:
     st.caption("Waiting: time in WAITING_USER and WAITING_TOOL (a waiting run holds no worker); "
                "queued: from a run's creation until an engine took it up; "
                "processing: every other state. From the transition events' timestamps.")
-    time = data["time"]
+    try:
+        time = load(q.time_split)
+    except DataError as exc:
+        # Only this part reads the events: the figures above stand.
+        st.error(str(exc))
+        return
     if time.empty:
         st.info("No transition events recorded yet.")
         return

@@ -177,7 +177,8 @@ def _body() -> None:
     run = detail["run"]
     st.subheader(f"Run {code(run_id)}")
     _header(run, detail["spans"])
-    _timeline(detail["spans"])
+    if not _unreadable(detail, "events"):
+        _timeline(detail["spans"])
     tabs = st.tabs(["Candidates", "Decisions", "Operations", "Waits & replies", "Loop diagnosis", "Labels",
                     "Events"])
     with tabs[0]:
@@ -194,15 +195,19 @@ def _body() -> None:
             st.info("No tool operations in this run.")
         else:
             st.dataframe(ops, hide_index=True, key="run_ops")
-        rec = q.reconciliation(detail["events"])
         st.markdown("**Reconciliation and background work**")
-        if rec.empty:
+        rec = q.reconciliation(detail["events"])
+        if _unreadable(detail, "events"):
+            pass
+        elif rec.empty:
             st.caption("No unknown outcomes, refusals or background completions.")
         else:
             st.dataframe(rec, hide_index=True, key="run_reconcile")
     with tabs[3]:
         waits = q.waits(detail["events"])
-        if waits.empty:
+        if _unreadable(detail, "events"):
+            pass
+        elif waits.empty:
             st.info("This run never waited on a user or a tool.")
         else:
             st.dataframe(waits, hide_index=True, key="run_waits")
@@ -226,7 +231,8 @@ def _body() -> None:
             st.dataframe(labels, hide_index=True, key="run_labels")
         _label_form(detail, run_id)
     with tabs[6]:
-        st.dataframe(detail["events"], hide_index=True, key="run_events")
+        if not _unreadable(detail, "events"):
+            st.dataframe(detail["events"], hide_index=True, key="run_events")
 
 
 def render() -> None:

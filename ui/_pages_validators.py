@@ -56,8 +56,11 @@ def _body() -> None:
                       if tot["flips_across_versions"] else ""))
     cols[2].metric("Verdict flips", f"{tot['verdict_flips']:,}")
     cols[3].metric("Runs diverged", f"{tot['runs_diverged']:,}")
-    cols[4].metric("Regressions", f"{tot['regressions']:,}", help="a label agreed with A and disagrees with B")
-    cols[5].metric("Fixes", f"{tot['fixes']:,}", help="a label disagreed with A and agrees with B")
+    unknown = "—"  # the labels could not be read (said below)
+    cols[4].metric("Regressions", unknown if tot["regressions"] is None else f"{tot['regressions']:,}",
+                   help="a label agreed with A and disagrees with B")
+    cols[5].metric("Fixes", unknown if tot["fixes"] is None else f"{tot['fixes']:,}",
+                   help="a label disagreed with A and agrees with B")
     st.caption(f"A = {code(a)}, B = {code(b)}" + (" · flips read from B's diffs table" if data["used_diffs"] else "")
                + (f" · {tot['not_compared']:,} candidate(s) one replay made no decision on (its run recorded "
                   "after it, or outside its traces): not compared" if tot["not_compared"] else ""))
@@ -95,7 +98,9 @@ def _body() -> None:
 
     st.subheader("Against labels")
     labels = data["labels"]
-    if labels.empty:
+    if data["labels_error"]:
+        st.error(data["labels_error"])
+    elif labels.empty:
         st.caption("No labels yet: label decisions on a Run page.")
     else:
         st.dataframe(labels, hide_index=True, key="cmp_labels")

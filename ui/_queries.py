@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
+from collections.abc import Sequence
 from typing import Any
 
 from ._data import RECORDED, TERMINAL_STATES, WAITING_STATES, CorruptData, NoData, Traces
@@ -127,7 +128,6 @@ def overview(t: Traces) -> dict[str, Any]:
         "breakdowns": {dim: frame.drop(columns="dimension").reset_index(drop=True)
                        for dim, frame in groups.groupby("dimension", sort=True)},
         "by_version": by_version,
-        "time": time_split(t),
     }
 
 
@@ -281,20 +281,22 @@ def run_detail(t: Traces, run_id: str) -> dict[str, Any] | None:
     if header.empty:
         return None
     p = {"r": run_id}
-    events = t.df("SELECT seq, ts, kind, from_state, to_state, step, attempt, payload_json FROM events "
-                  "WHERE run_id = $r ORDER BY seq", p)
     # Each section on its own: a table that cannot be read fails its own
     # section (named in ``errors``), not the page.
     errors: dict[str, str] = {}
 
-    def section(name: str, sql: str, params: dict[str, Any] = p) -> Any:
+    def section(name: str, sql: str, params: dict[str, Any] = p, columns: Sequence[str] = ()) -> Any:
         try:
             return t.df(sql, params)
         except CorruptData as exc:
             errors[name] = str(exc)
             import pandas as pd
 
-            return pd.DataFrame()
+            return pd.DataFrame(columns=list(columns))
+
+    event_columns = ("seq", "ts", "kind", "from_state", "to_state", "step", "attempt", "payload_json")
+    events = section("events", f"SELECT {', '.join(event_columns)} FROM events WHERE run_id = $r ORDER BY seq",
+                     columns=event_columns)
 
     candidates = section("candidates", "SELECT step, attempt, candidate_id, context_artifact_id, finish_reason, "
                          "items_json, prompt_version, model_route FROM candidates WHERE run_id = $r "

@@ -425,3 +425,38 @@ def test_an_imported_run_without_decisions_can_be_labelled_as_a_whole(tmp_path: 
     at.button(key=f"FormSubmitter:{form}-Save label").click().run()
     assert not at.exception and not at.error
     assert list(frame_with(at, "expected_verdict", "source")["source"]) == ["human"]
+
+
+def test_an_unreadable_events_file_fails_only_what_reads_the_events(recorded_home: Path, tmp_path: Path,
+                                                                     ui_env: pytest.MonkeyPatch) -> None:
+    """The Overview's counts and rates read the runs, the Run page's header
+    and tabs their own tables: one broken events segment blanked both."""
+    import shutil
+
+    shutil.copytree(recorded_home / "traces", tmp_path / "traces")
+    victim = sorted((tmp_path / "traces" / "events").glob("*.parquet"))[0]
+    victim.write_bytes(b"not parquet at all")
+    at = open_app(tmp_path, ui_env)
+    assert not at.exception
+    runs = scalar(f"SELECT count(*) FROM {table(recorded_home, 'runs')}")
+    assert metrics(at)["Runs"] == f"{runs:,}"
+    assert [e.value for e in at.error if victim.name in e.value] and len(at.error) == 1
+    run_id = scalar(f"SELECT run_id FROM {table(recorded_home, 'operations')} ORDER BY run_id LIMIT 1")
+    at = open_app(tmp_path, ui_env, run_id=run_id)
+    assert not at.exception and metrics(at)["Status"]
+    assert frame_with(at, "validator", "verdict") is not None and frame_with(at, "operation_id", "outcome") is not None
+    assert at.error and all(victim.name in e.value for e in at.error)
+
+
+def test_an_unreadable_labels_file_fails_only_the_figures_against_labels(recorded_home: Path, tmp_path: Path,
+                                                                          ui_env: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    home = tmp_path / "home"
+    shutil.copytree(recorded_home, home, ignore=shutil.ignore_patterns("*.sqlite*"))
+    (home / "traces" / "labels" / "zz-broken.parquet").write_bytes(b"PAR1 garbage")
+    at = open_app(home, ui_env, page="_pages_validators.py")
+    assert not at.exception
+    shown = metrics(at)
+    assert shown["Flips"] != "—" and (shown["Regressions"], shown["Fixes"]) == ("—", "—")
+    assert [e.value for e in at.error if "zz-broken.parquet" in e.value] and len(at.error) == 1
