@@ -27,7 +27,13 @@ def _shown(fmt: str, value: object) -> str:
 
 
 def rate_text(r: dict) -> str:
+    if not r["n"]:
+        return "— (0/0)"  # no run to have a rate of
     return f"{pct(r['rate'])} [{pct(r['lo'])}–{pct(r['hi'])}] ({r['k']}/{r['n']})"
+
+
+def rate_gap(ra: dict, rb: dict) -> str:
+    return "—" if not ra["n"] or not rb["n"] else f"{100 * (rb['rate'] - ra['rate']):+.1f} pts"
 
 
 #: Version A's colour and version B's, in every chart of the page.
@@ -49,12 +55,18 @@ def _body() -> None:
         return
     data = load(q.prompt_compare, a, b)
     metrics, rates = data["metrics"], data["rates"]
+    for version in (a, b):
+        texts = data["prompt_texts"].get(version, [])
+        if len(texts) > 1:
+            st.warning(f"Version {code(version)} was run under {len(texts)} different prompt texts (prompt_hash "
+                       f"{', '.join(code(h[:12]) for h in texts)}): its figures below pool them. Give each text "
+                       "a version name of its own to compare them.")
     rewarded = any(rates[v]["solved"]["n"] for v in (a, b))
     names = {**RATE_NAMES, **REWARD_RATE} if rewarded else RATE_NAMES
     rows = []
     for name, label in names.items():
         rows.append({"metric": label, a: rate_text(rates[a][name]), b: rate_text(rates[b][name]),
-                     "B − A": f"{100 * (rates[b][name]['rate'] - rates[a][name]['rate']):+.1f} pts"})
+                     "B − A": rate_gap(rates[a][name], rates[b][name])})
     for column, label, fmt in MEANS + ((("mean_reward", "Mean reward", "{:.3f}"),) if rewarded else ()):
         va = metrics.at[a, column] if a in metrics.index else 0
         vb = metrics.at[b, column] if b in metrics.index else 0
@@ -76,7 +88,8 @@ def _body() -> None:
     bars = go.Figure()
     for version in (a, b):
         r = rates[version]
-        bars.add_bar(name=chart_label(version), x=list(names.values()), y=[r[n]["rate"] for n in names],
+        bars.add_bar(name=chart_label(version), x=list(names.values()),
+                     y=[r[n]["rate"] if r[n]["n"] else None for n in names],  # no runs: no bar
                      marker_color=colours[chart_label(version)],
                      error_y={"type": "data", "symmetric": False,
                               "array": [r[n]["hi"] - r[n]["rate"] for n in names],
@@ -108,6 +121,9 @@ def _body() -> None:
         st.caption(f"Each of the {data['shared_tasks']:,} tasks run under both versions is solved equally often "
                    "under both.")
     else:
+        if data["tasks_differing"] > len(tasks):
+            st.caption(f"Listing the {len(tasks):,} most different of the {data['tasks_differing']:,} tasks "
+                       "solved at different rates.")
         st.dataframe(tasks.rename(columns={"solved_a": f"solved {a}", "solved_b": f"solved {b}",
                                            "runs_a": f"runs {a}", "runs_b": f"runs {b}"}),
                      hide_index=True, key="pv_tasks")

@@ -491,6 +491,10 @@ RATES = ("success", "loop", "budget_stop")
 SOLVED = "coalesce(reward >= 1, status = 'SUCCEEDED')"
 
 
+#: Tasks listed on Compare prompt versions (the most different first).
+TASK_ROWS = 200
+
+
 def prompt_compare(t: Traces, a: str, b: str) -> dict[str, Any]:
     """The same metrics for two prompt versions, side by side: counts, rates
     with Wilson 95% intervals (over finished runs; the reward's solved rate
@@ -540,20 +544,32 @@ def prompt_compare(t: Traces, a: str, b: str) -> dict[str, Any]:
         SELECT task_id,
                round(avg(CASE WHEN {SOLVED} THEN 1.0 ELSE 0.0 END) FILTER (prompt_version = $a), 3) AS solved_a,
                round(avg(CASE WHEN {SOLVED} THEN 1.0 ELSE 0.0 END) FILTER (prompt_version = $b), 3) AS solved_b,
-               count(*) FILTER (prompt_version = $a) AS runs_a, count(*) FILTER (prompt_version = $b) AS runs_b
+               count(*) FILTER (prompt_version = $a) AS runs_a, count(*) FILTER (prompt_version = $b) AS runs_b,
+               count(*) OVER () AS differing
         FROM runs WHERE prompt_version IN ($a, $b) AND status IN $terminal
         GROUP BY task_id
         -- A task run under one version only has no rate to compare.
         HAVING runs_a > 0 AND runs_b > 0 AND solved_a <> solved_b
         ORDER BY abs(coalesce(solved_b, 0) - coalesce(solved_a, 0)) DESC, task_id
-        LIMIT 200
+        LIMIT $task_rows
         """,
-        {**_terminal(), "a": a, "b": b},
+        {**_terminal(), "a": a, "b": b, "task_rows": TASK_ROWS},
     )
+    differing = int(tasks["differing"].iloc[0]) if not tasks.empty else 0
+    tasks = tasks.drop(columns="differing")
+    # A version name run under two prompt texts (a prompts/ file edited in
+    # between): its figures pool both, which the page must say.
+    texts: dict[str, list[str]] = {}
+    if t.has("candidates"):
+        for version, hashes in t.df(
+                "SELECT prompt_version, list(DISTINCT prompt_hash ORDER BY prompt_hash) AS hashes FROM candidates "
+                "WHERE prompt_version IN $versions AND prompt_hash IS NOT NULL GROUP BY ALL",
+                {"versions": versions}).itertuples(index=False):
+            texts[version] = list(hashes)
     (shared,) = t.one(
         "SELECT count(*) FROM (SELECT task_id FROM runs WHERE prompt_version IN ($a, $b) AND status IN $terminal "
         "GROUP BY task_id HAVING count(DISTINCT prompt_version) = 2)",
         {**_terminal(), "a": a, "b": b},
     )
     return {"metrics": metrics, "rates": rates, "steps": steps, "cost": cost, "tasks": tasks,
-            "shared_tasks": int(shared)}
+            "tasks_differing": differing, "shared_tasks": int(shared), "prompt_texts": texts}

@@ -460,3 +460,30 @@ def test_an_unreadable_labels_file_fails_only_the_figures_against_labels(recorde
     shown = metrics(at)
     assert shown["Flips"] != "—" and (shown["Regressions"], shown["Fixes"]) == ("—", "—")
     assert [e.value for e in at.error if "zz-broken.parquet" in e.value] and len(at.error) == 1
+
+
+def test_a_version_run_under_two_prompt_texts_is_said_and_an_empty_rate_is_no_rate(tmp_path: Path,
+                                                                                   ui_env: pytest.MonkeyPatch) -> None:
+    """A home's prompts/v3.md edited between two batches: both say v3, their
+    prompt_hash differs, and the page pooled them silently. A version with
+    no finished run had a 0.0% rate (0/0) and a difference from it."""
+    from ui_kit import cli
+
+    home = tmp_path / "home"
+    (home / "prompts").mkdir(parents=True)
+    happy = str(REPO / "datasets" / "scenarios" / "happy-read-file.yaml")
+    waits = str(REPO / "datasets" / "scenarios" / "approval-waits-for-person.yaml")
+    assert cli("run", happy, "--home", str(home), "--prompt-version", "v1").returncode == 0
+    for text in ("Answer briefly.", "Answer in full sentences."):
+        (home / "prompts" / "v3.md").write_text(text)
+        assert cli("run", happy, "--home", str(home), "--prompt-version", "v3").returncode == 0
+    (home / "prompts" / "v4.md").write_text("Ask first.")
+    assert cli("run", waits, "--home", str(home), "--prompt-version", "v4").returncode == 0  # waits: not finished
+    hashes = scalar(f"SELECT count(DISTINCT prompt_hash) FROM {table(home, 'candidates')} WHERE prompt_version = 'v3'")
+    assert hashes == 2
+    at = open_app(home, ui_env, "_pages_prompts.py")
+    assert [w.value for w in at.warning if "v3" in w.value and "2 different prompt texts" in w.value]
+    at.selectbox[1].select("v4").run()
+    shown = at.table[0].value
+    assert shown.loc["Success rate", "v4"] == "— (0/0)" and shown.loc["Success rate", "B − A"] == "—"
+    assert not [w.value for w in at.warning if "different prompt texts" in w.value]

@@ -303,7 +303,8 @@ def test_a_file_whose_data_pages_are_broken_is_named_with_its_table(recorded_hom
     assert "`events` table" in str(info.value) and victim.name in str(info.value)
 
 
-def test_prompt_versions_of_imported_runs_are_compared_by_their_reward(tmp_path: Path) -> None:
+def test_prompt_versions_of_imported_runs_are_compared_by_their_reward(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Imported conversations all end as SUCCEEDED; their reward says which
     tasks were solved. The comparison and the Runs page show it."""
     import subprocess
@@ -338,6 +339,11 @@ def test_prompt_versions_of_imported_runs_are_compared_by_their_reward(tmp_path:
     assert sorted(got["metrics"]["mean_reward"]) == [0.25, 0.8]
     # Tasks 0 and 3 are solved under one policy only; 1 and 2 alike under both.
     assert sorted(got["tasks"]["task_id"]) == ["t0", "t3"] and got["shared_tasks"] == 4
+    assert got["tasks_differing"] == 2
+    # The list is bounded; how many differ is said apart (the page: "the 1 most different of the 2").
+    monkeypatch.setattr(q, "TASK_ROWS", 1)
+    fewer = q.prompt_compare(traces, a, b)
+    assert len(fewer["tasks"]) == 1 and fewer["tasks_differing"] == 2
     _, page = q.runs_page(traces, q.RunFilter(), "reward", True, 0, 10)
     assert list(page["reward"]) == [1.0] * 5 + [0.0] * 4
 
