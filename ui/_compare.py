@@ -190,6 +190,11 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
         "confusion": _square(confusion),
         "labels": labelled,
         "labels_error": labels_error,
+        # The recorded side's suite versions: several when runs were recorded
+        # under different suites (a replay's side has one).
+        "recorded_suites": (
+            [v for (v,) in t.rows("SELECT DISTINCT suite_version FROM validations WHERE suite_version IS NOT NULL "
+                                  "ORDER BY 1")] if RECORDED in (a, b) else []),
         "divergence": divergence,
         "divergence_by_step": by_step,
     }

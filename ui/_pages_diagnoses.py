@@ -34,17 +34,37 @@ def _body() -> None:
     source = _source()
     summary = load(q.diagnoses_summary, source=source)
     if summary.empty:
-        st.info("No loop diagnoses recorded: no detector fired on these runs." if source == q.RECORDED
+        st.info("No loop diagnoses recorded. The engine's detectors fired on none of its runs; imported runs "
+                "have none recorded (no detector ran while they ran): replay them (`loopledger replay --suite "
+                "default`) and pick the replay above." if source == q.RECORDED
                 else f"Replay {code(source)} found no loops: none of its detectors fired on these runs.")
         return
+    if source == q.RECORDED:
+        suites = load(q.recorded_suites)
+        if len(suites) > 1:
+            st.warning(f"The recorded findings come from runs recorded under {len(suites)} suite versions "
+                       f"({', '.join(code(s) for s in suites)}), whose detectors may differ in their thresholds: "
+                       "the figures below pool them. A replay judges every run with one suite.")
     cols = st.columns(3)
     cols[0].metric("Findings", f"{int(summary['findings'].sum()):,}")
     # A run can have findings of several detectors: counted once here.
     totals = load(q.diagnoses_totals, source=source)
     cols[1].metric("Runs with a finding", f"{totals['runs']:,}")
-    cols[2].metric("Of them failed", f"{totals['runs_failed']:,}",
-                   help="ended in a terminal state other than SUCCEEDED")
-    fig = px.bar(chart_text(summary, "detector", "pattern"), x="detector", y="findings", color="pattern",
+    if totals["runs_known"]:
+        cols[2].metric("Of them failed", f"{totals['runs_failed']:,}",
+                       help="ended in a terminal state other than SUCCEEDED"
+                       + (f"; of the {totals['runs_known']:,} runs whose outcome these traces hold"
+                          if totals["runs_known"] < totals["runs"] else ""))
+    else:
+        cols[2].metric("Of them failed", "—", help="these traces hold none of these runs' outcomes")
+    # A detector found under two versions is two bars: a version's change is
+    # not a change of the runs.
+    versions = summary.groupby("detector")["detector_version"].transform("nunique")
+    drawn = summary.assign(detector=[f"{d} (v{v})" if n > 1 else d for d, v, n in
+                                     zip(summary["detector"], summary["detector_version"], versions)])
+    if (versions > 1).any():
+        st.warning("Some detectors' findings come from two versions of them: shown apart, never added up.")
+    fig = px.bar(chart_text(drawn, "detector", "pattern"), x="detector", y="findings", color="pattern",
                  title="Findings by detector and pattern")
     fig.update_layout(height=320, margin={"t": 40, "b": 10})
     st.plotly_chart(fig, key="diag_by_detector")

@@ -41,6 +41,8 @@ def _body() -> None:
     if not summaries.empty:
         st.markdown("**Replays**")
         st.dataframe(summaries, hide_index=True, key="cmp_replays")
+        st.caption("Each replay's summary as it computed it when it ran, with the labels of then; the "
+                   "comparison below counts regressions and fixes with today's labels.")
     if len(sides) < 2:
         return
     a, b = _pick(sides)
@@ -49,6 +51,11 @@ def _body() -> None:
         return
     data = load(c.compare_validators, a, b)
     tot = data["totals"]
+    if len(data["recorded_suites"]) > 1:
+        st.warning(f"The recorded decisions were made under {len(data['recorded_suites'])} suite versions "
+                   f"({', '.join(code(s) for s in data['recorded_suites'])}): runs recorded under different suites "
+                   "are compared alike, and a flip on a run recorded under another suite can be that suite's "
+                   "difference, not the run's.")
     cols = st.columns(6)
     cols[0].metric("Decisions (B)", f"{tot['decisions']:,}")
     cols[1].metric("Flips", f"{tot['flips']:,}", help="decisions whose verdict or code differs"

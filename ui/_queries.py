@@ -431,12 +431,23 @@ def diagnoses_by_step(t: Traces, source: str = RECORDED) -> Any:
 def diagnoses_totals(t: Traces, source: str = RECORDED) -> dict[str, int]:
     """Runs with at least one finding, and how many of them failed."""
     found, params = _findings(t, source)
-    runs, failed = t.one(
-        "SELECT count(*), count(*) FILTER (r.status IN $terminal AND r.status <> 'SUCCEEDED') "
+    runs, failed, known = t.one(
+        "SELECT count(*), count(*) FILTER (r.status IN $terminal AND r.status <> 'SUCCEEDED'), count(r.run_id) "
         f"FROM (SELECT DISTINCT d.run_id FROM {found}) d LEFT JOIN runs r ON r.run_id = d.run_id",
         {**_terminal(), **params},
     )
-    return {"runs": int(runs), "runs_failed": int(failed)}
+    # ``known``: the runs whose outcome these traces hold (a replay copied
+    # without its traces holds none).
+    return {"runs": int(runs), "runs_failed": int(failed), "runs_known": int(known)}
+
+
+def recorded_suites(t: Traces) -> list[str]:
+    """The suite versions the recorded decisions were made under (more than
+    one: runs recorded under different suites, whose figures pool them)."""
+    if not t.has("validations"):
+        return []
+    return [v for (v,) in t.rows("SELECT DISTINCT suite_version FROM validations WHERE suite_version IS NOT NULL "
+                                 "ORDER BY 1")]
 
 
 def _finding_where(detector: str | None, pattern: str | None) -> tuple[str, dict[str, Any]]:
@@ -465,8 +476,8 @@ def diagnosis_findings(t: Traces, detector: str | None, pattern: str | None,
     clause, more = _finding_where(detector, pattern)
     page = t.df(
         f"""
-        SELECT d.run_id, d.step, d.detector, d.pattern, r.task_id, r.prompt_version, r.status, r.reason,
-               d.evidence_json
+        SELECT d.run_id, d.step, d.detector, d.detector_version, d.pattern, r.task_id, r.prompt_version, r.status,
+               r.reason, d.evidence_json
         FROM {found} LEFT JOIN runs r ON r.run_id = d.run_id {clause}
         ORDER BY d.run_id, d.step, d.detector LIMIT $limit OFFSET $offset
         """,

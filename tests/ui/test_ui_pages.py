@@ -487,3 +487,61 @@ def test_a_version_run_under_two_prompt_texts_is_said_and_an_empty_rate_is_no_ra
     shown = at.table[0].value
     assert shown.loc["Success rate", "v4"] == "— (0/0)" and shown.loc["Success rate", "B − A"] == "—"
     assert not [w.value for w in at.warning if "different prompt texts" in w.value]
+
+
+def test_recorded_decisions_of_two_suites_are_said_to_be_pooled(tmp_path: Path, ui_env: pytest.MonkeyPatch) -> None:
+    """Runs recorded under the default suite and under the strict one: the
+    recorded side holds two suite versions, which Compare validators and
+    Loop diagnoses pooled without a word."""
+    import yaml
+    from ui_kit import cli
+
+    home = tmp_path / "home"
+    loop = yaml.safe_load((REPO / "datasets" / "scenarios" / "loop-repeated-call.yaml").read_text())
+    strict = {**loop, "id": "loop-repeated-call-strict", "suite": "strict"}
+    (tmp_path / "strict.yaml").write_text(yaml.safe_dump(strict))
+    for path in (REPO / "datasets" / "scenarios" / "loop-repeated-call.yaml", tmp_path / "strict.yaml"):
+        assert cli("run", str(path), "--home", str(home)).returncode in (0, 1)
+    assert cli("replay", "--suite", "default", "--home", str(home), "--fail-on", "never").returncode == 0
+    suites = scalar(f"SELECT count(DISTINCT suite_version) FROM {table(home, 'validations')}")
+    assert suites == 2
+    at = open_app(home, ui_env, "_pages_validators.py")
+    assert [w.value for w in at.warning if "2 suite versions" in w.value]
+    at.switch_page("_pages_diagnoses.py").run()
+    assert not at.exception and [w.value for w in at.warning if "2 suite versions" in w.value]
+
+
+def test_findings_of_a_replay_without_its_traces_do_not_claim_how_the_runs_ended(
+        recorded_home: Path, tmp_path: Path, ui_env: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    replay_id = next(p.name for p in (recorded_home / "replays").iterdir()
+                     if (p / "loop_diagnoses").is_dir() and list((p / "loop_diagnoses").glob("*.parquet"))
+                     and scalar(f"SELECT count(*) FROM read_parquet('{p}/loop_diagnoses/**/*.parquet')"))
+    home = tmp_path / "home"
+    shutil.copytree(recorded_home / "replays" / replay_id, home / "replays" / replay_id)
+    at = open_app(home, ui_env, "_pages_diagnoses.py")
+    assert not at.exception
+    shown = metrics(at)
+    assert shown["Runs with a finding"] != "0" and shown["Of them failed"] == "—"
+
+
+def test_findings_of_two_versions_of_a_detector_are_shown_apart(recorded_home: Path, tmp_path: Path,
+                                                                 ui_env: pytest.MonkeyPatch) -> None:
+    """Traces recorded before a detector's new version: one bar added them up."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    home = tmp_path / "home"
+    shutil.copytree(recorded_home, home, ignore=shutil.ignore_patterns("*.sqlite*"))
+    path = next(p for p in sorted((home / "traces" / "loop_diagnoses").glob("*.parquet")) if pq.read_metadata(p).num_rows)
+    rows = pq.read_table(path)
+    versions = rows.column("detector_version").to_pylist()
+    versions[0] = "0"
+    pq.write_table(rows.set_column(rows.schema.get_field_index("detector_version"), "detector_version",
+                                   pa.array(versions, rows.schema.field("detector_version").type)), path)
+    at = open_app(home, ui_env, "_pages_diagnoses.py")
+    assert not at.exception and [w.value for w in at.warning if "two versions" in w.value]
+    assert "detector_version" in frame_with(at, "run_id", "pattern").columns
