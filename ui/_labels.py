@@ -13,6 +13,18 @@ from typing import Any
 from ._data import VERDICTS, DataError
 
 
+def no_journal(home: Path, store_url: str | None = None) -> str | None:
+    """Why no label can be written here (a data directory of traces only), or None."""
+    from loopledger.engine import Home
+
+    where = Home(Path(home), store_url)
+    if where.has_journal:
+        return None
+    return (f"No journal at {where.journal_path}: labels are written to the run journal, which this data "
+            "directory does not have (its traces were copied or imported without one). Label the run where "
+            "its journal is.")
+
+
 def add_human_label(home: Path, *, run_id: str, step: int, attempt: int, candidate_id: str,
                     validator: str, expected_verdict: str, note: str = "", store_url: str | None = None) -> int:
     """Record the label in the journal (``store_url``, else the SQLite
@@ -22,11 +34,11 @@ def add_human_label(home: Path, *, run_id: str, step: int, attempt: int, candida
     if expected_verdict not in VERDICTS:
         raise DataError(f"expected verdict must be one of {', '.join(VERDICTS)}, not {expected_verdict!r}")
     where = Home(Path(home), store_url)
-    if not where.has_journal:
+    missing = no_journal(home, store_url)
+    if missing:
         # Opening the store would create an empty journal: traces imported
         # without one cannot take labels through the recorder.
-        raise DataError(f"No journal at {where.journal_path}: labels are written to the run journal, which this "
-                        "data directory does not have.")
+        raise DataError(missing)
     try:
         store = where.open_store()
     except JournalError as exc:

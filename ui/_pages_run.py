@@ -11,7 +11,7 @@ import streamlit as st
 
 from loopledger.ui import _queries as q
 from loopledger.ui._data import VERDICTS, DataError
-from loopledger.ui._labels import add_human_label
+from loopledger.ui._labels import add_human_label, no_journal
 from loopledger.ui._st import code, guarded, home, load, missing, store_url
 
 
@@ -29,6 +29,9 @@ def _header(run: dict, spans: pd.DataFrame) -> None:
     st.markdown(f"**Task** {code(run['task_id'])} · **tenant** {code(run['tenant'])} · **prompt** "
                 f"{code(run['prompt_version'])} · **model** {code(run['model_route'])} · **thread** "
                 f"{code(run['thread_id'])}")
+    if not missing(run.get("reward")):
+        st.markdown(f"**Reward** {float(run['reward']):g}: the source's score of the task (an imported run's "
+                    "status only says how its conversation ended; the reward says whether the task was done)")
     cols = st.columns([3, 3, 2, 2, 2])  # BUDGET_EXHAUSTED and validation_failed need the room
     cols[0].metric("Status", str(run["status"]))
     cols[1].metric("Reason", str(run["reason"] or "—"))
@@ -111,6 +114,10 @@ def _label_form(detail: dict, run_id: str) -> None:
         st.success(saved)
     if cands.empty:
         st.info("This run has no candidates to label.")
+        return
+    why = no_journal(home(), store_url())
+    if why:
+        st.info(why)  # said before anyone fills the form in, not after Save
         return
     # Every candidate as a whole (an imported run may have no recorded
     # decision yet: a replay will judge it), then each recorded decision.

@@ -545,3 +545,27 @@ def test_findings_of_two_versions_of_a_detector_are_shown_apart(recorded_home: P
     at = open_app(home, ui_env, "_pages_diagnoses.py")
     assert not at.exception and [w.value for w in at.warning if "two versions" in w.value]
     assert "detector_version" in frame_with(at, "run_id", "pattern").columns
+
+
+def test_a_home_without_a_journal_says_so_before_the_label_form(recorded_home: Path, tmp_path: Path,
+                                                                  ui_env: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    shutil.copytree(recorded_home / "traces", tmp_path / "traces")
+    run_id = scalar(f"SELECT run_id FROM {table(recorded_home, 'candidates')} ORDER BY run_id LIMIT 1")
+    at = open_app(tmp_path, ui_env, run_id=run_id)
+    assert not at.exception
+    assert [i.value for i in at.info if i.value.startswith(f"No journal at {tmp_path / 'journal.sqlite'}")]
+    assert not [s for s in at.selectbox if str(s.key).startswith("label_form:")]  # no form to fill in in vain
+
+
+def test_the_run_page_shows_an_imported_runs_reward(tmp_path: Path, ui_env: pytest.MonkeyPatch) -> None:
+    import json
+
+    record = {"messages": [{"role": "user", "content": "cancel my order"}, {"role": "assistant", "content": "done"}],
+              "metadata": {"id": "r0", "reward": 0}}
+    home = imported_home(tmp_path, [json.dumps(record)])
+    run_id = scalar(f"SELECT run_id FROM {table(home, 'runs')}")
+    at = open_app(home, ui_env, run_id=run_id)
+    assert metrics(at)["Status"] == "SUCCEEDED"
+    assert [m.value for m in at.markdown if m.value.startswith("**Reward** 0:")]
