@@ -12,7 +12,7 @@ import streamlit as st
 from loopledger.ui import _queries as q
 from loopledger.ui._data import VERDICTS, DataError
 from loopledger.ui._labels import add_human_label, no_journal
-from loopledger.ui._st import code, guarded, home, load, missing, store_url
+from loopledger.ui._st import code, guarded, home, load, missing, store_url, times
 
 
 def _json(text: object) -> object:
@@ -209,7 +209,7 @@ def _body() -> None:
         elif rec.empty:
             st.caption("No unknown outcomes, refusals or background completions.")
         else:
-            st.dataframe(rec, hide_index=True, key="run_reconcile")
+            st.dataframe(times(rec, "ts"), hide_index=True, key="run_reconcile")
     with tabs[3]:
         waits = q.waits(detail["events"])
         if _unreadable(detail, "events"):
@@ -217,7 +217,7 @@ def _body() -> None:
         elif waits.empty:
             st.info("This run never waited on a user or a tool.")
         else:
-            st.dataframe(waits, hide_index=True, key="run_waits")
+            st.dataframe(times(waits, "ts"), hide_index=True, key="run_waits")
     with tabs[4]:
         diag = detail["diagnoses"]
         if _unreadable(detail, "diagnoses"):
@@ -235,11 +235,11 @@ def _body() -> None:
         elif labels.empty:
             st.caption("No labels for this run yet.")
         else:
-            st.dataframe(labels, hide_index=True, key="run_labels")
+            st.dataframe(times(labels, "created_at"), hide_index=True, key="run_labels")
         _label_form(detail, run_id)
     with tabs[6]:
         if not _unreadable(detail, "events"):
-            st.dataframe(detail["events"], hide_index=True, key="run_events")
+            st.dataframe(times(detail["events"], "ts"), hide_index=True, key="run_events")
 
 
 def render() -> None:

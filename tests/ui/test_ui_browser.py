@@ -163,6 +163,11 @@ def test_every_page_in_chromium(page: object, server: str, recorded_home: Path) 
         settle(page)
         assert metric(page, "Status") == "SUCCEEDED"
         assert "Page not found" not in page.inner_text("body")  # Streamlit's box when an address names no page
+    # Its events to the millisecond (whole seconds made every event of a run read the same time).
+    page.get_by_role("tab", name="Events").click()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll(\"[data-testid='stDataFrame'] [role='gridcell']\")]"
+        ".some(c => /^\\d{4}-\\d\\d-\\d\\d \\d\\d:\\d\\d:\\d\\d\\.\\d{3}$/.test(c.innerText.trim()))")
 
     # Loop diagnoses
     page.goto(f"{server}/diagnoses")
