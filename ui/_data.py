@@ -296,7 +296,30 @@ class Traces:
                 (table, path), why = broken
                 raise CorruptData(f"Could not read the `{table}` table: {path} is not a readable Parquet file "
                                   f"({why}).") from exc
+            foreign = self._foreign_file()
+            if foreign is not None:
+                table, path, why = foreign
+                raise CorruptData(f"Could not read the `{table}` table: {path} {why} ({_first_line(exc)}).") from exc
             raise CorruptData(f"Could not read the traces under {self.home}: {_first_line(exc)}") from exc
+
+    def _foreign_file(self) -> tuple[str, Path, str] | None:
+        """A readable trace file with a column of another kind than its
+        table's (a file written by something else): the table, the file and
+        which column; None when every file's columns are of their kind."""
+        import pyarrow.parquet as pq
+
+        for table, files in self._files.items():
+            kinds = TRACE_TABLES.get(table, {})
+            for path in files:
+                try:
+                    schema = pq.read_schema(path)
+                except Exception:  # noqa: BLE001 - an unreadable file is _broken_file's to name
+                    continue
+                for name in schema.names:
+                    kind = kinds.get(name)
+                    if kind is not None and not _of_kind(schema.field(name).type, kind):
+                        return table, path, f"holds column `{name}` as {schema.field(name).type}, expected {kind}"
+        return None
 
     def _broken_file(self) -> tuple[tuple[str, Path], str] | None:
         """The table and file DuckDB could not read (it does not always say
@@ -310,6 +333,19 @@ class Traces:
             owners.update({path: f"replays/{rid}/{name}" for name, files in tables.items() for path in files})
         found = first_unreadable(owners)
         return ((owners[found[0]], found[0]), found[1]) if found is not None else None
+
+
+def _of_kind(arrow: Any, kind: str) -> bool:
+    """Whether a column of Arrow type ``arrow`` can be read as ``kind``."""
+    import pyarrow.types as pt
+
+    if pt.is_null(arrow):
+        return True  # a column with no value at all
+    return {"str": pt.is_string(arrow) or pt.is_large_string(arrow) or pt.is_string_view(arrow),
+            "int": pt.is_integer(arrow),
+            "float": pt.is_floating(arrow) or pt.is_integer(arrow) or pt.is_decimal(arrow),
+            "ts": pt.is_timestamp(arrow),
+            "bool": pt.is_boolean(arrow)}.get(kind, True)
 
 
 def _first_line(exc: BaseException) -> str:

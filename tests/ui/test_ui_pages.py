@@ -569,3 +569,20 @@ def test_the_run_page_shows_an_imported_runs_reward(tmp_path: Path, ui_env: pyte
     at = open_app(home, ui_env, run_id=run_id)
     assert metrics(at)["Status"] == "SUCCEEDED"
     assert [m.value for m in at.markdown if m.value.startswith("**Reward** 0:")]
+
+
+def test_a_readable_file_with_a_column_of_another_kind_is_named(recorded_home: Path, tmp_path: Path,
+                                                                  ui_env: pytest.MonkeyPatch) -> None:
+    """A file written by something else (``steps`` as text): DuckDB's binder
+    error named neither the table nor the file."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.copytree(recorded_home / "traces", tmp_path / "traces")
+    foreign = tmp_path / "traces" / "runs" / "zz-foreign.parquet"
+    pq.write_table(pa.table({"run_id": ["x"], "status": ["SUCCEEDED"], "steps": ["three"]}), foreign)
+    at = open_app(tmp_path, ui_env)
+    assert [e.value for e in at.error
+            if e.value.startswith(f"Could not read the `runs` table: {foreign} holds column `steps` as string")]
