@@ -75,7 +75,11 @@ def kind(value: Any) -> str:
 
 
 #: What a JSON value nested beyond the parser's depth (about a thousand levels) is.
-TOO_DEEP = "nested too deeply to read (a thousand levels or more); expected JSON as a trace holds it"
+#: How deep a value the importer stores may nest (arguments, metadata, a
+#: tool's schema): stored inside the artifacts' own nesting, deeper values
+#: could not be written as canonical JSON. Real traces nest a few levels.
+MAX_DEPTH = 200
+TOO_DEEP = f"nested too deeply to read; expected JSON nested at most {MAX_DEPTH} levels, as a trace holds it"
 
 
 def bad(file: str, where: str, expected: str, value: Any) -> ImportInputError:
@@ -180,20 +184,33 @@ def mapping(value: Any, file: str, where: str, expected: str = "an object") -> d
     return value
 
 
-def plain(value: Any, file: str, where: str) -> Any:
+def _last_steps(where: str, n: int) -> list[str]:
+    """The last ``n`` steps of a field path (``.key`` or ``[i]``)."""
+    import re
+
+    return re.findall(r"\.[^.\[]*|\[\d+\]", where)[-n:] if n else []
+
+
+def plain(value: Any, file: str, where: str, depth: int = 0) -> Any:
     """Free-form JSON the importer stores as it is (arguments, metadata, a
-    tool's schema): every number finite, every string Unicode text."""
+    tool's schema): every number finite, every string Unicode text, nested
+    at most :data:`MAX_DEPTH` levels."""
     if isinstance(value, str):
         return text(value, file, where)
     if isinstance(value, float):
         return number(value, file, where)
+    if isinstance(value, (dict, list)) and depth >= MAX_DEPTH:
+        # The field where it began, not the two hundred keys below it.
+        start = where[:max(len(where) - sum(len(p) for p in _last_steps(where, depth)), 0)] or where
+        raise ImportInputError(file, start, f"nested more than {MAX_DEPTH} levels deep; expected JSON nested at "
+                                            f"most {MAX_DEPTH} levels, as a trace holds it")
     if isinstance(value, dict):
         for key, item in value.items():
             text(key, file, f"{where} (a key)")
-            plain(item, file, f"{where}.{key}")
+            plain(item, file, f"{where}.{key}", depth + 1)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            plain(item, file, f"{where}[{i}]")
+            plain(item, file, f"{where}[{i}]", depth + 1)
     return value
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from loopledger._args import UnreadableEntry, files_under, not_a_file
-from loopledger.canonical import Canonical
+from loopledger.canonical import Canonical, CanonicalJSONError
 
 from ._import_model import (
     TOO_DEEP,
@@ -105,7 +105,12 @@ def load_catalogue(path: Path) -> tuple[Canonical, dict[str, bool]]:
     if not isinstance(entries, list):
         raise ImportInputError(file, None, "expected a list of tools or an object with 'tools'")
     read_only = read_only_map(data.get("tool_types"), file) if isinstance(data, dict) else {}
-    return Canonical(tool_specs(entries, read_only, file, "tools" if isinstance(data, dict) else "")), read_only
+    specs = tool_specs(entries, read_only, file, "tools" if isinstance(data, dict) else "")
+    try:
+        return Canonical(specs), read_only
+    except CanonicalJSONError as exc:
+        # The catalogue's own fault, named as such (not the trace file's that asked for it).
+        raise ImportInputError(file, None, f"a value cannot be stored as JSON ({exc})") from None
 
 
 def _catalogue_near(path: Path, domain: str, explicit: Path | None) -> Canonical:

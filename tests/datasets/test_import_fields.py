@@ -514,7 +514,7 @@ def test_json_nested_beyond_the_parser_is_bad_input(tmp_path: Path) -> None:
     chats.parent.mkdir()
     chats.write_text(record + "\n")
     assert _refused(tmp_path, "openai-jsonl", chats).endswith(
-        f"{chats}: line 1: nested too deeply to read (a thousand levels or more); expected JSON as a trace holds it")
+        f"{chats}: line 1: nested too deeply to read; expected JSON nested at most 200 levels, as a trace holds it")
     tools = tmp_path / "deep-tools.json"
     tools.write_text(deep)
     assert "deep-tools.json: nested too deeply to read" in _refused(

@@ -390,3 +390,29 @@ def test_a_gzip_file_of_json_lines_is_read(tmp_path: Path) -> None:
     assert done.runs == 1
     (run,) = table(tmp_path / "home", "runs")
     assert run["task_id"] == "chats/1"  # the file's stem: neither .jsonl nor .gz
+
+
+def _nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+def test_a_value_nested_too_deeply_is_refused_where_it_is(tmp_path: Path) -> None:
+    """It was blamed on the trace file when it was the --tools file's, and
+    named no line or field ("$: nested too deeply")."""
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    good = _jsonl(tmp_path, chat)
+    tools = tmp_path / "deep_tools.json"
+    tools.write_text(json.dumps({"tools": [{"type": "function", "function": {
+        "name": "get_order", "parameters": {"type": "object", "default": _nested(300)}}}]}))
+    with pytest.raises(ImportInputError) as refused:
+        import_traces("openai-jsonl", [good], home=tmp_path / "home", tools=tools)
+    assert str(refused.value).startswith(f"{tools}: tools[0].function.parameters: nested more than 200 levels deep")
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text(json.dumps({**chat, "metadata": {"id": "d", "extra": _nested(300)}}) + "\n")
+    with pytest.raises(ImportInputError) as refused:
+        import_traces("openai-jsonl", [deep], home=tmp_path / "home")
+    assert str(refused.value).startswith(f"{deep}: line 1.metadata.extra: nested more than 200 levels deep")
+    assert not (tmp_path / "home").exists()
