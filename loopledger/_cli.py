@@ -1008,7 +1008,7 @@ def import_cmd(
     lines = []
     for f in result.files:
         invalid = f", {f.invalid} marked not valid by the source" if f.invalid else ""
-        lines.append(f"{f.path}: {f.runs} runs ({f.skipped} already imported{invalid}), {f.candidates} candidates, "
+        lines.append(f"{f.path}: {f.runs} runs ({f.skipped} already imported or given twice{invalid}), {f.candidates} candidates, "
                      f"{f.operations} tool calls ({f.failed_operations} failed"
                      + (f", {f.unanswered_operations} without a result" if f.unanswered_operations else "")
                      + f"), {f.user_tool_calls} user tool calls")
