@@ -140,6 +140,9 @@ def test_a_record_given_twice_in_one_file_is_imported_once(tmp_path: Path) -> No
     path = _jsonl(tmp_path, _chat("alpha", 1, id="x"), _chat("alpha", 1, id="x"))
     done = import_traces("openai-jsonl", [path], home=tmp_path / "home")
     assert (done.runs, done.skipped) == (1, 1)
+    # Said as what it is in a home that had none of it before.
+    said = cli("import", "openai-jsonl", str(path), "--home", str(tmp_path / "fresh")).stdout
+    assert said.startswith(f"{path}: 1 runs (1 already imported or given twice)")
 
 
 def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
