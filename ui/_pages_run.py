@@ -169,6 +169,10 @@ def _unreadable(detail: dict, section: str) -> bool:
 
 def _body() -> None:
     run_id = st.query_params.get("run_id", "").strip()  # a pasted id often brings a space along
+    if not run_id and st.session_state.get("last_run_id"):
+        # Back to the Run page from the sidebar: the run last looked at.
+        run_id = st.session_state["last_run_id"]
+        st.query_params["run_id"] = run_id
     typed = st.text_input("Run id", value=run_id,
                           help="Or open a run from the Runs page; this page's address links to the run.").strip()
     if typed != run_id:
@@ -182,6 +186,7 @@ def _body() -> None:
         st.warning(f"No run {code(run_id)} in these traces.")
         return
     run = detail["run"]
+    st.session_state["last_run_id"] = run_id
     st.subheader(f"Run {code(run_id)}")
     _header(run, detail["spans"])
     if not _unreadable(detail, "events"):

@@ -31,6 +31,10 @@ page = st.navigation(pages)
 if page is overview and "run_id" in st.query_params:
     # /?run_id=ID, a run's shared address: its Run page.
     st.switch_page(run_page, query_params={"run_id": st.query_params["run_id"]})
+elif page is not run_page and "run_id" in st.query_params:
+    # A run's id carried to another page (the browser's Back from a run):
+    # it means nothing there, and would make that page's address a run's.
+    del st.query_params["run_id"]
 try:
     st.sidebar.caption(f"Data directory: `{home()}`")
 except Exception as exc:  # noqa: BLE001 - the pages say what is wrong in full

@@ -586,3 +586,18 @@ def test_a_readable_file_with_a_column_of_another_kind_is_named(recorded_home: P
     at = open_app(tmp_path, ui_env)
     assert [e.value for e in at.error
             if e.value.startswith(f"Could not read the `runs` table: {foreign} holds column `steps` as string")]
+
+
+def test_the_run_page_remembers_its_run_and_other_pages_drop_a_run_id(recorded_home: Path,
+                                                                       ui_env: pytest.MonkeyPatch) -> None:
+    """Back from a run left ``/runs?run_id=...``; the sidebar's Run page
+    then forgot the run just looked at ("Pick a run")."""
+    run_id = scalar(f"SELECT run_id FROM {table(recorded_home, 'runs')} ORDER BY run_id LIMIT 1")
+    at = open_app(recorded_home, ui_env, run_id=run_id)
+    assert metrics(at)["Status"]
+    at.query_params["run_id"] = run_id  # as the browser's Back brings it to the Runs page
+    at.switch_page("_pages_runs.py").run()
+    assert not at.exception and "run_id" not in at.query_params
+    at.switch_page("_pages_run.py").run()
+    assert not at.exception and metrics(at)["Status"]
+    assert at.query_params["run_id"] in (run_id, [run_id])
