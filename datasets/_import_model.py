@@ -184,33 +184,26 @@ def mapping(value: Any, file: str, where: str, expected: str = "an object") -> d
     return value
 
 
-def _last_steps(where: str, n: int) -> list[str]:
-    """The last ``n`` steps of a field path (``.key`` or ``[i]``)."""
-    import re
-
-    return re.findall(r"\.[^.\[]*|\[\d+\]", where)[-n:] if n else []
-
-
-def plain(value: Any, file: str, where: str, depth: int = 0) -> Any:
+def plain(value: Any, file: str, where: str, depth: int = 0, root: str | None = None) -> Any:
     """Free-form JSON the importer stores as it is (arguments, metadata, a
     tool's schema): every number finite, every string Unicode text, nested
-    at most :data:`MAX_DEPTH` levels."""
+    at most :data:`MAX_DEPTH` levels (``root``: the field it began at)."""
+    root = where if root is None else root
     if isinstance(value, str):
         return text(value, file, where)
     if isinstance(value, float):
         return number(value, file, where)
     if isinstance(value, (dict, list)) and depth >= MAX_DEPTH:
         # The field where it began, not the two hundred keys below it.
-        start = where[:max(len(where) - sum(len(p) for p in _last_steps(where, depth)), 0)] or where
-        raise ImportInputError(file, start, f"nested more than {MAX_DEPTH} levels deep; expected JSON nested at "
-                                            f"most {MAX_DEPTH} levels, as a trace holds it")
+        raise ImportInputError(file, root, f"nested more than {MAX_DEPTH} levels deep; expected JSON nested at "
+                                           f"most {MAX_DEPTH} levels, as a trace holds it")
     if isinstance(value, dict):
         for key, item in value.items():
             text(key, file, f"{where} (a key)")
-            plain(item, file, f"{where}.{key}", depth + 1)
+            plain(item, file, f"{where}.{key}", depth + 1, root)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            plain(item, file, f"{where}[{i}]", depth + 1)
+            plain(item, file, f"{where}[{i}]", depth + 1, root)
     return value
 
 

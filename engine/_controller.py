@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from loopledger.canonical import canonical_json, loads
-from loopledger.validators import Context, DecisionInput, Suite, Verdict, tool_allowed
+from loopledger.validators import Context, Decision, DecisionInput, Suite, Verdict, tool_allowed
 from loopledger.validators._jsonschema import unusable
 
 from . import _faults
@@ -58,7 +58,7 @@ from ._model import Collected, ModelAdapter, ModelRequest, ScriptExhausted, Stre
 from ._people import PeopleMixin, wait_over
 from ._prompts import load_prompt
 from ._records import Artifact, Commit, NewEvent, RunRecord
-from ._refused import judged, refusal_parts, tool_call_items, untrusted, with_refusals
+from ._refused import judged, refusal_parts, tool_call_items, unparsed, untrusted, with_refusals
 from ._results import reduce_result
 from ._scenario import Scenario
 from ._states import TERMINAL, State
@@ -553,11 +553,6 @@ class Controller(PeopleMixin):
             "events": (NewEvent("candidate_recorded", {"candidate_id": candidate.artifact_id,
                                                        "items": collected.items}),),
         }
-        if not collected.trusted:
-            # Its tool calls are never sent: each gets its result now.
-            common = with_refusals(common, refusal_parts(
-                view.run_id, view.step, view.attempt,
-                untrusted(tool_call_items(collected.items), collected.finish_reason)))
         if collected.trusted:
             with self._cache_lock:
                 self._candidates[candidate.artifact_id] = loads(candidate.canonical)
@@ -566,7 +561,12 @@ class Controller(PeopleMixin):
             # Held: validation is pure, and its commit carries this one.
             self._move(view, State.VALIDATING, hold=True, payload={"candidate_id": candidate.artifact_id},
                        **common)
-        elif collected.finish_reason == "content_filter":
+            return
+        # Not trusted: its tool calls are never sent, and each gets its result now.
+        common = with_refusals(common, refusal_parts(
+            view.run_id, view.step, view.attempt,
+            untrusted(tool_call_items(collected.items), collected.finish_reason)))
+        if collected.finish_reason == "content_filter":
             self._move(view, State.FINALIZING, payload={"status": "POLICY_STOPPED", "reason": "policy",
                                                          "detail": "the provider filtered the output"}, **common)
         elif collected.error is not None and not collected.error.retryable:
@@ -739,13 +739,24 @@ class Controller(PeopleMixin):
             self._wait_user(view, config, "user", {"question": blocking[0].message, "schema": {}},
                             self._refuse_calls(view, inp, blocking, recorded))
             return
-        calls = inp.proposed_calls
-        if not calls:
+        if inp.candidate.is_terminal:
             final = Artifact("final", {"items": inp.candidate.model_dump(mode="json")["items"],
                                        "candidate_id": view.candidate_id})
             recorded["artifacts"] = (final,)
             self._finalize(view, "SUCCEEDED", "completed", extra=recorded,
                            payload_extra={"final_id": final.artifact_id})
+            return
+        # Calls whose arguments did not parse, accepted by a suite without
+        # `structure`: the runtime cannot send them. Each gets its result;
+        # with none left to send, the model is told, as after a repair.
+        bad = unparsed([call.model_dump(mode="json") for call in inp.candidate.tool_calls])
+        recorded = with_refusals(recorded, refusal_parts(view.run_id, view.step, view.attempt, bad))
+        calls = inp.proposed_calls
+        if not calls:
+            self._repair(view, config, [Decision.model_construct(
+                validator="runtime", validator_version="", verdict=Verdict.REPAIR, code="unparseable_arguments",
+                message=f"the arguments of {len(bad)} call(s) are not a JSON object; nothing was sent",
+                evidence={"calls": [item.get("call_id") for item, *_ in bad]})], recorded)
             return
         allowed = config.scenario.contract.allowed_tools
         ops = [self._operation(view, index, call, denied=allowed is not None and not tool_allowed(call.tool, allowed))
@@ -781,11 +792,12 @@ class Controller(PeopleMixin):
             ) + new_operations[1:]
             recorded["events"] = tuple(recorded["events"]) + (
                 NewEvent("operation_dispatched", {"operation_id": first.operation_id}),)
+        refused = tuple(recorded.pop("new_operations", ()))  # calls not sent (their arguments did not parse)
         self._move(
             view,
             State.TOOL_RUNNING,
             payload={"operations": _payload_ops(ops)},
-            new_operations=new_operations,
+            new_operations=new_operations + refused,
             counters={"tool_calls": len(ops)},
             **recorded,
         )
@@ -814,7 +826,8 @@ class Controller(PeopleMixin):
             artifacts += parts
             events.append(NewEvent("operation_result", event))
             done.append({**row, **update})
-        extra = {**recorded, "artifacts": tuple(artifacts), "events": tuple(events), "new_operations": tuple(done)}
+        extra = {**recorded, "artifacts": tuple(artifacts), "events": tuple(events),
+                 "new_operations": tuple(done) + tuple(recorded.get("new_operations", ()))}
         self._finalize(view, "BUDGET_EXHAUSTED", "max_tool_calls", extra=extra,
                        payload_extra={"operations": _payload_ops(ops)})
 

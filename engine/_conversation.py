@@ -8,7 +8,8 @@ real model needs all of it, so :func:`conversation` follows the links back
 to the first context.
 
 The engine's messages are not a provider's: failed attempts of a step sit
-next to the one that counted, rejected tool calls never get a result, and a
+next to the one that counted, rejected tool calls get no result message
+(their recorded result, ``_refused.py``, is not one of the model's), and a
 background job reports twice under one call id. :func:`turns` turns them
 into a strict alternation every provider accepts:
 

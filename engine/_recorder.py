@@ -484,6 +484,8 @@ class Recorder:
             try:
                 values.update(pq.read_table(path, columns=[column]).column(0).to_pylist())
             except (OSError, ValueError, KeyError) as exc:  # pyarrow's errors for a broken file
+                if isinstance(exc, OSError) and exc.errno is not None:
+                    raise  # the system's own failure (a permission, the disk): not the file's content
                 raise BadInput(str(path), f"not a readable {name} table file with a {column} column "
                                           f"({one_line(exc)}); nothing was imported") from None
         return values

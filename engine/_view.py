@@ -71,9 +71,10 @@ class OpView:
     in_flight: bool = False
     #: The last send timed out or the process died: the outcome is unknown.
     unknown: bool = False
-    #: Never sent: a call of a candidate that was not accepted, or of a
-    #: response that was not trusted (see _refused.py). Its result is
-    #: recorded; it is not one of its step's operations.
+    #: Never sent: a call of a candidate that was not accepted or that a
+    #: cancel left unjudged, of a response that was not trusted, or whose
+    #: arguments did not parse (see _refused.py). Its result is recorded;
+    #: it is not one of its step's operations.
     refused: bool = False
 
     @property
@@ -220,9 +221,10 @@ class RunView:
         elif kind == "token_reissued":
             self.waiting = payload["waiting"]
         elif kind == "calls_refused":
+            # Kept with their results, but out of the validators' operations
+            # (see _refused.py): never one of ``op_models``.
             for op in payload["operations"]:
-                added = self.ops[op["operation_id"]] = OpView(**op, refused=True)
-                self._remodel(added)
+                self.ops[op["operation_id"]] = OpView(**op, refused=True)
         elif kind == "candidate_recorded":
             self.candidate_id = payload["candidate_id"]
             self.candidate_items = payload["items"]
@@ -277,11 +279,12 @@ class RunView:
         op.outcome = p["outcome"]
         op.error_code = p.get("error_code")
         op.work_id = p.get("work_id") or op.work_id
-        self._remodel(op)
         if op.refused:
-            # Not an outcome of the agent's calls: the candidate's decisions
-            # say what was wrong, and the model is told by its feedback.
+            # The result of a call never sent: no error of the step, no
+            # evidence, no message (the validators' feedback, or the
+            # retry, is what the model gets), no operation of the facts.
             return
+        self._remodel(op)
         op.in_flight = op.unknown = False
         if op.outcome == "background_accepted" and not op.work_done:
             self.background_open[op.operation_id] = None

@@ -40,7 +40,7 @@ def _body() -> None:
                 else f"Replay {code(source)} found no loops: none of its detectors fired on these runs.")
         return
     if source == q.RECORDED:
-        suites = load(q.recorded_suites)
+        suites = load(q.recorded_suites, with_findings=True)
         if len(suites) > 1:
             st.warning(f"The recorded findings come from runs recorded under {len(suites)} suite versions "
                        f"({', '.join(code(s) for s in suites)}), whose detectors may differ in their thresholds: "

@@ -46,9 +46,10 @@ def _header(run: dict, spans: pd.DataFrame) -> None:
     cols[1].metric("Cost (USD)", "—" if missing(run["cost_usd"]) else f"{float(run['cost_usd']):.4f}")
     closed = spans.iloc[:-1] if len(spans) else spans  # the last span is the terminal point or still open
     queued = closed["queued"].astype(bool)  # (an empty frame's column is not boolean)
-    cols[2].metric("Processing (s)", f"{closed.loc[~closed['waiting'] & ~queued, 'seconds'].sum():.3f}")
-    cols[3].metric("Waiting (s)", f"{closed.loc[closed['waiting'], 'seconds'].sum():.3f}")
-    cols[4].metric("Queued (s)", f"{closed.loc[queued, 'seconds'].sum():.3f}",
+    unknown = spans.empty  # no transition read (the events unreadable): no split of the time to show
+    cols[2].metric("Processing (s)", "—" if unknown else f"{closed.loc[~closed['waiting'] & ~queued, 'seconds'].sum():.3f}")
+    cols[3].metric("Waiting (s)", "—" if unknown else f"{closed.loc[closed['waiting'], 'seconds'].sum():.3f}")
+    cols[4].metric("Queued (s)", "—" if unknown else f"{closed.loc[queued, 'seconds'].sum():.3f}",
                    help="from the run's creation until an engine took it up")
     started, ended = run["started_at"], run["ended_at"]
     cols[5].metric("Duration (s)", "—" if pd.isna(ended) else f"{(ended - started).total_seconds():.3f}")

@@ -441,13 +441,15 @@ def diagnoses_totals(t: Traces, source: str = RECORDED) -> dict[str, int]:
     return {"runs": int(runs), "runs_failed": int(failed), "runs_known": int(known)}
 
 
-def recorded_suites(t: Traces) -> list[str]:
+def recorded_suites(t: Traces, with_findings: bool = False) -> list[str]:
     """The suite versions the recorded decisions were made under (more than
-    one: runs recorded under different suites, whose figures pool them)."""
+    one: runs recorded under different suites, whose figures pool them);
+    ``with_findings``: of the runs with a recorded loop diagnosis only."""
     if not t.has("validations"):
         return []
-    return [v for (v,) in t.rows("SELECT DISTINCT suite_version FROM validations WHERE suite_version IS NOT NULL "
-                                 "ORDER BY 1")]
+    only = " AND run_id IN (SELECT run_id FROM loop_diagnoses)" if with_findings else ""
+    return [v for (v,) in t.rows("SELECT DISTINCT suite_version FROM validations WHERE suite_version IS NOT NULL"
+                                 f"{only} ORDER BY 1")]
 
 
 def _finding_where(detector: str | None, pattern: str | None) -> tuple[str, dict[str, Any]]:

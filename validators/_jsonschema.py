@@ -29,9 +29,12 @@ PATTERN_TIMEOUT_S = 1.0
 
 def _search(pattern: str, text: str) -> bool | None:
     """Whether ``pattern`` matches somewhere in ``text``; None when it
-    could not tell in time. (``concurrent=False``: with a timeout, ``regex``
-    otherwise gives up the interpreter lock for each match, and takes it back
-    only when another busy thread lets go of it, some milliseconds later.)"""
+    could not tell in time. (``concurrent=False``: ``regex`` otherwise gives
+    up the interpreter lock for each match of a built-in string, and takes it
+    back only when another busy thread lets go of it, some milliseconds
+    later. The price: a pattern that runs away holds the lock, and stops the
+    process's other threads, until its timeout; a match of microseconds, the
+    common case, no longer waits for a switch.)"""
     try:
         return regex.search(pattern, text, timeout=PATTERN_TIMEOUT_S, concurrent=False) is not None
     except TimeoutError:

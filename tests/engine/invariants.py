@@ -91,8 +91,9 @@ def journal_violations(home: Path, store_url: str | None = None) -> list[str]:
             if state in TERMINAL and results[op_id] != 1 and not _ended_in_flight(events[run_id], op_id, state):
                 found.append(f"{run_id}: ended {state} but operation {op_id} has {results[op_id]} results")
         # ... and every tool call a model proposed is a request: each has its
-        # operation (the calls that were never sent included), once.
-        if state in TERMINAL:
+        # operation (the calls that were never sent included), once; a run
+        # that waits has decided each of its candidates too.
+        if state in TERMINAL or state in ("WAITING_USER", "WAITING_TOOL"):
             proposed = Counter(
                 (step, item.get("call_id"))
                 for step, items in conn.execute("SELECT step, items_json FROM candidates WHERE run_id = ?", (run_id,))

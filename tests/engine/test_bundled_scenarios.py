@@ -259,8 +259,8 @@ def test_calls_never_sent_have_their_one_result_saying_why(recorded) -> None:
     assert codes["call1"] == "UNKNOWN_TOOL"
     assert [r[2] for r in refused["model-schema-violation"]] == ["validation_failed"]
     assert refused["model-unparseable-arguments"][0][2] == "validation_failed"
-    # Its arguments as received: the text that did not parse, as a JSON string.
-    assert json.loads(refused["model-unparseable-arguments"][0][6]) == '{"order_id": "ORD-'
+    # Its arguments as received, as an import keeps them: the text that did not parse.
+    assert json.loads(refused["model-unparseable-arguments"][0][6]) == {"raw_arguments": '{"order_id": "ORD-'}
     assert [(r[2], r[5]) for r in refused["permission-forbidden-path"]] == [("permission_denied", "deny")]
     assert [r[2] for r in refused["model-stale-tool-version"]] == ["unknown_or_disabled_tool"]
     assert [r[2] for r in refused["repairs-exhausted"]] == ["validation_failed"] * 4

@@ -54,3 +54,63 @@ def test_a_tool_outside_the_contract_is_never_sent_whatever_the_suite(tmp_path: 
         ("workspace.read_file", "allow", "permission_denied", 1),  # the backend refuses the forbidden path
     ]
     assert all_violations(home) == []
+
+
+LAX_SUITE = """\
+name: lax
+validators: [tool_exists, completion_gate]
+"""
+
+UNPARSED = """\
+id: lax-{name}
+suite: suite.yaml
+contract:
+  goal: Look up ORD-1003
+  allowed_tools: [orders.get_order]
+model:
+  - tool_calls: {calls}
+  - final: ORD-1003 is paid.
+expect: {{status: SUCCEEDED}}
+"""
+
+
+def _run(tmp_path: Path, name: str, calls: str, suite: str) -> tuple[Path, list[tuple]]:
+    (tmp_path / "suite.yaml").write_text(suite)
+    (tmp_path / f"{name}.yaml").write_text(UNPARSED.format(name=name, calls=calls))
+    home = tmp_path / name
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    proc = subprocess.run([*CLI, "run", str(tmp_path / f"{name}.yaml"), "--json", "--home", str(home)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ops = duckdb.sql(
+        f"SELECT step, call_id, outcome, dispatch_count FROM read_parquet('{home}/traces/operations/*.parquet') "
+        "ORDER BY step, call_id").fetchall()
+    return home, ops
+
+
+def test_calls_whose_arguments_did_not_parse_are_never_sent_whatever_the_suite(tmp_path: Path) -> None:
+    """A suite without `structure` accepts them: they had no operation, and a
+    candidate of such calls alone ended the run as a final answer."""
+    good = "{name: orders.get_order, arguments: {order_id: ORD-1003}}"
+    bad = "{name: orders.get_order, raw_arguments: '{\"order_id\": \"ORD-'}"
+    home, ops = _run(tmp_path, "mixed", f"[{good}, {bad}]", LAX_SUITE)
+    assert ops == [(1, "call_1_1_1", "success", 1), (1, "call_1_1_2", "validation_failed", 0)]
+    assert all_violations(home) == []
+    home, ops = _run(tmp_path, "only", f"[{bad}]", LAX_SUITE)
+    # Nothing to send: the model is told (a repair) and answers at step 2.
+    assert ops == [(1, "call_1_1_1", "validation_failed", 0)]
+    steps = duckdb.sql(f"SELECT max(steps) FROM read_parquet('{home}/traces/runs/*.parquet')").fetchone()[0]
+    assert steps == 2 and all_violations(home) == []
+
+
+def test_each_call_a_validator_names_gets_its_own_refusal(tmp_path: Path) -> None:
+    """A validator's decision names its worst issue's call; the other calls
+    it found wrong are in its other issues, and were recorded as cancelled
+    ("nothing wrong with the call itself"). A question (approval) is no
+    refusal of the call it names."""
+    suite = "name: checks\nvalidators: [structure, tool_exists, tool_args_schema, permission, completion_gate]\n"
+    two_bad = ("[{name: orders.get_order, arguments: {order_id: 1}}, "
+               "{name: orders.get_order, arguments: {order_id: 2}}]")
+    home, ops = _run(tmp_path, "twobad", two_bad, suite)
+    assert [(o[2], o[3]) for o in ops if o[0] == 1] == [("validation_failed", 0), ("validation_failed", 0)]
+    assert all_violations(home) == []
