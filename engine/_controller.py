@@ -746,10 +746,21 @@ class Controller(PeopleMixin):
             self._finalize(view, "SUCCEEDED", "completed", extra=recorded,
                            payload_extra={"final_id": final.artifact_id})
             return
+        items = [call.model_dump(mode="json") for call in inp.candidate.tool_calls]
+        ids = [item.get("call_id") for item in items]
+        if len(set(ids)) < len(ids) or not all(ids):
+            # Calls the runtime cannot tell apart, accepted by a suite without
+            # `structure`: no result could say which request it answers. A
+            # protocol error, as `structure` finds it; nothing is sent.
+            refused = [(item, "cancelled", "DUPLICATE_CALL_ID", "not run: its call id is missing or not unique in "
+                        "its response") for item in items]
+            self._finalize(view, "FAILED", "protocol_error", detail="tool call ids missing or not unique",
+                           extra=with_refusals(recorded, refusal_parts(view.run_id, view.step, view.attempt, refused)))
+            return
         # Calls whose arguments did not parse, accepted by a suite without
         # `structure`: the runtime cannot send them. Each gets its result;
         # with none left to send, the model is told, as after a repair.
-        bad = unparsed([call.model_dump(mode="json") for call in inp.candidate.tool_calls])
+        bad = unparsed(items)
         recorded = with_refusals(recorded, refusal_parts(view.run_id, view.step, view.attempt, bad))
         calls = inp.proposed_calls
         if not calls:

@@ -114,3 +114,24 @@ def test_each_call_a_validator_names_gets_its_own_refusal(tmp_path: Path) -> Non
     home, ops = _run(tmp_path, "twobad", two_bad, suite)
     assert [(o[2], o[3]) for o in ops if o[0] == 1] == [("validation_failed", 0), ("validation_failed", 0)]
     assert all_violations(home) == []
+
+
+def test_calls_that_share_an_id_are_a_protocol_error_whatever_the_suite(tmp_path: Path) -> None:
+    """Two identical calls under one id, accepted by a suite without
+    `structure`: their operations shared an idempotency key, the commit was
+    refused (OperationConflict) and the run stayed stuck, exit 3 at every
+    resume."""
+    dup = ("[{id: c1, name: orders.get_order, arguments: {order_id: ORD-1003}}, "
+           "{id: c1, name: orders.get_order, arguments: {order_id: ORD-1003}}]")
+    (tmp_path / "suite.yaml").write_text(LAX_SUITE)
+    (tmp_path / "dup.yaml").write_text(UNPARSED.format(name="dup", calls=dup).replace(
+        "expect: {status: SUCCEEDED}", "expect: {status: FAILED, reason: protocol_error}"))
+    home = tmp_path / "dup"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    proc = subprocess.run([*CLI, "run", str(tmp_path / "dup.yaml"), "--check", "--json", "--home", str(home)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ops = duckdb.sql(f"SELECT call_id, outcome, dispatch_count FROM read_parquet('{home}/traces/operations/*.parquet')"
+                     " ORDER BY operation_id").fetchall()
+    assert ops == [("c1", "cancelled", 0), ("c1", "cancelled", 0)]
+    assert all_violations(home) == []
