@@ -748,13 +748,21 @@ class Controller(PeopleMixin):
             return
         items = [call.model_dump(mode="json") for call in inp.candidate.tool_calls]
         ids = [item.get("call_id") for item in items]
+        contradiction = None
         if len(set(ids)) < len(ids) or not all(ids):
-            # Calls the runtime cannot tell apart, accepted by a suite without
-            # `structure`: no result could say which request it answers. A
-            # protocol error, as `structure` finds it; nothing is sent.
-            refused = [(item, "cancelled", "DUPLICATE_CALL_ID", "not run: its call id is missing or not unique in "
-                        "its response") for item in items]
-            self._finalize(view, "FAILED", "protocol_error", detail="tool call ids missing or not unique",
+            # Calls the runtime cannot tell apart: no result could say
+            # which request it answers.
+            contradiction = ("DUPLICATE_CALL_ID", "tool call ids missing or not unique")
+        elif inp.candidate.finish_reason == "stop":
+            # The provider said the answer is final, and it holds calls: the
+            # signal and the items disagree (never guessed past).
+            contradiction = ("PROTOCOL_ERROR", "finish_reason 'stop' but the candidate holds tool calls")
+        if contradiction is not None:
+            # Accepted by a suite without `structure`, which finds these: a
+            # protocol error all the same, and nothing is sent.
+            code, detail = contradiction
+            refused = [(item, "cancelled", code, f"not run: {detail}") for item in items]
+            self._finalize(view, "FAILED", "protocol_error", detail=detail,
                            extra=with_refusals(recorded, refusal_parts(view.run_id, view.step, view.attempt, refused)))
             return
         # Calls whose arguments did not parse, accepted by a suite without

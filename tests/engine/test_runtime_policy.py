@@ -135,3 +135,23 @@ def test_calls_that_share_an_id_are_a_protocol_error_whatever_the_suite(tmp_path
                      " ORDER BY operation_id").fetchall()
     assert ops == [("c1", "cancelled", 0), ("c1", "cancelled", 0)]
     assert all_violations(home) == []
+
+
+def test_a_final_stop_signal_with_tool_calls_is_a_protocol_error_whatever_the_suite(tmp_path: Path) -> None:
+    """Under a suite without `structure`, a response that said `stop` and
+    held a refund had the refund executed."""
+    calls = "[{name: orders.get_order, arguments: {order_id: ORD-1003}}]"
+    (tmp_path / "suite.yaml").write_text(LAX_SUITE)
+    scenario = UNPARSED.format(name="stop", calls=calls).replace(
+        "  - tool_calls: ", "  - finish_reason: stop\n    tool_calls: ").replace(
+        "expect: {status: SUCCEEDED}", "expect: {status: FAILED, reason: protocol_error}")
+    (tmp_path / "stop.yaml").write_text(scenario)
+    home = tmp_path / "stop"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    proc = subprocess.run([*CLI, "run", str(tmp_path / "stop.yaml"), "--check", "--json", "--home", str(home)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ops = duckdb.sql(f"SELECT outcome, dispatch_count FROM read_parquet('{home}/traces/operations/*.parquet')"
+                     ).fetchall()
+    assert ops == [("cancelled", 0)]
+    assert all_violations(home) == []
