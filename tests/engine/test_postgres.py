@@ -536,7 +536,10 @@ def test_a_send_from_a_driver_that_lost_the_run_is_fenced_off(tmp_path: Path, po
             if request.tool == "payments.refund" and not taken_over:
                 with psycopg.connect(postgres_url, autocommit=True) as admin:
                     admin.execute("SELECT pg_terminate_backend(%s)", (first.store._drivers.info.backend_pid,))
-                taken_over.append(second.controller.drive(run_id).state.value)  # meanwhile, elsewhere
+                # Meanwhile, elsewhere. The terminated session lets go of its
+                # locks when its server process has ended, a moment later:
+                # the other driver waits for that, as `resume` would retry.
+                taken_over.append(second.controller.drive(run_id, wait_s=30).state.value)
             return execute(request)
 
         first.backend.execute = slow_network
