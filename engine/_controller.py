@@ -58,7 +58,7 @@ from ._model import Collected, ModelAdapter, ModelRequest, ScriptExhausted, Stre
 from ._people import PeopleMixin, wait_over
 from ._prompts import load_prompt
 from ._records import Artifact, Commit, NewEvent, RunRecord
-from ._refused import judged, refusal_parts, tool_call_items, unparsed, untrusted, with_refusals
+from ._refused import judged, tool_call_items, unparsed, untrusted, with_refusals
 from ._results import reduce_result
 from ._scenario import Scenario
 from ._states import TERMINAL, State
@@ -122,6 +122,11 @@ def _payload_ops(ops: list[OpView]) -> list[dict[str, Any]]:
     return [{"operation_id": op.operation_id, "idempotency_key": op.idempotency_key, "call_id": op.call_id,
              "tool": op.tool, "version": op.version, "arguments": op.arguments, "args_hash": op.args_hash,
              "step": op.step, **({"denied": True} if op.denied else {})} for op in ops]
+
+
+def _call_items(inp: DecisionInput) -> list[dict[str, Any]]:
+    """A candidate's tool calls as recorded (JSON objects): what _refused.py reads."""
+    return [call.model_dump(mode="json") for call in inp.candidate.tool_calls]
 
 
 def _result_parts(op: OpView, outcome: ToolOutcome) -> tuple[list[Artifact], dict[str, Any], dict[str, Any]]:
@@ -563,9 +568,7 @@ class Controller(PeopleMixin):
                        **common)
             return
         # Not trusted: its tool calls are never sent, and each gets its result now.
-        common = with_refusals(common, refusal_parts(
-            view.run_id, view.step, view.attempt,
-            untrusted(tool_call_items(collected.items), collected.finish_reason)))
+        common = with_refusals(common, view, untrusted(tool_call_items(collected.items), collected.finish_reason))
         if collected.finish_reason == "content_filter":
             self._move(view, State.FINALIZING, payload={"status": "POLICY_STOPPED", "reason": "policy",
                                                          "detail": "the provider filtered the output"}, **common)
@@ -746,7 +749,7 @@ class Controller(PeopleMixin):
             self._finalize(view, "SUCCEEDED", "completed", extra=recorded,
                            payload_extra={"final_id": final.artifact_id})
             return
-        items = [call.model_dump(mode="json") for call in inp.candidate.tool_calls]
+        items = _call_items(inp)
         ids = [item.get("call_id") for item in items]
         contradiction = None
         if len(set(ids)) < len(ids) or not all(ids):
@@ -763,13 +766,13 @@ class Controller(PeopleMixin):
             code, detail = contradiction
             refused = [(item, "cancelled", code, f"not run: {detail}") for item in items]
             self._finalize(view, "FAILED", "protocol_error", detail=detail,
-                           extra=with_refusals(recorded, refusal_parts(view.run_id, view.step, view.attempt, refused)))
+                           extra=with_refusals(recorded, view, refused))
             return
         # Calls whose arguments did not parse, accepted by a suite without
         # `structure`: the runtime cannot send them. Each gets its result;
         # with none left to send, the model is told, as after a repair.
         bad = unparsed(items)
-        recorded = with_refusals(recorded, refusal_parts(view.run_id, view.step, view.attempt, bad))
+        recorded = with_refusals(recorded, view, bad)
         calls = inp.proposed_calls
         if not calls:
             self._repair(view, config, [Decision.model_construct(
@@ -827,9 +830,7 @@ class Controller(PeopleMixin):
     def _refuse_calls(view: RunView, inp: DecisionInput, blocking: Any, recorded: dict[str, Any]) -> dict[str, Any]:
         """``recorded`` with the terminal result of each call of a candidate
         that was not accepted (see _refused.py)."""
-        items = [call.model_dump(mode="json") for call in inp.candidate.tool_calls]
-        return with_refusals(recorded, refusal_parts(view.run_id, view.step, view.attempt,
-                                                     judged(items, inp.context, blocking)))
+        return with_refusals(recorded, view, judged(_call_items(inp), inp.context, blocking))
 
     def _over_tool_calls(self, view: RunView, ops: list[OpView], rows: tuple[dict[str, Any], ...], budget: int,
                          recorded: dict[str, Any]) -> None:

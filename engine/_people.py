@@ -15,7 +15,7 @@ from ._backends import ToolOutcome, failure
 from ._clock import from_us, now_us
 from ._errors import StaleStateVersion, TerminalAlreadySet
 from ._records import Artifact, Commit, NewEvent
-from ._refused import refusal_parts, tool_call_items, with_refusals
+from ._refused import tool_call_items, with_refusals
 from ._states import TERMINAL, State
 from ._tools import EVIDENCE_KIND, evidence_subject
 from ._view import OpView, RunView
@@ -360,9 +360,9 @@ class PeopleMixin:
         extra: dict[str, Any] = {"set_fields": {"waiting_json": None}}
         if view.state is State.VALIDATING:
             # A candidate nobody judged: its calls are never sent.
-            extra = with_refusals(extra, refusal_parts(view.run_id, view.step, view.attempt, [
+            extra = with_refusals(extra, view, [
                 (item, "cancelled", "CANCELLED", "not run: the run was cancelled before its candidate was judged")
-                for item in tool_call_items(view.candidate_items)]))
+                for item in tool_call_items(view.candidate_items)])
         status = "CANCEL_UNKNOWN" if unconfirmed else "CANCELLED"
         self._finalize(view, status, "cancelled", extra=extra,
                        payload_extra={"unconfirmed": unconfirmed} if unconfirmed else None)

@@ -59,6 +59,8 @@ _OTHER = ("validation_failed", 1)
 #: The operation's ``policy_decision``: ``deny`` where the permission check
 #: is why the call did not run; else the policy never judged the call.
 _POLICY = {"permission_denied": "deny"}
+#: Arguments that did not parse: the first thing that stops a call, in any candidate judged.
+_UNPARSED = ("validation_failed", "UNPARSEABLE_ARGUMENTS", "not run: its arguments are not a JSON object")
 
 
 def _issues(d: Decision) -> Iterable[tuple[str, str, str, str]]:
@@ -90,8 +92,7 @@ def judged(items: Sequence[Mapping[str, Any]], context: Context,
     for item in items:
         tool, version = split_tool_name(str(item.get("name", "")), item.get("version"))
         if item.get("arguments") is None:
-            out.append((item, "validation_failed", "UNPARSEABLE_ARGUMENTS",
-                        "not run: its arguments are not a JSON object"))
+            out.append((item, *_UNPARSED))
         elif (named := by_call.get(str(item.get("call_id")))) is not None:
             out.append((item, *named[1:]))
         elif resolve_spec(context, tool, version) is None:
@@ -105,8 +106,7 @@ def judged(items: Sequence[Mapping[str, Any]], context: Context,
 def unparsed(items: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], str, str, str]]:
     """The same for the calls whose arguments did not parse in a candidate
     a suite accepted (one without ``structure``): the runtime cannot send them."""
-    return [(item, "validation_failed", "UNPARSEABLE_ARGUMENTS", "not run: its arguments are not a JSON object")
-            for item in items if item.get("arguments") is None]
+    return [(item, *_UNPARSED) for item in items if item.get("arguments") is None]
 
 
 def untrusted(items: Sequence[Mapping[str, Any]], finish_reason: str) -> list[tuple[Mapping[str, Any], str, str, str]]:
@@ -120,13 +120,15 @@ def tool_call_items(items: Iterable[Any]) -> list[Mapping[str, Any]]:
     return [item for item in items if isinstance(item, Mapping) and item.get("type") == "tool_call"]
 
 
-def refusal_parts(run_id: str, step: int, attempt: int,
+def with_refusals(recorded: Mapping[str, Any], view: Any,
                   refused: Sequence[tuple[Mapping[str, Any], str, str, str]]) -> dict[str, Any]:
-    """What a commit records for ``refused`` calls: the operations' rows
-    (``new_operations``) and the events that name them and give each its
-    result; nothing when there are none."""
+    """``recorded`` (a commit's keyword arguments) with what it records for
+    the ``refused`` calls of ``view``'s step and attempt: the operations'
+    rows (``new_operations``) and the events that name them and give each
+    its result."""
     if not refused:
-        return {}
+        return dict(recorded)
+    run_id, step, attempt = view.run_id, view.step, view.attempt
     ops, rows, results = [], [], []
     for index, (item, outcome, code, message) in enumerate(refused, start=1):
         tool, version = split_tool_name(str(item.get("name", "")), item.get("version"))
@@ -148,14 +150,6 @@ def refusal_parts(run_id: str, step: int, attempt: int,
             "operation_id": operation_id, "tool": tool, "outcome": outcome, "status": "failed",
             "error_code": code, "message": message, "evidence": [], "work_id": None, "result_artifact_id": None,
             "summary": None}))
-    return {"new_operations": tuple(rows),
-            "events": (NewEvent("calls_refused", {"operations": ops}), *results)}
-
-
-def with_refusals(recorded: Mapping[str, Any], parts: Mapping[str, Any]) -> dict[str, Any]:
-    """``recorded`` (a commit's keyword arguments) with ``parts`` added."""
-    if not parts:
-        return dict(recorded)
     return {**recorded,
-            "new_operations": tuple(recorded.get("new_operations", ())) + tuple(parts["new_operations"]),
-            "events": tuple(recorded.get("events", ())) + tuple(parts["events"])}
+            "new_operations": (*recorded.get("new_operations", ()), *rows),
+            "events": (*recorded.get("events", ()), NewEvent("calls_refused", {"operations": ops}), *results)}

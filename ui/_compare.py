@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._data import RECORDED, VERDICTS, CorruptData, NoData, Traces
+from ._queries import recorded_suites
 
 _KEY = "run_id, step, attempt, candidate_id, validator"
 DIVERGENCE_ROWS = 2000  # runs listed on the page; the total is always shown
@@ -192,9 +193,7 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
         "labels_error": labels_error,
         # The recorded side's suite versions: several when runs were recorded
         # under different suites (a replay's side has one).
-        "recorded_suites": (
-            [v for (v,) in t.rows("SELECT DISTINCT suite_version FROM validations WHERE suite_version IS NOT NULL "
-                                  "ORDER BY 1")] if RECORDED in (a, b) else []),
+        "recorded_suites": recorded_suites(t) if RECORDED in (a, b) else [],
         "divergence": divergence,
         "divergence_by_step": by_step,
     }
