@@ -68,18 +68,23 @@ contract:
   goal: Look up ORD-1003
   allowed_tools: [orders.get_order]
 model:
-  - tool_calls: {calls}
+  - {finish}tool_calls: {calls}
   - final: ORD-1003 is paid.
-expect: {{status: SUCCEEDED}}
+expect: {expect}
 """
 
 
-def _run(tmp_path: Path, name: str, calls: str, suite: str) -> tuple[Path, list[tuple]]:
+def _run(tmp_path: Path, name: str, calls: str, suite: str, *, expect: str = "{status: SUCCEEDED}",
+         finish: str | None = None) -> tuple[Path, list[tuple]]:
+    """Run one scenario whose first response holds ``calls`` (with its
+    ``finish`` reason, if given) under ``suite``, checked against ``expect``;
+    its home and (step, call_id, outcome, dispatch_count) of its operations."""
     (tmp_path / "suite.yaml").write_text(suite)
-    (tmp_path / f"{name}.yaml").write_text(UNPARSED.format(name=name, calls=calls))
+    first = f"finish_reason: {finish}\n    " if finish else ""
+    (tmp_path / f"{name}.yaml").write_text(UNPARSED.format(name=name, calls=calls, expect=expect, finish=first))
     home = tmp_path / name
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
-    proc = subprocess.run([*CLI, "run", str(tmp_path / f"{name}.yaml"), "--json", "--home", str(home)],
+    proc = subprocess.run([*CLI, "run", str(tmp_path / f"{name}.yaml"), "--check", "--json", "--home", str(home)],
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ops = duckdb.sql(
@@ -116,6 +121,9 @@ def test_each_call_a_validator_names_gets_its_own_refusal(tmp_path: Path) -> Non
     assert all_violations(home) == []
 
 
+PROTOCOL_ERROR = "{status: FAILED, reason: protocol_error}"
+
+
 def test_calls_that_share_an_id_are_a_protocol_error_whatever_the_suite(tmp_path: Path) -> None:
     """Two identical calls under one id, accepted by a suite without
     `structure`: their operations shared an idempotency key, the commit was
@@ -123,17 +131,8 @@ def test_calls_that_share_an_id_are_a_protocol_error_whatever_the_suite(tmp_path
     resume."""
     dup = ("[{id: c1, name: orders.get_order, arguments: {order_id: ORD-1003}}, "
            "{id: c1, name: orders.get_order, arguments: {order_id: ORD-1003}}]")
-    (tmp_path / "suite.yaml").write_text(LAX_SUITE)
-    (tmp_path / "dup.yaml").write_text(UNPARSED.format(name="dup", calls=dup).replace(
-        "expect: {status: SUCCEEDED}", "expect: {status: FAILED, reason: protocol_error}"))
-    home = tmp_path / "dup"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
-    proc = subprocess.run([*CLI, "run", str(tmp_path / "dup.yaml"), "--check", "--json", "--home", str(home)],
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    ops = duckdb.sql(f"SELECT call_id, outcome, dispatch_count FROM read_parquet('{home}/traces/operations/*.parquet')"
-                     " ORDER BY operation_id").fetchall()
-    assert ops == [("c1", "cancelled", 0), ("c1", "cancelled", 0)]
+    home, ops = _run(tmp_path, "dup", dup, LAX_SUITE, expect=PROTOCOL_ERROR)
+    assert ops == [(1, "c1", "cancelled", 0), (1, "c1", "cancelled", 0)]
     assert all_violations(home) == []
 
 
@@ -141,17 +140,6 @@ def test_a_final_stop_signal_with_tool_calls_is_a_protocol_error_whatever_the_su
     """Under a suite without `structure`, a response that said `stop` and
     held a refund had the refund executed."""
     calls = "[{name: orders.get_order, arguments: {order_id: ORD-1003}}]"
-    (tmp_path / "suite.yaml").write_text(LAX_SUITE)
-    scenario = UNPARSED.format(name="stop", calls=calls).replace(
-        "  - tool_calls: ", "  - finish_reason: stop\n    tool_calls: ").replace(
-        "expect: {status: SUCCEEDED}", "expect: {status: FAILED, reason: protocol_error}")
-    (tmp_path / "stop.yaml").write_text(scenario)
-    home = tmp_path / "stop"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
-    proc = subprocess.run([*CLI, "run", str(tmp_path / "stop.yaml"), "--check", "--json", "--home", str(home)],
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    ops = duckdb.sql(f"SELECT outcome, dispatch_count FROM read_parquet('{home}/traces/operations/*.parquet')"
-                     ).fetchall()
-    assert ops == [("cancelled", 0)]
+    home, ops = _run(tmp_path, "stop", calls, LAX_SUITE, expect=PROTOCOL_ERROR, finish="stop")
+    assert ops == [(1, "call_1_1_1", "cancelled", 0)]
     assert all_violations(home) == []
