@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from loopledger._args import UnreadableEntry, files_under, not_a_file
-from loopledger.canonical import Canonical, CanonicalJSONError
+from loopledger.canonical import Canonical, CanonicalJSONError, unique_keys
 
 from ._import_model import (
     TOO_DEEP,
@@ -191,14 +191,15 @@ def _refuse_constant(constant: str) -> Any:
 def _arguments(raw: Any, where: str, file: str) -> tuple[dict[str, Any] | None, str | None]:
     """Arguments as an object when they are one (an object, or a JSON string
     holding one), else the text received: what the model wrote, kept as it
-    is when it is not a JSON object (NaN and infinities are not JSON)."""
+    is when it is not a JSON object (NaN and infinities are not JSON; a key
+    given twice in one object means two things)."""
     if isinstance(raw, dict):
         return plain(raw, file, where), None
     if not isinstance(raw, str):
         raise bad(file, where, "a JSON string or an object", raw)
     raw = text(raw, file, where)
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant)
+        value = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=unique_keys)
         if not isinstance(value, dict):
             return None, raw
         return plain(value, file, where), None

@@ -26,7 +26,8 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Union
 
-from loopledger.canonical import canonical_json, is_unicode
+from loopledger.canonical import canonical_json, is_unicode, unique_keys
+from loopledger.validators._model import split_tool_name
 
 from ._errors import ModelTimeout
 from ._scenario import ModelEntry, Usage as UsageSpec
@@ -250,12 +251,11 @@ def collect(events: Iterator[StreamEvent]) -> Collected:
     for index in sorted(calls):
         call = calls[index]
         raw = "".join(call["arguments"])
-        item: dict[str, Any] = {
-            "type": "tool_call",
-            "call_id": call["call_id"] or f"call_{index}",
-            "name": call["name"],
-            "version": None,
-        }
+        # A version the model wrote into the name (``deploy.service@v1``) is
+        # the item's version: the name is the tool's, as in the operations.
+        name, version = split_tool_name(call["name"], None) if call["name"] else (call["name"], None)
+        item: dict[str, Any] = {"type": "tool_call", "call_id": call["call_id"] or f"call_{index}",
+                                "name": name, "version": version}
         parsed = _parse_object(raw)
         if parsed is None:
             item["raw_arguments"] = raw
@@ -276,9 +276,11 @@ def _parse_object(raw: str) -> dict[str, Any] | None:
     ``raw_arguments`` then, for a repair) when they are not one a journal can
     keep: not JSON or not an object; ``NaN`` or ``Infinity``, which Python's
     reader takes; a number too large for a double (``1e400``, read as
-    infinity); nesting too deep to walk."""
+    infinity); a key given twice in one object (readers disagree on which
+    value counts); nesting too deep to walk."""
     try:
-        value = json.loads(raw, parse_constant=_not_a_number, parse_float=_finite) if raw.strip() else {}
+        value = (json.loads(raw, parse_constant=_not_a_number, parse_float=_finite, object_pairs_hook=unique_keys)
+                 if raw.strip() else {})
         if not isinstance(value, dict):
             return None
         canonical_json(_clean(value))  # its strings are made storable with the rest of the candidate

@@ -360,6 +360,20 @@ def content_id(value: Any) -> str:
     return hashlib.sha256(canonical_bytes(value)).hexdigest()
 
 
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for ``json.loads`` that refuses a key given
+    twice in one object (ValueError): Python keeps the last value silently,
+    another reader may keep the first, so such text means two things."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"key {key!r} given twice in one object")
+            seen.add(key)
+    return value
+
+
 def loads(text: str | bytes) -> Any:
     """Parse JSON text (canonical or not), refusing NaN and infinities."""
 

@@ -457,17 +457,19 @@ def test_a_value_the_checks_missed_is_still_bad_input(tmp_path: Path, monkeypatc
 
 def test_lenient_where_the_sources_are(tmp_path: Path) -> None:
     """Integer ids, content parts, null usage and cost, and arguments that are
-    not a JSON object (NaN is not JSON: the text is kept as the model wrote it)."""
+    not a JSON object (NaN is not JSON, a key given twice has two readings:
+    the text is kept as the model wrote it)."""
     record = openai_record()
     record["metadata"].update(id=17, task_id=4, reward=0)
     record["messages"][1]["content"] = [{"type": "text", "text": "get "}, {"type": "image_url"}, {"text": "A"}]
     record["messages"][2].update(usage=None, cost=None,
-                                 tool_calls=[_call(arguments='{"order_id": NaN}'), {**_call(arguments="5"), "id": "c2"}])
+                                 tool_calls=[_call(arguments='{"order_id": NaN}'), {**_call(arguments="5"), "id": "c2"},
+                                             {**_call(arguments='{"order_id": "A", "order_id": "B"}'), "id": "c3"}])
     (conv,) = read_conversations("openai-jsonl", [_write(tmp_path, "openai-jsonl", [record])])[0][1]
     assert (conv.source_id, conv.task_id, conv.reward) == ("17", "4", 0.0)
     assert conv.messages[1].content == "get [image]A"  # the image is not text, but it was there
     assert [(c.arguments, c.raw_arguments) for c in conv.messages[2].tool_calls] == [
-        (None, '{"order_id": NaN}'), (None, "5")]
+        (None, '{"order_id": NaN}'), (None, "5"), (None, '{"order_id": "A", "order_id": "B"}')]  # a key twice: two readings
     assert (conv.messages[2].tokens_in, conv.messages[2].cost_usd) == (None, None)  # unknown, not free
     home = tmp_path / "home"
     assert import_traces("openai-jsonl", [_write(tmp_path, "openai-jsonl", [record])], home=home).runs == 1

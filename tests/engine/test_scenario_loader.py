@@ -256,6 +256,37 @@ def test_what_a_model_sends_is_made_storable_once_at_collection() -> None:
     assert call["arguments"] == {"q": "a\ufffdb", "e": "\U0001f600", "s": "\ufffd"}
 
 
+def test_arguments_giving_a_key_twice_are_kept_as_received_not_parsed() -> None:
+    """Python would keep the last value, another reader the first: such
+    arguments mean two things, so they are the text received (a repair),
+    never a call to run."""
+    from loopledger.engine._model import Finish, ToolCallDelta, collect
+
+    twice = '{"order_id": "ORD-1", "order_id": "ORD-1001"}'
+    nested = '{"a": {"k": 1, "k": 2}}'
+    collected = collect(iter([ToolCallDelta(0, "c1", "orders.get_order", twice),
+                              ToolCallDelta(1, "c2", "orders.get_order", nested),
+                              ToolCallDelta(2, "c3", "orders.get_order", '{"order_id": "ORD-1001"}'),
+                              Finish("tool_calls")]))
+    first, second, third = collected.items
+    assert (first.get("arguments"), first["raw_arguments"]) == (None, twice)
+    assert (second.get("arguments"), second["raw_arguments"]) == (None, nested)
+    assert third["arguments"] == {"order_id": "ORD-1001"} and "raw_arguments" not in third
+
+
+def test_a_version_written_into_the_tool_name_is_the_items_version() -> None:
+    """``deploy.service@v1``: the item names the tool as the operations do,
+    and keeps the version the model asked for in its own field."""
+    from loopledger.engine._model import Finish, ToolCallDelta, collect
+
+    collected = collect(iter([ToolCallDelta(0, "c1", "deploy.service@v1", "{}"),
+                              ToolCallDelta(1, "c2", "orders.get_order", "{}"),
+                              ToolCallDelta(2, "c3", "odd@", "{}"),
+                              Finish("tool_calls")]))
+    assert [(i["name"], i["version"]) for i in collected.items] == [
+        ("deploy.service", "v1"), ("orders.get_order", None), ("odd@", None)]
+
+
 def test_a_recorded_runs_spec_is_read_by_the_rules_it_was_written_under(tmp_path: Path) -> None:
     """Rules added for files being loaded do not strand runs already
     recorded: their frozen spec (a unicode id, usage with other keys and
