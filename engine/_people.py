@@ -159,10 +159,10 @@ class PeopleMixin:
         # As the token is read: space around it (pasted, or `$(cat file)`
         # with its newline) is not part of it.
         token = token.strip()
+        view, record = self._load(run_id)  # an unknown run is said as such, whatever the token
         claims = read_token(self.secret, run_id, token)
         if claims.run_id != run_id:
             raise ReplyRejected(run_id, "wrong run", f"the token is for run {claims.run_id}")
-        view, record = self._load(run_id)
         # Before the reply is taken: this process must be able to drive the
         # run on (its backend, its model), or the reply would wait unused.
         self._config_here(view, record)

@@ -630,13 +630,7 @@ def reply(
         def no_constant(name: str) -> Any:
             raise ValueError(f"{name} is not a JSON number")
 
-        def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-            seen: set[str] = set()
-            for key, _ in pairs:
-                if key in seen:  # json.loads would keep the last value silently
-                    raise ValueError(f"key {key!r} given twice in one object")
-                seen.add(key)
-            return dict(pairs)
+        from loopledger.canonical import CanonicalJSONError, canonical_json, unique_keys
 
         try:
             # NaN, Infinity and 1e999 are not JSON numbers: no journal keeps them.
@@ -644,8 +638,9 @@ def reply(
                                parse_float=lambda text: _finite(float(text), text))
         except ValueError as exc:
             raise BadInput("--answer", f"expected JSON, got {answer!r} ({exc})") from None
-        from loopledger.canonical import CanonicalJSONError, canonical_json
-
+        except RecursionError:
+            raise BadInput("--answer", f"expected JSON that a journal can keep, got {len(answer):,} characters "
+                                       "nested too deep to read") from None
         try:
             canonical_json(value)  # what the journal will keep: text every journal can hold
         except CanonicalJSONError as exc:

@@ -385,6 +385,9 @@ def test_an_answer_must_fit_the_question_schema(tmp_path: Path, home: Path) -> N
     ("--answer", '{"order_id": "ORD \\ud800"}'),
     # A key given twice: which value was meant?
     ("--answer", '{"order_id": "ORD-1002", "order_id": "ORD-1001"}'),
+    # Nested deeper than any reader walks: the parser's own recursion limit, and the journal's.
+    ("--answer", "[" * 5000 + "]" * 5000),
+    ("--answer", "[" * 900 + "]" * 900),
 ])
 def test_bad_reply_flags_exit_2_and_change_nothing(tmp_path: Path, home: Path, flags: tuple[str, ...]) -> None:
     line = start(tmp_path, home, QUESTION)
@@ -898,7 +901,7 @@ def test_every_rejection_is_one_json_line_under_json(tmp_path: Path, home: Path,
             return cli("reply", run, "--token", token, "--approve", "--json", home=where)
         return cli("token", run, "--json", home=where)
 
-    unknown = "bad token" if command == "reply" else "no run"
+    unknown = "wrong run" if command == "reply" else "no run"  # named before any token is read
     refused(ask("nosuchrun", home), "nosuchrun", None, unknown)
     refused(ask("nosuchrun", tmp_path / "nowhere"), "nosuchrun", None, "wrong run" if command == "reply" else "no run")
     assert not (tmp_path / "nowhere").exists()
