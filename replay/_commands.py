@@ -49,7 +49,8 @@ def _not_recorded_data(path: Path | None, option: str, home: Any, traces: Path |
         return
     journal = home.journal_file
     guarded = [(Path(f"{db}{end}"), f"the journal {journal}" if db == journal else f"the data directory's {db.name}")
-               for db in (journal, home.root / "demo_backend.sqlite") if db is not None for end in ("", "-wal", "-shm")]
+               for db in (journal, home.root / "demo_backend.sqlite") if db is not None
+               for end in ("", "-wal", "-shm", "-journal", "-drivers")]  # -drivers: the journal's lock of its drivers
     guarded += [(home.replays, f"the replays folder {home.replays}"), (home.prompts, f"the prompts folder {home.prompts}"),
                 (home.root / "secret.key", f"the data directory's secret {home.root / 'secret.key'}"),
                 (home.root / "workspaces", f"the demo backends' workspaces {home.root / 'workspaces'}")]

@@ -199,8 +199,27 @@ def _baseline_files(traces: TraceSet, baseline: str, replays: Path) -> list[Path
                     else f"; the newest 5 of {len(known)} finished replays: {', '.join(known[-5:])}")
         raise BaselineNotFound("baseline", f"no finished replay {baseline!r} under {replays}{hint}")
     files = list(table_files(folder / "decisions", "decisions", BASELINE_COLUMNS, versioned=False).files)
+    _check_whole(baseline, folder, files)
     _check_overlap(traces, baseline, folder, files)
     return files
+
+
+def _check_whole(baseline: str, folder: Path, files: Sequence[Path]) -> None:
+    """The baseline's decisions are all those it made, as its summary counts
+    them: rows lost (a file deleted, a table rewritten) would drop out of the
+    comparison, and the gate would pass on less than was decided."""
+    import pyarrow.parquet as pq
+
+    try:
+        counted = read_summary(folder)["decisions"]
+    except (OSError, ValueError, IndexError, KeyError):  # pyarrow's errors are either; IndexError: no row
+        raise TracesError(str(folder / "summary"), f"baseline replay {baseline!r} has no readable summary row "
+                                                   "with its 'decisions' count; expected the summary it wrote") from None
+    held = sum(pq.ParquetFile(path).metadata.num_rows for path in files)
+    if held != counted:
+        raise TracesError(str(folder / "decisions"), f"baseline replay {baseline!r}: its summary counts {counted} "
+                                                     f"decisions, its decisions table holds {held}; expected the "
+                                                     "table it wrote (the replay's files were changed)")
 
 
 def _check_overlap(traces: TraceSet, baseline: str, folder: Path, files: Sequence[Path]) -> None:
@@ -260,18 +279,18 @@ def replay(traces: str | os.PathLike[str], suite: SuiteLike, *, baseline: str = 
 
 def replay_many(traces: str | os.PathLike[str], suites: SuiteLike | Sequence[SuiteLike], *,
                 baseline: str = "recorded", write_to: str | os.PathLike[str] | None = None,
-                workers: int | None = None, replay_ids: Sequence[str] | None = None) -> dict[str, ReplayResult]:
+                workers: int | None = None, replay_ids: Sequence[str] | None = None) -> Mapping[str, ReplayResult]:
     """Replay several suites over the same traces in one pass (each run is
     read and rebuilt once, then judged by every suite): one result per
     suite, keyed by the suite's name (``name@version`` for a second suite of
     that name). A single suite is a list of one; the same suite (name and
     version) twice is refused. ``replay_ids``: one per suite, as ``replay``'s
-    ``replay_id``."""
+    ``replay_id``. The mapping is read-only, as the results are frozen."""
     from loopledger.validators import Suite
 
     named_suites = _listed(suites, "suites", (str, os.PathLike, Suite), "a suite or a list of suites")
     named_ids = None if replay_ids is None else _listed(replay_ids, "replay_ids", (str,), "a list of replay ids")
-    return _replay(_checked(traces, named_suites, baseline, write_to, workers, named_ids))
+    return MappingProxyType(_replay(_checked(traces, named_suites, baseline, write_to, workers, named_ids)))
 
 
 def _replay(request: _Request) -> dict[str, ReplayResult]:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from loopledger._text import visible
+
 from ._result import Diff, ReplayResult, RunReplay
 
 #: Rows of the longer lists shown in the terminal and Markdown reports.
@@ -131,7 +133,6 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
     from rich.text import Text
 
     from loopledger._text import plain_cells as row
-    from loopledger._text import visible
 
     # Run ids must stay whole: in a CI log (not a terminal) rich would cut
     # every table to 80 columns.
@@ -181,8 +182,10 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
 
 def _cell(text: object) -> str:
     """Text for a Markdown table cell: one line, its pipes escaped (GFM
-    ends a cell at a bare ``|``, even inside a code span)."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    ends a cell at a bare ``|``, even inside a code span), its control
+    characters written out (a terminal would act on an escape sequence
+    shown from a CI summary, and some tools take a NUL for a binary file)."""
+    return visible(" ".join(str(text).split())).replace("|", "\\|")
 
 
 def _code(text: object) -> str:

@@ -137,6 +137,8 @@ def test_replay_many_takes_a_single_suite_as_a_list_of_one(recorded_home: Path) 
     results = replay_many(_traces(recorded_home), "strict")
     assert list(results) == ["strict"]
     assert results["strict"].summary.suite_name == "strict"
+    with pytest.raises(TypeError):  # read-only, as the results in it are frozen
+        results["strict"] = results["strict"]  # type: ignore[index]
 
 
 def test_replay_many_gives_one_result_per_suite(recorded_home: Path, tmp_path: Path) -> None:

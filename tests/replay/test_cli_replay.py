@@ -249,6 +249,8 @@ def test_a_report_path_that_would_overwrite_what_is_recorded_is_refused(home_cop
         (["--home", str(home_copy), "--junit", str(home_copy / "traces" / ".export.lock")], None),
         # The demo backends' state: a run's workspace files.
         (["--home", str(home_copy), "--markdown", str(workspace_file)], workspace_file),
+        # The journal's lock file of its drivers.
+        (["--home", str(home_copy), "--junit", str(home_copy / "journal.sqlite-drivers")], None),
     ]
     for args, kept in cases:
         before = kept.read_bytes() if kept else None
@@ -725,6 +727,28 @@ def test_a_baseline_replay_that_could_replay_none_of_its_runs_is_refused(recorde
              f"{first.run_errors} of its {first.runs} run(s) could not be replayed")
 
 
+def test_a_baseline_replay_whose_decisions_lost_rows_is_refused(recorded_home: Path, tmp_path: Path) -> None:
+    """Its lost decisions would drop out of the comparison: the strict
+    suite's flips would hide behind "not in the baseline" and the gate pass,
+    or a lost objection would read as a fix. The summary's count says what
+    the table held."""
+    common = ["--traces", str(recorded_home / "traces"), "--home", str(tmp_path)]
+    assert cli("replay", "--suite", "default", *common).returncode == 0
+    (first,) = [p.name for p in (tmp_path / "replays").iterdir()]
+    assert cli("replay", "--suite", "strict", "--baseline", first, "--fail-on", "flips", *common).returncode == 1
+    folder = tmp_path / "replays" / first
+    _rewrite(folder / "decisions", lambda t: t.slice(0, t.num_rows // 2))
+    out = cli("replay", "--suite", "strict", "--baseline", first, "--fail-on", "flips", *common)
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, str(folder / "decisions"), first, "its summary counts", "its decisions table holds")
+    shutil.rmtree(folder / "summary")
+    (folder / "summary").mkdir()
+    pq.write_table(pq.read_table(folder / "decisions").slice(0, 0), folder / "summary" / "part-0.parquet")
+    out = cli("replay", "--suite", "strict", "--baseline", first, *common)
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, str(folder / "summary"), "no readable summary row")
+
+
 def test_the_api_gate_fails_when_a_run_could_not_be_replayed(recorded_home: Path, tmp_path: Path) -> None:
     """As the command's gate reads "incomplete" (exit 2): passing on less
     than was recorded is no pass, whatever fail_on says."""
@@ -829,6 +853,9 @@ def test_markdown_cells_hold_whatever_the_run_ids_hold() -> None:
     assert _code("ten|ant`<x>") == "`` ten\\|ant`<x> ``"
     assert _code("plain") == "`plain`"
     assert _cell("a|b\nc") == "a\\|b c"
+    # Control characters (a NUL, an escape sequence a terminal would act on) are written out.
+    assert _cell("bad\x00code\x1b[31m") == "bad\\x00code\\x1b[31m"
+    assert _code("x\x01y") == "`x\\x01y`"
 
 
 def test_a_baseline_replay_that_decided_nothing_is_still_a_baseline(tmp_path: Path) -> None:
