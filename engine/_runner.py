@@ -20,7 +20,7 @@ import os
 import secrets
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -364,7 +364,7 @@ class Runner:
         Once it moves, it is driven like any other."""
         leave_waiting = leave_waiting or {}
         timers: list[tuple[float, str]] = []
-        queue = list(run_ids)
+        queue = deque(run_ids)
         self.held_elsewhere = set()
         tries: Counter[str] = Counter()  # of runs another process held
         stopped: list[tuple[str, BaseException]] = []
@@ -375,10 +375,15 @@ class Runner:
             running: dict[Future[Any], str] = {}
             while queue or running or timers:
                 now = time.monotonic()
+                due = []
                 while timers and timers[0][0] <= now:
-                    queue.append(heapq.heappop(timers)[1])
+                    due.append(heapq.heappop(timers)[1])
+                # Runs already under way (a poll of their work, a deadline to
+                # keep) go before runs not yet started: behind a long queue a
+                # waiting run's deadline would pass unnoticed for seconds.
+                queue.extendleft(reversed(due))
                 while queue and len(running) < max(1, concurrency):
-                    run_id = queue.pop(0)
+                    run_id = queue.popleft()
                     running[pool.submit(self._drive_one, run_id)] = run_id
                 if not running:
                     time.sleep(max(0.0, min(POLL_INTERVAL_S, timers[0][0] - time.monotonic())))

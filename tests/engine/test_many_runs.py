@@ -71,6 +71,35 @@ def test_a_run_stopped_by_an_unexpected_error_does_not_stop_the_others(tmp_path:
     assert set(states.values()) == {State.SUCCEEDED}
 
 
+def test_a_waiting_runs_poll_goes_before_runs_not_yet_started(tmp_path: Path, monkeypatch) -> None:
+    """A run waiting for background work is polled when its interval is up,
+    not after every run still queued: its deadline, or its work's end, is
+    seen then. (Behind the queue, the bundled deadline scenario overran its
+    0.2 s deadline by a second in a busy batch.)"""
+    import time
+    from types import SimpleNamespace
+
+    from loopledger.engine import State, _runner
+
+    monkeypatch.setattr(_runner, "POLL_INTERVAL_S", 0.01)
+    runner = Runner(Home.resolve(tmp_path / "home"))
+    order: list[str] = []
+
+    def drive_one(run_id: str):
+        order.append(run_id)
+        if run_id == "waiting" and order.count("waiting") == 1:
+            return SimpleNamespace(state=State.WAITING_TOOL, state_version=3, held_elsewhere=False, batch_id=None)
+        time.sleep(0.05)  # a run driven to its end takes a while
+        return SimpleNamespace(state=State.SUCCEEDED, state_version=9, held_elsewhere=False, batch_id=None)
+
+    monkeypatch.setattr(runner, "_drive_one", drive_one)
+    try:
+        runner.drive_all(["waiting", "a", "b", "c", "d"], concurrency=1)
+    finally:
+        runner.close()
+    assert order == ["waiting", "a", "waiting", "b", "c", "d"]
+
+
 def test_an_export_never_holds_up_the_batch(tmp_path: Path) -> None:
     """Exports run beside the runs: while one is writing, the other runs
     settle (their ``--json`` lines are written) and background work is
