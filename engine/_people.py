@@ -96,6 +96,12 @@ class PeopleMixin:
         reason = "waiting_for_approval" if kind == "approval" else "waiting_for_user"
         extra = dict(recorded)
         extra["artifacts"] = tuple(recorded.get("artifacts", ())) + (artifact,)
+        if kind == "approval" and operation is not None:
+            # The request's result while a person decides (the operations
+            # table shows it); the decision replaces it with the send's own
+            # result, or permission_denied.
+            extra["operation_updates"] = (*recorded.get("operation_updates", ()),
+                                          {"operation_id": operation.operation_id, "outcome": "approval_required"})
         self._move(view, State.WAITING_USER, payload={"waiting": waiting},
                    set_fields={"reason": reason, "waiting_json": waiting}, **extra)
         # Shown once, to whoever delivers the reply; the journal has its hash only.

@@ -433,6 +433,8 @@ def test_resume_leaves_waits_alone_until_they_expire(tmp_path: Path, home: Path)
     assert (expired["status"], expired["reason"]) == ("EXPIRED", "expired")
     (result,) = events(home, run_id, "operation_result")
     assert (result["outcome"], result["error_code"]) == ("permission_denied", "WAIT_EXPIRED")
+    assert journal(home).execute("SELECT outcome FROM operations WHERE run_id = ?",
+                                 (run_id,)).fetchall() == [("permission_denied",)]  # approval_required replaced
     rejected(reply(home, run_id, w["resume_token"], "--approve"), "stale state version")
     assert executions(home, run_id, "deploy.service") == 0
     assert all_violations(home) == []
@@ -446,10 +448,11 @@ def test_the_approval_binds_the_operation_and_its_canonical_arguments(tmp_path: 
     waiting = json.loads(waiting_json)
     assert waiting["approval_id"] == w["approval_id"] == waiting["wait_id"]
     assert waiting["expires_at"] == w["expires_at"]
-    ((op_id, tool, version, args_json, policy),) = conn.execute(
-        "SELECT operation_id, tool, tool_version, canonical_args_json, policy_decision FROM operations"
+    ((op_id, tool, version, args_json, policy, outcome),) = conn.execute(
+        "SELECT operation_id, tool, tool_version, canonical_args_json, policy_decision, outcome FROM operations"
         " WHERE run_id = ?", (run_id,)).fetchall()
     assert waiting["operation_id"] == op_id and policy == "approval_required"
+    assert outcome == "approval_required"  # the request's result while a person decides
     (body,) = conn.execute("SELECT body FROM artifacts WHERE artifact_id = ? AND kind = 'question'",
                            (waiting["question_id"],)).fetchone()
     question = json.loads(body)
@@ -469,6 +472,9 @@ def test_the_approval_binds_the_operation_and_its_canonical_arguments(tmp_path: 
     assert w["resume_token"].encode() not in (home / "journal.sqlite").read_bytes()
 
     assert reply(home, run_id, w["resume_token"], "--approve").returncode == 0
+    # The decision replaced the waiting result with the send's own.
+    assert conn.execute("SELECT outcome, dispatch_count FROM operations WHERE operation_id = ?",
+                        (op_id,)).fetchone() == ("success", 1)
     (accepted,) = events(home, run_id, "reply_accepted")
     assert (accepted["operation_id"], accepted["decision"], accepted["wait_id"]) == (op_id, "approve",
                                                                                      waiting["wait_id"])
