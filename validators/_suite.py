@@ -19,6 +19,7 @@ import difflib
 import importlib
 import os
 import reprlib
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -207,6 +208,7 @@ def _load_file(path: Path, where: str) -> Suite:
         if path.exists() and not path.is_file() and not path.is_dir():
             raise SuiteError(where, "not a regular file (a pipe, socket or device); expected a suite .yaml file")
         text = path.read_text(encoding="utf-8")
+        beside = path.resolve().parent
     except OSError as exc:
         hint = ""
         if isinstance(exc, FileNotFoundError) and path.suffix in (".yaml", ".yml") and path.stem in bundled_suites():
@@ -214,24 +216,37 @@ def _load_file(path: Path, where: str) -> Suite:
         raise SuiteError(where, f"cannot read the file ({exc.strerror or exc}){hint}") from exc
     except UnicodeDecodeError as exc:
         raise SuiteError(where, not_utf8(exc.object, exc)) from None
-    return _parse_text(text, where)
+    return _parse_text(text, where, beside)
 
 
-def _parse_text(text: str, where: str) -> Suite:
+def _parse_text(text: str, where: str, beside: Path | None = None) -> Suite:
     try:
         data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}: " if mark is not None else ""
         raise SuiteError(where, f"{line}not valid YAML ({getattr(exc, 'problem', None) or exc})") from exc
-    return parse_suite(data, where)
+    return parse_suite(data, where, beside=beside)
 
 
-def _import(module_name: str, where: str) -> Any:
+def _import(module_name: str, where: str, beside: Path | None = None) -> Any:
     """A user's module, imported; one that cannot be, or raises while it
-    runs, is a :class:`SuiteError` naming ``where``."""
+    runs, is a :class:`SuiteError` naming ``where``. ``beside``: the folder
+    of the suite file that lists the module, where it is looked for when
+    the import path does not have it (as Python finds a script's modules
+    beside the script); that folder then stays on the import path, at its
+    end, for what the module imports later."""
     try:
         return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = module_name.split(".")[0]
+        folder = str(beside) if beside is not None else None
+        if folder is not None and exc.name == top and folder not in sys.path and (
+                (beside / f"{top}.py").is_file() or (beside / top).is_dir()):
+            sys.path.append(folder)
+            importlib.invalidate_caches()
+            return _import(module_name, where)
+        raise SuiteError(where, f"cannot import module {module_name!r} ({exc})") from exc
     except ImportError as exc:
         raise SuiteError(where, f"cannot import module {module_name!r} ({exc})") from exc
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module failed while it ran: one line
@@ -264,14 +279,16 @@ def _load_object(ref: str) -> Suite:
     raise SuiteError(ref, f"expected a Suite, a callable returning one, or a suite mapping; got {type(obj).__name__}")
 
 
-def parse_suite(data: Any, where: str = "suite") -> Suite:
-    """Build a suite from its mapping form (CONTRACT 'Suite files')."""
+def parse_suite(data: Any, where: str = "suite", *, beside: str | os.PathLike[str] | None = None) -> Suite:
+    """Build a suite from its mapping form (CONTRACT 'Suite files').
+    ``beside``: the folder of the file it was read from, where the modules
+    of its ``imports`` are also looked for."""
     if not isinstance(data, Mapping):
         raise SuiteError(where, f"expected a mapping with 'name' and 'validators', got {type(data).__name__}")
     unknown = sorted(set(data) - {"name", "validators", "description", "imports"})
     if unknown:
         raise SuiteError(f"{where}: {unknown[0]}", "unknown field; expected name, validators, description, imports")
-    _import_modules(data.get("imports", []), where)
+    _import_modules(data.get("imports", []), where, None if beside is None else Path(beside))
     name = data.get("name")
     if not isinstance(name, str) or not name.strip():
         raise SuiteError(f"{where}: name", f"expected a non-empty string, got {reprlib.repr(name)}")
@@ -293,7 +310,7 @@ def parse_suite(data: Any, where: str = "suite") -> Suite:
     return Suite(name, members)
 
 
-def _import_modules(modules: Any, where: str) -> None:
+def _import_modules(modules: Any, where: str, beside: Path | None) -> None:
     """``imports``: modules whose ``@validator`` definitions register the
     suite's own validators, imported before its members are looked up."""
     if not isinstance(modules, Sequence) or isinstance(modules, str):
@@ -302,7 +319,7 @@ def _import_modules(modules: Any, where: str) -> None:
         field = f"{where}: imports[{i}]"
         if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
             raise SuiteError(field, f"expected a module name like acme.validators, got {name!r}")
-        _import(name, field)
+        _import(name, field, beside)
 
 
 def _member(entry: Any, field: str) -> BoundValidator:

@@ -84,6 +84,32 @@ def test_a_suite_imports_the_module_of_its_own_validators(recorded_home: Path, t
     assert acme_decisions(tmp_path / "out").get("ask", 0) > 0
 
 
+def test_a_suite_finds_the_module_of_its_validators_beside_it(recorded_home: Path, tmp_path: Path) -> None:
+    """A module beside the suite file needs no PYTHONPATH (as a script's
+    modules beside it), from any working folder, in the replay's worker
+    processes too; one neither there nor on the path is still one line."""
+    folder = tmp_path / "ci"
+    folder.mkdir()
+    (folder / "acme_beside.py").write_text(PLUGIN.replace("acme.refund_limit", "acme.beside_limit"))
+    path = folder / "acme.yaml"
+    path.write_text(SUITE.format(imports="imports: [acme_beside]\n").replace("acme.refund_limit",
+                                                                           "acme.beside_limit"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = cli("replay", "--suite", os.path.relpath(path, elsewhere), "--traces", str(recorded_home / "traces"),
+              "--home", str(tmp_path / "out"), "--fail-on", "never", "--workers", "2", cwd=elsewhere)
+    assert out.returncode == 0, out.stderr
+    (replay,) = [p for p in (tmp_path / "out" / "replays").iterdir() if p.is_dir()]
+    asks = duckdb.sql(f"SELECT count(*) FROM '{replay}/decisions/*.parquet' "
+                      "WHERE validator = 'acme.beside_limit' AND verdict = 'ask'").fetchone()[0]
+    assert asks > 0
+    path.write_text(SUITE.format(imports="imports: [acme_nowhere]\n"))
+    missing = cli("replay", "--suite", str(path), "--traces", str(recorded_home / "traces"),
+                  "--home", str(tmp_path / "none"))
+    assert missing.returncode == 2
+    assert "imports[0]: cannot import module 'acme_nowhere'" in missing.stderr
+
+
 @pytest.mark.parametrize(("imports", "body", "said"), [
     ("imports: [no_such_module]\n", None, "imports[0]: cannot import module 'no_such_module'"),
     ("imports: acme_checks\n", None, "imports: expected a list of module names"),
