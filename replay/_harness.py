@@ -547,6 +547,7 @@ def _summary(replay_id: str, suite: Any, baseline: str, runs: Sequence[RunReplay
         flips_across_versions=sum(1 for d in flips if d.across_versions),
         runs_diverged=sum(1 for r in runs if r.diverged),
         not_in_baseline=sum(r.not_in_baseline for r in runs),
+        not_recorded=sum(r.not_recorded for r in runs),
         runs_failed=sum(1 for r in runs if r.run_failed),
         run_errors=sum(1 for r in runs if r.error is not None),
         diagnoses=sum(len(r.diagnoses) for r in runs),

@@ -62,6 +62,18 @@ def _not_compared(result: ReplayResult) -> str:
             "(runs recorded since, outside its traces, or that it could not replay): not compared, never a flip.")
 
 
+def _not_recorded(result: ReplayResult) -> str:
+    """Candidates with no recorded decision to compare with, in words (empty: none)."""
+    s = result.summary
+    if not s.not_recorded:
+        return ""
+    runs = sum(1 for r in result.runs.values() if r.not_recorded)
+    return (f"{s.not_recorded:,} candidate(s) in {runs:,} run(s) have no recorded decisions (imported without "
+            "--decide): each decision that objects is a change, and labels on a candidate as a whole classify "
+            "nothing, so no regression can show there. Record a baseline with `loopledger import --decide SUITE`, "
+            "or compare with an earlier replay (--baseline REPLAY_ID).")
+
+
 def _counts(result: ReplayResult) -> list[tuple[str, str]]:
     s = result.summary
     rate = f"{s.candidates_rerun / s.seconds:,.0f}" if s.seconds else "-"
@@ -168,8 +180,9 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
         if len(diverged) > SHOWN:
             console.print(f"... and {len(diverged) - SHOWN} more (replays/{result.replay_id}/diffs).")
         console.print(DIVERGENCE_NOTE)
-    if note := _not_compared(result):
-        console.print(escape(note))
+    for note in (_not_compared(result), _not_recorded(result)):
+        if note:
+            console.print(escape(note))
     if result.summary.flips_across_versions:
         console.print(f"[yellow]{result.summary.flips_across_versions} flip(s) compare different versions of a "
                       "validator: they say what the new version decides, and are kept out of trend figures.[/]")
@@ -224,8 +237,9 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
                          f"step {d.step}, attempt {d.attempt} | {_cell(', '.join(d.validators))} | "
                          f"{len(r.regressions)} |")
         lines += _more(len(diverged), result)
-    if note := _not_compared(result):
-        lines += ["", f"> {_cell(note)}"]
+    for note in (_not_compared(result), _not_recorded(result)):
+        if note:
+            lines += ["", f"> {_cell(note)}"]
     if result.summary.flips_across_versions:
         lines += ["", f"> {result.summary.flips_across_versions} flip(s) compare different versions of one "
                   "validator; they are shown as such and kept out of trend figures."]

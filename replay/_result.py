@@ -116,6 +116,10 @@ class RunReplay:
     #: Candidates re-run that the baseline (an earlier replay) made no
     #: decision on: not compared, so never a diff.
     not_in_baseline: int = 0
+    #: Candidates re-run that have no recorded decisions to compare with (an
+    #: imported run without ``--decide``): each objecting decision is a
+    #: ``change``, and a label on the candidate as a whole classifies nothing.
+    not_recorded: int = 0
     #: Set when the trace of this run could not be replayed (a missing artifact).
     error: str | None = None
 
@@ -177,6 +181,11 @@ class Summary:
     #: recorded since, outside its traces, or that it could not replay):
     #: not compared. Always 0 against the recorded decisions.
     not_in_baseline: int
+    #: Candidates re-run that have no recorded decisions (imported without
+    #: ``--decide``): compared with nothing, so no candidate flip, and their
+    #: labels on the candidate as a whole classify no diff. Always 0 against
+    #: an earlier replay.
+    not_recorded: int
     #: Recorded runs that did not succeed (data about the runs).
     runs_failed: int
     #: Runs whose trace could not be replayed.

@@ -614,7 +614,7 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
     for (label_cid, validator), label in labels.items():
         by_candidate[label_cid].append((validator, label))
     diffs: list[Diff] = []
-    n_decisions = agreeing = labelled = not_in_baseline = 0
+    n_decisions = agreeing = labelled = not_in_baseline = not_recorded = 0
     evidence_json = _evidence_json
     for (step, attempt, cid), result in evaluated:
         decisions = result.decisions
@@ -645,6 +645,7 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
             # replayed then) has nothing to compare with: not a flip.
             not_in_baseline += 1
             continue
+        not_recorded += not recorded
         if len(recorded) == len(decisions) and all(
                 (old := recorded.get(d.validator)) is not None and old[0] == _VALUE[d.verdict] and old[1] == d.code
                 for d in decisions):
@@ -686,7 +687,7 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
                      reason=run.get("reason"), candidates=data.recorded_candidates.get(run_id, 0),
                      candidates_rerun=len(evaluated), decisions=n_decisions,
                      diffs=tuple(diffs), divergence=divergence, labels=labelled, labels_agreeing=agreeing,
-                     not_in_baseline=not_in_baseline, error=error)
+                     not_in_baseline=not_in_baseline, not_recorded=not_recorded, error=error)
 
 
 _NONE: Mapping[str, Any] = {}

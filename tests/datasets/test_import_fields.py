@@ -558,3 +558,23 @@ def test_a_folder_searched_names_what_it_cannot_read(tmp_path: Path) -> None:
         with pytest.raises(ImportInputError, match=r"more: cannot read: Permission denied$") as caught:
             import_traces("openai-jsonl", [folder], home=tmp_path / "home")
         assert ".cache" not in str(caught.value)
+
+
+def test_a_replay_says_which_candidates_have_no_recorded_decisions(tmp_path: Path) -> None:
+    """Imported without --decide, a run's candidates were never judged: the
+    replay compares them with nothing (no candidate flip; the reward's label
+    classifies no diff) and says so, with the two ways to get a baseline."""
+    from loopledger.replay import replay
+    from loopledger.replay._report import markdown
+
+    path = _write(tmp_path / "in", "openai-jsonl", [openai_record()])
+    plain, decided = tmp_path / "plain", tmp_path / "decided"
+    import_traces("openai-jsonl", [path], home=plain)
+    import_traces("openai-jsonl", [path], home=decided, decide="default")
+    bare = replay(plain / "traces", "default")
+    assert bare.summary.not_recorded == bare.summary.candidates_rerun == 2
+    assert "2 candidate(s) in 1 run(s) have no recorded decisions" in markdown(bare, "regressions")
+    assert "--decide SUITE" in markdown(bare, "regressions")
+    judged = replay(decided / "traces", "default")
+    assert judged.summary.not_recorded == 0 and judged.summary.candidates_rerun == 2
+    assert "no recorded decisions" not in markdown(judged, "regressions")
