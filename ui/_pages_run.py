@@ -12,7 +12,7 @@ import streamlit as st
 from loopledger.ui import _queries as q
 from loopledger.ui._data import VERDICTS, DataError
 from loopledger.ui._labels import add_human_label, no_journal
-from loopledger.ui._st import code, guarded, home, load, missing, store_url, times
+from loopledger.ui._st import code, guarded, home, let_exports_in, load, missing, store_url, times
 
 
 def _json(text: object) -> object:
@@ -34,7 +34,7 @@ def _header(run: dict, spans: pd.DataFrame) -> None:
                     "status only says how its conversation ended; the reward says whether the task was done)")
     cols = st.columns([3, 3, 2, 2, 2])  # BUDGET_EXHAUSTED and validation_failed need the room
     cols[0].metric("Status", str(run["status"]))
-    cols[1].metric("Reason", str(run["reason"] or "—"))
+    cols[1].metric("Reason", "—" if missing(run["reason"]) else str(run["reason"]))
     cols[2].metric("Steps", int(run["steps"] or 0))
     cols[3].metric("Model attempts", int(run["model_attempts"] or 0))
     cols[4].metric("Tool calls", int(run["tool_calls"] or 0))
@@ -146,6 +146,7 @@ def _label_form(detail: dict, run_id: str) -> None:
         submitted = st.form_submit_button("Save label")
     if submitted:
         r = options.iloc[int(picked)]
+        let_exports_in()  # the label is exported at once
         try:
             label_id = add_human_label(home(), run_id=run_id, step=int(r["step"]), attempt=int(r["attempt"]),
                                        candidate_id=str(r["candidate_id"]), validator=str(r["validator"]),

@@ -195,6 +195,10 @@ class RunFilter:
     started_to: datetime | None = None  # exclusive
 
 
+#: The Runs page's name for a run without a reason (one still under way, or
+#: whose process died), as the Overview's charts name it.
+NO_REASON = "(none)"
+
 SORTABLE = ("started_at", "ended_at", "run_id", "task_id", "tenant", "prompt_version", "status", "reason",
             "reward", "steps", "tool_calls", "tokens", "cost_usd", "duration_s")
 
@@ -206,6 +210,9 @@ def run_filter_options(t: Traces) -> dict[str, Any]:
         name: [v for (v,) in t.rows(f"SELECT DISTINCT {name} FROM runs WHERE {name} IS NOT NULL ORDER BY 1")]
         for name in ("status", "reason", "prompt_version", "tenant")
     }
+    (unreasoned,) = t.one("SELECT count(*) FROM runs WHERE reason IS NULL")
+    if unreasoned:
+        options["reason"].append(NO_REASON)
     options["detector"] = [v for (v,) in t.rows("SELECT DISTINCT detector FROM loop_diagnoses ORDER BY 1")]
     lo, hi = t.one("SELECT min(started_at), max(started_at) FROM runs")
     options["started"] = (lo, hi)
@@ -217,7 +224,8 @@ def _run_where(f: RunFilter) -> tuple[str, dict[str, Any]]:
     for column, values in (("status", f.statuses), ("reason", f.reasons),
                            ("prompt_version", f.prompt_versions), ("tenant", f.tenants)):
         if values:
-            clauses.append(f"r.{column} IN ${column}")
+            unreasoned = column == "reason" and NO_REASON in values
+            clauses.append("(r.reason IN $reason OR r.reason IS NULL)" if unreasoned else f"r.{column} IN ${column}")
             params[column] = list(values)
     if f.detectors:
         clauses.append("r.run_id IN (SELECT run_id FROM loop_diagnoses WHERE detector IN $detectors)")

@@ -7,6 +7,7 @@ import html
 import importlib
 import math
 import re
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,11 +76,30 @@ def traces() -> Traces:
     return Traces(home())
 
 
+#: The page being drawn in this thread (Streamlit runs each session's script
+#: in a thread of its own): its hold on the traces' export lock.
+_page = threading.local()
+
+
+def let_exports_in() -> None:
+    """Let go of the page's hold on the export lock, before the page itself
+    exports (a label saved): its export would wait for the page for ever."""
+    reading = getattr(_page, "reading", None)
+    if reading is not None:
+        reading.release()
+
+
 def guarded(title: str, body: Callable[[], None]) -> None:
     """Render a page; missing or unreadable data becomes a message in the
     page, never a traceback."""
     st.title(title)
+    from loopledger.engine._recorder import ReadLock
+
+    reading = None
     try:
+        # One set of files for the whole page: every figure on it comes from
+        # the same export (one published meanwhile waits for the page).
+        reading = _page.reading = ReadLock(home() / "traces")
         body()
     except NoData as exc:
         st.info(str(exc))
@@ -87,6 +107,10 @@ def guarded(title: str, body: Callable[[], None]) -> None:
         st.error(str(exc))
     except Exception as exc:  # noqa: BLE001 - the last line of defence of a page
         st.error(f"This page could not be shown: {type(exc).__name__}: {exc}")
+    finally:
+        _page.reading = None
+        if reading is not None:
+            reading.release()
 
 
 _REMEMBERED = "_remembered"

@@ -601,3 +601,66 @@ def test_the_run_page_remembers_its_run_and_other_pages_drop_a_run_id(recorded_h
     at.switch_page("_pages_run.py").run()
     assert not at.exception and metrics(at)["Status"]
     assert at.query_params["run_id"] in (run_id, [run_id])
+
+
+def test_a_run_without_a_reason_shows_a_dash_and_can_be_filtered_by_it(tmp_path: Path,
+                                                                       ui_env: pytest.MonkeyPatch) -> None:
+    """A run whose process died before it ended has no reason: the Run page
+    says "—" (not "nan"), and the Runs page's reason filter offers
+    "(none)", as the Overview's chart names it."""
+    import os
+    import subprocess
+    import sys
+
+    from loopledger.ui import _queries as q
+
+    home, loopledger = tmp_path / "home", str(Path(sys.executable).with_name("loopledger"))
+    scenarios = REPO / "datasets" / "scenarios"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    subprocess.run([loopledger, "run", str(scenarios / "happy-two-reads-one-candidate.yaml"), "--home", str(home)],
+                   env=env, check=True, capture_output=True)
+    died = subprocess.run([loopledger, "run", str(scenarios / "happy-refund.yaml"), "--home", str(home)],
+                          env={**env, "LOOPLEDGER_CRASH_AFTER_COMMITS": "3"}, capture_output=True)
+    assert died.returncode == -9
+    subprocess.run([loopledger, "export", "--home", str(home)], env=env, check=True, capture_output=True)
+    crashed = scalar(f"SELECT run_id FROM {table(home, 'runs')} WHERE reason IS NULL")
+    assert metrics(open_app(home, ui_env, run_id=crashed))["Reason"] == "—"
+    at = open_app(home, ui_env, page="_pages_runs.py")
+    (reason,) = [m for m in at.multiselect if m.label == "Reason"]
+    assert q.NO_REASON in reason.options
+    reason.set_value([q.NO_REASON]).run()
+    assert shown_total(at) == 1 and list(frame_with(at, "run_id", "status")["run_id"]) == [crashed]
+    reason.set_value([q.NO_REASON, "completed"]).run()
+    assert shown_total(at) == 2
+
+
+def test_a_page_reads_one_set_of_files_from_first_figure_to_last(recorded_home: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page holds the export lock (shared) while it is drawn, so an
+    export waits for the whole page, not only for each query; a page that
+    exports itself (a label saved) lets go first."""
+    import fcntl
+
+    from loopledger.ui import _st
+
+    monkeypatch.setenv("LOOPLEDGER_HOME", str(recorded_home))
+    lock_path = recorded_home / "traces" / ".export.lock"
+    seen: list[bool] = []
+
+    def exporter_could_publish() -> bool:
+        with open(lock_path, "a+b") as other:
+            try:
+                fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(other.fileno(), fcntl.LOCK_UN)
+            return True
+
+    def body() -> None:
+        seen.append(exporter_could_publish())
+        _st.let_exports_in()
+        seen.append(exporter_could_publish())
+
+    _st.guarded("test", body)
+    assert seen == [False, True]
+    assert exporter_could_publish()  # and after the page
