@@ -238,7 +238,11 @@ def _assistant(items: list[dict[str, Any]]) -> tuple[str, tuple[Call, ...]]:
         if kind == "text":
             texts.append(item.get("text", ""))
         elif kind == "tool_call":
-            calls.append(Call(item.get("call_id") or f"call_{len(calls)}", item.get("name", ""),
+            # The name as the model wrote it: a version it asked for is part of it.
+            name = item.get("name", "")
+            if item.get("version"):
+                name = f"{name}@{item['version']}"
+            calls.append(Call(item.get("call_id") or f"call_{len(calls)}", name,
                               item.get("arguments"), item.get("raw_arguments")))
         elif kind == "claim":
             texts.append(f"Claim: {item.get('text', '')} (evidence: {', '.join(item.get('evidence') or [])})")

@@ -253,7 +253,9 @@ def collect(events: Iterator[StreamEvent]) -> Collected:
         raw = "".join(call["arguments"])
         # A version the model wrote into the name (``deploy.service@v1``) is
         # the item's version: the name is the tool's, as in the operations.
-        name, version = split_tool_name(call["name"], None) if call["name"] else (call["name"], None)
+        # A name with more than one ``@`` is kept whole: no tool has it.
+        name, version = (split_tool_name(call["name"], None) if call["name"] and call["name"].count("@") == 1
+                         else (call["name"], None))
         item: dict[str, Any] = {"type": "tool_call", "call_id": call["call_id"] or f"call_{index}",
                                 "name": name, "version": version}
         parsed = _parse_object(raw)
@@ -279,7 +281,7 @@ def _parse_object(raw: str) -> dict[str, Any] | None:
     infinity); a key given twice in one object (readers disagree on which
     value counts); nesting too deep to walk."""
     try:
-        value = (json.loads(raw, parse_constant=_not_a_number, parse_float=_finite, object_pairs_hook=unique_keys)
+        value = (json.loads(raw, parse_constant=_not_a_number, parse_float=_finite, object_pairs_hook=_unique_clean)
                  if raw.strip() else {})
         if not isinstance(value, dict):
             return None
@@ -287,6 +289,13 @@ def _parse_object(raw: str) -> dict[str, Any] | None:
     except (ValueError, RecursionError):  # CanonicalJSONError is a ValueError
         return None
     return value
+
+
+def _unique_clean(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys stay distinct once made storable (a NUL or a
+    lone surrogate becomes U+FFFD: ``k\\u0000`` and ``k\\ud800`` would be
+    one key), else ValueError."""
+    return unique_keys([(_clean(key), value) for key, value in pairs])
 
 
 def _not_a_number(token: str) -> float:

@@ -50,6 +50,21 @@ def test_only_the_last_attempt_of_a_step_is_kept_and_every_call_is_answered() ->
     assert "tool_args_schema: schema" in out[5].text and "Update on tool call a" in out[5].text
 
 
+def test_a_call_of_a_stale_version_is_shown_to_the_model_as_it_wrote_it() -> None:
+    """The item keeps the version apart from the name; the model's own turn
+    names the tool as it asked for it, so the stale-version feedback that
+    follows reads against what it did."""
+    messages = [
+        {"role": "user", "content": "deploy"},
+        {"role": "assistant", "items": [{"type": "tool_call", "call_id": "d", "name": "deploy.service",
+                                         "version": "v1", "arguments": {}},
+                                        {"type": "tool_call", "call_id": "e", "name": "orders.get_order",
+                                         "version": None, "arguments": {}}]},
+    ]
+    (_, assistant, *_) = turns(messages)
+    assert [c.name for c in assistant.calls] == ["deploy.service@v1", "orders.get_order"]
+
+
 def test_dotted_tool_names_map_reversibly_and_only_allowed_tools_are_offered() -> None:
     assert provider_tool_name("orders.get_order") == "orders__get_order"
     assert provider_tool_name("deploy.service@v1") == "deploy__service_v1"

@@ -264,14 +264,18 @@ def test_arguments_giving_a_key_twice_are_kept_as_received_not_parsed() -> None:
 
     twice = '{"order_id": "ORD-1", "order_id": "ORD-1001"}'
     nested = '{"a": {"k": 1, "k": 2}}'
+    # Two keys that become one once made storable (a NUL, a lone surrogate: U+FFFD).
+    stored_as_one = '{"k\\u0000": 1, "k\\ud800": 2}'
     collected = collect(iter([ToolCallDelta(0, "c1", "orders.get_order", twice),
                               ToolCallDelta(1, "c2", "orders.get_order", nested),
                               ToolCallDelta(2, "c3", "orders.get_order", '{"order_id": "ORD-1001"}'),
+                              ToolCallDelta(3, "c4", "orders.get_order", stored_as_one),
                               Finish("tool_calls")]))
-    first, second, third = collected.items
+    first, second, third, fourth = collected.items
     assert (first.get("arguments"), first["raw_arguments"]) == (None, twice)
     assert (second.get("arguments"), second["raw_arguments"]) == (None, nested)
     assert third["arguments"] == {"order_id": "ORD-1001"} and "raw_arguments" not in third
+    assert fourth.get("arguments") is None and "k" in fourth["raw_arguments"]
 
 
 def test_a_version_written_into_the_tool_name_is_the_items_version() -> None:
@@ -282,9 +286,11 @@ def test_a_version_written_into_the_tool_name_is_the_items_version() -> None:
     collected = collect(iter([ToolCallDelta(0, "c1", "deploy.service@v1", "{}"),
                               ToolCallDelta(1, "c2", "orders.get_order", "{}"),
                               ToolCallDelta(2, "c3", "odd@", "{}"),
+                              # Two versions: no tool's name; kept whole, never split into a real tool.
+                              ToolCallDelta(3, "c4", "orders.get_order@v1@junk", "{}"),
                               Finish("tool_calls")]))
     assert [(i["name"], i["version"]) for i in collected.items] == [
-        ("deploy.service", "v1"), ("orders.get_order", None), ("odd@", None)]
+        ("deploy.service", "v1"), ("orders.get_order", None), ("odd@", None), ("orders.get_order@v1@junk", None)]
 
 
 def test_a_recorded_runs_spec_is_read_by_the_rules_it_was_written_under(tmp_path: Path) -> None:
