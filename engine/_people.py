@@ -240,8 +240,10 @@ class PeopleMixin:
                                       payload={"replied": waiting["wait_id"]}, set_fields={"waiting_json": None}))
             return
         if waiting["kind"] == "approval" and reply.approve:
+            # The send is next: the request has no result until it comes.
             self._commit(view, Commit(view.run_id, view.state_version, State.TOOL_RUNNING, events=tuple(events),
-                                      payload={"approved": op.operation_id}, set_fields={"waiting_json": None}))
+                                      payload={"approved": op.operation_id}, set_fields={"waiting_json": None},
+                                      operation_updates=({"operation_id": op.operation_id, "outcome": None},)))
             return
         # A denial, an answer to ask_user, or a person's word on an unknown
         # outcome: each is the operation's one terminal result.

@@ -83,7 +83,15 @@ def journal_violations(home: Path, store_url: str | None = None) -> list[str]:
                 found.append(f"{run_id}: step {step} closed {times} times")
         # One terminal result per tool request.
         results = Counter(json.loads(e[4])["operation_id"] for e in events[run_id] if e[1] == "operation_result")
+        said = {p["operation_id"]: p["outcome"] for p in (json.loads(e[4]) for e in events[run_id]
+                                                           if e[1] == "operation_result")}
         for op_id, outcome in conn.execute("SELECT operation_id, outcome FROM operations WHERE run_id = ?", (run_id,)):
+            # The table holds the request's result as its event says it, and
+            # none before it (but approval_required while a person decides).
+            waits_for_approval = outcome == "approval_required" and state == "WAITING_USER"
+            if said.get(op_id) != outcome and not (op_id not in said and waits_for_approval):
+                found.append(f"{run_id}: operation {op_id} outcome {outcome!r} in the table, "
+                             f"{said.get(op_id)!r} in its result event")
             if results[op_id] > 1:
                 found.append(f"{run_id}: operation {op_id} has {results[op_id]} terminal results")
             if outcome is not None and outcome not in RESULT_OUTCOMES:

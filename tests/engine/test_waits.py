@@ -481,6 +481,28 @@ def test_the_approval_binds_the_operation_and_its_canonical_arguments(tmp_path: 
     assert accepted["state_version"] == waiting["state_version"] and accepted["actor"] == "acme"
 
 
+def test_an_approved_send_has_no_result_until_it_comes_whatever_crashes(tmp_path: Path, home: Path) -> None:
+    """approval_required is the request's result while a person decides;
+    once approved, the send is next and the request has none until the
+    send's own (a crash right after the send leaves it without one, for the
+    resume to reconcile)."""
+    from invariants import journal_violations
+
+    line = start(tmp_path, home, DEPLOY)
+    run_id, token = line["run_id"], line["waiting"]["resume_token"]
+    died = reply(home, run_id, token, "--approve", env={"LOOPLEDGER_CRASH_AT": "after_dispatch"})
+    assert died.returncode == -9, died.stderr
+    assert journal(home).execute("SELECT outcome, status FROM operations WHERE run_id = ?",
+                                 (run_id,)).fetchall() == [(None, "running")]
+    assert journal_violations(home) == []
+    assert cli("resume", home=home).returncode == 0
+    assert state(home, run_id) == ("SUCCEEDED", "completed")
+    assert journal(home).execute("SELECT outcome FROM operations WHERE run_id = ?", (run_id,)).fetchall() == [
+        ("success",)]
+    assert executions(home, run_id, "deploy.service") == 1
+    assert all_violations(home) == []
+
+
 def test_a_denial_is_the_operations_result_and_the_model_replans(tmp_path: Path, home: Path) -> None:
     line = start(tmp_path, home, DEPLOY_DENIED)
     run_id, token = line["run_id"], line["waiting"]["resume_token"]
