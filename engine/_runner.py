@@ -364,7 +364,9 @@ class Runner:
         Once it moves, it is driven like any other."""
         leave_waiting = leave_waiting or {}
         timers: list[tuple[float, str]] = []
-        queue = deque(run_ids)
+        queue = deque(run_ids)  # runs not yet started
+        polls: deque[str] = deque()  # runs under way whose time to look again came
+        turn = 0
         self.held_elsewhere = set()
         tries: Counter[str] = Counter()  # of runs another process held
         stopped: list[tuple[str, BaseException]] = []
@@ -373,17 +375,17 @@ class Runner:
         self.store.group_commit = concurrency > 1
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="run") as pool:
             running: dict[Future[Any], str] = {}
-            while queue or running or timers:
+            while queue or polls or running or timers:
                 now = time.monotonic()
-                due = []
                 while timers and timers[0][0] <= now:
-                    due.append(heapq.heappop(timers)[1])
-                # Runs already under way (a poll of their work, a deadline to
-                # keep) go before runs not yet started: behind a long queue a
-                # waiting run's deadline would pass unnoticed for seconds.
-                queue.extendleft(reversed(due))
-                while queue and len(running) < max(1, concurrency):
-                    run_id = queue.popleft()
+                    polls.append(heapq.heappop(timers)[1])
+                # Polls and new runs take free slots in turn: behind a long
+                # queue a waiting run's deadline would pass unnoticed for
+                # seconds, and polls first would keep new runs from starting.
+                while (queue or polls) and len(running) < max(1, concurrency):
+                    source = polls if polls and (not queue or turn % 2 == 0) else queue
+                    turn += 1
+                    run_id = source.popleft()
                     running[pool.submit(self._drive_one, run_id)] = run_id
                 if not running:
                     time.sleep(max(0.0, min(POLL_INTERVAL_S, timers[0][0] - time.monotonic())))

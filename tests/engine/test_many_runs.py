@@ -100,6 +100,39 @@ def test_a_waiting_runs_poll_goes_before_runs_not_yet_started(tmp_path: Path, mo
     assert order == ["waiting", "a", "waiting", "b", "c", "d"]
 
 
+def test_polls_never_keep_new_runs_from_starting(tmp_path: Path, monkeypatch) -> None:
+    """Polls and new runs take free slots in turn: however many runs wait
+    for their work, a new run starts at least every other slot."""
+    import time
+    from types import SimpleNamespace
+
+    from loopledger.engine import State, _runner
+
+    monkeypatch.setattr(_runner, "POLL_INTERVAL_S", 0.001)
+    runner = Runner(Home.resolve(tmp_path / "home"))
+    order: list[str] = []
+    waiting = {f"w{i}" for i in range(6)}
+
+    def drive_one(run_id: str):
+        order.append(run_id)
+        if run_id in waiting and order.count(run_id) <= 8:
+            return SimpleNamespace(state=State.WAITING_TOOL, state_version=3, held_elsewhere=False, batch_id=None)
+        time.sleep(0.01)
+        return SimpleNamespace(state=State.SUCCEEDED, state_version=9, held_elsewhere=False, batch_id=None)
+
+    monkeypatch.setattr(runner, "_drive_one", drive_one)
+    fresh = [f"n{i}" for i in range(10)]
+    try:
+        runner.drive_all(sorted(waiting) + fresh, concurrency=1)
+    finally:
+        runner.close()
+    last_start = order.index(fresh[-1])
+    polls = [i for i, run_id in enumerate(order[:last_start]) if order.index(run_id) < i]
+    assert polls, "the waiting runs were polled while new runs were still queued"
+    assert not any(b == a + 1 for a, b in zip(polls, polls[1:])), order[:last_start + 1]
+    assert all(order.count(run_id) == 9 for run_id in waiting) and all(order.count(n) == 1 for n in fresh)
+
+
 def test_an_export_never_holds_up_the_batch(tmp_path: Path) -> None:
     """Exports run beside the runs: while one is writing, the other runs
     settle (their ``--json`` lines are written) and background work is
