@@ -198,24 +198,22 @@ def _baseline_files(traces: TraceSet, baseline: str, replays: Path) -> list[Path
             hint = (f"; finished replays: {', '.join(known)}" if len(known) <= 5
                     else f"; the newest 5 of {len(known)} finished replays: {', '.join(known[-5:])}")
         raise BaselineNotFound("baseline", f"no finished replay {baseline!r} under {replays}{hint}")
-    files = list(table_files(folder / "decisions", "decisions", BASELINE_COLUMNS, versioned=False).files)
-    _check_whole(baseline, folder, files)
+    decisions = table_files(folder / "decisions", "decisions", BASELINE_COLUMNS, versioned=False)
+    _check_whole(baseline, folder, decisions.rows)
+    files = list(decisions.files)
     _check_overlap(traces, baseline, folder, files)
     return files
 
 
-def _check_whole(baseline: str, folder: Path, files: Sequence[Path]) -> None:
+def _check_whole(baseline: str, folder: Path, held: int) -> None:
     """The baseline's decisions are all those it made, as its summary counts
     them: rows lost (a file deleted, a table rewritten) would drop out of the
     comparison, and the gate would pass on less than was decided."""
-    import pyarrow.parquet as pq
-
     try:
         counted = read_summary(folder)["decisions"]
     except (OSError, ValueError, IndexError, KeyError):  # pyarrow's errors are either; IndexError: no row
         raise TracesError(str(folder / "summary"), f"baseline replay {baseline!r} has no readable summary row "
                                                    "with its 'decisions' count; expected the summary it wrote") from None
-    held = sum(pq.ParquetFile(path).metadata.num_rows for path in files)
     if held != counted:
         raise TracesError(str(folder / "decisions"), f"baseline replay {baseline!r}: its summary counts {counted} "
                                                      f"decisions, its decisions table holds {held}; expected the "

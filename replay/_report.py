@@ -69,9 +69,10 @@ def _not_recorded(result: ReplayResult) -> str:
         return ""
     runs = sum(1 for r in result.runs.values() if r.not_recorded)
     return (f"{s.not_recorded:,} candidate(s) in {runs:,} run(s) have no recorded decisions (imported without "
-            "--decide): each decision that objects is a change, and labels on a candidate as a whole classify "
-            "nothing, so no regression can show there. Record a baseline with `loopledger import --decide SUITE`, "
-            "or compare with an earlier replay (--baseline REPLAY_ID).")
+            "--decide): each decision that objects is a change unless a person labelled that validator's "
+            "decision, and labels on a candidate as a whole (an import's reward) classify nothing. Record a "
+            "baseline with `loopledger import --decide SUITE`, or compare with an earlier replay "
+            "(--baseline REPLAY_ID).")
 
 
 def _counts(result: ReplayResult) -> list[tuple[str, str]]:

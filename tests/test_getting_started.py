@@ -46,7 +46,13 @@ def test_the_getting_started_page_works_as_written(tmp_path: Path) -> None:
                              timeout=300)
         assert out.returncode == expected, (command, out.stdout[-3000:], out.stderr[-3000:])
         assert "Traceback" not in out.stderr, command
-    # What the page says the steps show.
+    # What the page says the steps show: the recording suite flips nothing,
+    # the acme suite flips the two refunds of 25.00.
+    import pyarrow.parquet as pq
+
+    summaries = [pq.read_table(p / "summary").to_pylist()[0] for p in (tmp_path / "loopledger-data" / "replays").iterdir()]
+    assert sorted((s["suite_name"], s["flips"]) for s in summaries) == [("acme", 0), ("acme", 2), ("acme", 2),
+                                                                        ("default", 0)]
     report = (tmp_path / "report.md").read_text(encoding="utf-8")
     assert "## Regressions (1)" in report and "acme.refund_limit" in report
     suite = ET.parse(tmp_path / "report.xml").getroot()

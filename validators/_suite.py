@@ -242,7 +242,7 @@ def _import(module_name: str, where: str, beside: Path | None = None) -> Any:
         top = module_name.split(".")[0]
         folder = str(beside) if beside is not None else None
         if folder is not None and exc.name == top and folder not in sys.path and (
-                (beside / f"{top}.py").is_file() or (beside / top).is_dir()):
+                (beside / f"{top}.py").is_file() or (beside / top / "__init__.py").is_file()):
             sys.path.append(folder)
             importlib.invalidate_caches()
             return _import(module_name, where)
