@@ -9,7 +9,7 @@ import plotly.express as px
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import (chart_text, code, guarded, load, open_run_picker, pager, remember, run_link_column,
+from loopledger.ui._st import (chart_text, code, grid, guarded, load, open_run_picker, pager, remember, run_link_column,
                                run_url)
 
 ANY = "(any)"
@@ -68,7 +68,7 @@ def _body() -> None:
                  title="Findings by detector and pattern")
     fig.update_layout(height=320, margin={"t": 40, "b": 10})
     st.plotly_chart(fig, key="diag_by_detector")
-    st.dataframe(summary, hide_index=True, key="diag_summary")
+    grid(summary, hide_index=True, key="diag_summary")
     by_step = load(q.diagnoses_by_step, source=source)
     fig = px.bar(chart_text(by_step, "detector"), x="step", y="findings", color="detector",
                  title="Step at which detectors fired")
@@ -87,7 +87,7 @@ def _body() -> None:
     _, page = load(q.diagnosis_findings, det, pat, offset, limit, source=source)
     page = page.copy()
     page.insert(0, "open", [run_url(r) for r in page["run_id"]])
-    st.dataframe(page, hide_index=True, column_config={"open": run_link_column("open")}, key="diag_findings")
+    grid(page, hide_index=True, column_config={"open": run_link_column("open")}, key="diag_findings")
     open_run_picker(list(dict.fromkeys(page["run_id"])), "diag")
 
 

@@ -7,7 +7,7 @@ import plotly.express as px
 import streamlit as st
 
 from loopledger.ui import _compare as c
-from loopledger.ui._st import guarded, load, pager, remember, run_link_column, run_url, times
+from loopledger.ui._st import grid, guarded, load, pager, remember, run_link_column, run_url, times
 
 ANY = "(any)"
 
@@ -33,7 +33,7 @@ def _body() -> None:
     _, page = load(c.labels_page, chosen, offset, limit)
     page = page.copy()
     page.insert(0, "open", [run_url(r) for r in page["run_id"]])
-    st.dataframe(times(page, "created_at"), hide_index=True, column_config={"open": run_link_column("open")},
+    grid(times(page, "created_at"), hide_index=True, column_config={"open": run_link_column("open")},
                  key="labels_table")
     st.download_button("Export all labels (CSV)", load(c.labels_csv), file_name="labels.csv", mime="text/csv",
                        key="labels_export")

@@ -7,7 +7,7 @@ import streamlit as st
 
 from loopledger.ui import _queries as q
 from loopledger.ui._data import DataError
-from loopledger.ui._st import chart_text, guarded, load, pct
+from loopledger.ui._st import chart_text, grid, guarded, load, pct
 
 
 def _body() -> None:
@@ -55,7 +55,7 @@ def _body() -> None:
                      facet_col="model_route", title="Status by prompt version and model")
         fig.update_layout(height=340, margin={"t": 60, "b": 10})
         st.plotly_chart(fig, key="overview_version_status")
-        st.dataframe(by_version, hide_index=True)
+        grid(by_version, hide_index=True)
 
     st.subheader("Processing time vs waiting time")
     st.caption("Waiting: time in WAITING_USER and WAITING_TOOL (a waiting run holds no worker); "

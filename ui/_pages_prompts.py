@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import chart_label, chart_text, code, guarded, load, missing, pct, remember
+from loopledger.ui._st import chart_label, chart_text, code, grid, guarded, load, missing, pct, remember
 
 RATE_NAMES = {"success": "Success rate", "loop": "Loop rate", "budget_stop": "Budget-stop rate"}
 #: Shown when either version has runs whose source scored them (imported runs).
@@ -124,7 +124,7 @@ def _body() -> None:
         if data["tasks_differing"] > len(tasks):
             st.caption(f"Listing the {len(tasks):,} most different of the {data['tasks_differing']:,} tasks "
                        "solved at different rates.")
-        st.dataframe(tasks.rename(columns={"solved_a": f"solved {a}", "solved_b": f"solved {b}",
+        grid(tasks.rename(columns={"solved_a": f"solved {a}", "solved_b": f"solved {b}",
                                            "runs_a": f"runs {a}", "runs_b": f"runs {b}"}),
                      hide_index=True, key="pv_tasks")
 

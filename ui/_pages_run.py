@@ -12,7 +12,7 @@ import streamlit as st
 from loopledger.ui import _queries as q
 from loopledger.ui._data import VERDICTS, DataError
 from loopledger.ui._labels import add_human_label, no_journal
-from loopledger.ui._st import code, guarded, home, let_exports_in, load, missing, store_url, times
+from loopledger.ui._st import code, grid, guarded, home, let_exports_in, load, missing, store_url, times
 
 
 def _json(text: object) -> object:
@@ -95,7 +95,7 @@ def _decisions(detail: dict) -> None:
         st.info("No validation decisions recorded for this run.")
         return
     shown = vals.drop(columns=["candidate_id", "suite_version"])
-    st.dataframe(shown, hide_index=True, key="run_decisions")
+    grid(shown, hide_index=True, key="run_decisions")
     st.caption(f"Suite version(s): {', '.join(code(v) for v in sorted(vals['suite_version'].dropna().unique()))}")
     flagged = vals[vals["verdict"] != "accept"]
     if not flagged.empty:
@@ -208,7 +208,7 @@ def _body() -> None:
         elif ops.empty:
             st.info("No tool operations in this run.")
         else:
-            st.dataframe(ops, hide_index=True, key="run_ops")
+            grid(ops, hide_index=True, key="run_ops")
         st.markdown("**Reconciliation and background work**")
         rec = q.reconciliation(detail["events"])
         if _unreadable(detail, "events"):
@@ -216,7 +216,7 @@ def _body() -> None:
         elif rec.empty:
             st.caption("No unknown outcomes, refusals or background completions.")
         else:
-            st.dataframe(times(rec, "ts"), hide_index=True, key="run_reconcile")
+            grid(times(rec, "ts"), hide_index=True, key="run_reconcile")
     with tabs[3]:
         waits = q.waits(detail["events"])
         if _unreadable(detail, "events"):
@@ -224,7 +224,7 @@ def _body() -> None:
         elif waits.empty:
             st.info("This run never waited on a user or a tool.")
         else:
-            st.dataframe(times(waits, "ts"), hide_index=True, key="run_waits")
+            grid(times(waits, "ts"), hide_index=True, key="run_waits")
     with tabs[4]:
         diag = detail["diagnoses"]
         if _unreadable(detail, "diagnoses"):
@@ -242,11 +242,11 @@ def _body() -> None:
         elif labels.empty:
             st.caption("No labels for this run yet.")
         else:
-            st.dataframe(times(labels, "created_at"), hide_index=True, key="run_labels")
+            grid(times(labels, "created_at"), hide_index=True, key="run_labels")
         _label_form(detail, run_id)
     with tabs[6]:
         if not _unreadable(detail, "events"):
-            st.dataframe(times(detail["events"], "ts"), hide_index=True, key="run_events")
+            grid(times(detail["events"], "ts"), hide_index=True, key="run_events")
 
 
 def render() -> None:

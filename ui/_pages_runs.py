@@ -7,7 +7,7 @@ from datetime import datetime, time, timedelta, timezone
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import guarded, load, open_run_picker, pager, remember, run_link_column, run_url, times
+from loopledger.ui._st import grid, guarded, load, open_run_picker, pager, remember, run_link_column, run_url, times
 
 
 def _filters(options: dict) -> q.RunFilter:
@@ -68,7 +68,7 @@ def _body() -> None:
              "tokens", "cost_usd", "duration_s", "tenant", "model_route", "started_at", "ended_at"]
     # Sums of float prices carry noise in their last digits (5.579595000000001).
     config = {"open": run_link_column("run"), "cost_usd": st.column_config.NumberColumn("cost_usd", format="%.6f")}
-    st.dataframe(times(page, "started_at", "ended_at"), hide_index=True, column_order=order, column_config=config, key="runs_table")
+    grid(times(page, "started_at", "ended_at"), hide_index=True, column_order=order, column_config=config, key="runs_table")
     open_run_picker(list(page["run_id"]), "runs")
 
 

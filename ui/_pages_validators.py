@@ -9,8 +9,8 @@ import plotly.express as px
 import streamlit as st
 
 from loopledger.ui import _compare as c
-from loopledger.ui._st import (chart_label, chart_text, code, guarded, home, load, pager, remember, run_link_column,
-                               run_url, traces)
+from loopledger.ui._st import (chart_label, chart_text, code, grid, guarded, home, load, pager, remember,
+                               run_link_column, run_url, traces)
 
 
 def _pick(sides: list[str]) -> tuple[str, str]:
@@ -40,7 +40,7 @@ def _body() -> None:
     summaries = load(c.replay_summaries)
     if not summaries.empty:
         st.markdown("**Replays**")
-        st.dataframe(summaries, hide_index=True, key="cmp_replays")
+        grid(summaries, hide_index=True, key="cmp_replays")
         st.caption("Each replay's summary as it computed it when it ran, with the labels of then; the "
                    "comparison below counts regressions and fixes with today's labels.")
     if len(sides) < 2:
@@ -93,7 +93,7 @@ def _body() -> None:
                      color_discrete_map={"same version": "#1f77b4", "across versions": "#ff7f0e"})
         fig.update_layout(height=300, margin={"t": 40, "b": 10})
         st.plotly_chart(fig, key="cmp_flips")
-        st.dataframe(flips, hide_index=True, key="cmp_flips_table")
+        grid(flips, hide_index=True, key="cmp_flips_table")
 
     st.subheader("Verdicts: A (rows) × B (columns)")
     confusion = data["confusion"]
@@ -110,7 +110,7 @@ def _body() -> None:
     elif labels.empty:
         st.caption("No labels yet: label decisions on a Run page.")
     else:
-        st.dataframe(labels, hide_index=True, key="cmp_labels")
+        grid(labels, hide_index=True, key="cmp_labels")
 
     st.subheader("Divergence points")
     st.caption("A run's divergence point is its first step where a decision differs: past it, the recorded "
@@ -127,7 +127,7 @@ def _body() -> None:
     offset, limit = pager(len(div), "cmp_div", noun="runs", reset_on=(data["a"], data["b"]))
     page = div.iloc[offset: offset + limit].copy()
     page.insert(0, "open", [run_url(r) for r in page["run_id"]])
-    st.dataframe(page, hide_index=True, column_config={"open": run_link_column("open")}, key="cmp_div")
+    grid(page, hide_index=True, column_config={"open": run_link_column("open")}, key="cmp_div")
 
 
 def render() -> None:

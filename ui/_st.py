@@ -180,6 +180,19 @@ def times(frame: Any, *columns: str) -> Any:
     return shown
 
 
+def grid(frame: Any, **kwargs: Any) -> Any:
+    """``st.dataframe`` of ``frame`` with its text shown as written: control
+    characters (a NUL, an escape sequence in an imported task id or model
+    name) written out, as the page's other text has them."""
+    import pandas as pd
+
+    shown = frame.copy()
+    for column in shown.columns:
+        if pd.api.types.is_string_dtype(shown[column].dtype):  # text, or objects that may be text
+            shown[column] = shown[column].map(lambda v: visible(v) if isinstance(v, str) else v)
+    return st.dataframe(shown, **kwargs)
+
+
 def run_url(run_id: str) -> str:
     return f"run?run_id={quote(run_id, safe='')}"
 

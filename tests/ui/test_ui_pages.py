@@ -664,3 +664,15 @@ def test_a_page_reads_one_set_of_files_from_first_figure_to_last(recorded_home: 
     _st.guarded("test", body)
     assert seen == [False, True]
     assert exporter_could_publish()  # and after the page
+
+
+def test_grids_write_control_characters_out(tmp_path: Path, ui_env: pytest.MonkeyPatch) -> None:
+    """An imported task id holding a bell and an escape sequence is shown
+    written out in the Runs grid, as the page headers show it."""
+    import json
+
+    record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "done"}],
+              "metadata": {"id": "r0", "task_id": "ctrl\x07bell\x1b[1m"}}
+    home = imported_home(tmp_path, [json.dumps(record)])
+    at = open_app(home, ui_env, page="_pages_runs.py")
+    assert list(frame_with(at, "run_id", "task_id")["task_id"]) == ["ctrl\\x07bell\\x1b[1m"]
