@@ -52,27 +52,30 @@ def _version_change(versions: str) -> str:
     return f"(versions {versions})"
 
 
+def _candidates_note(result: ReplayResult, field: str, said: str) -> str:
+    """``said`` of the candidates a ``field`` of the summary counts, with
+    how many runs hold them (empty: none)."""
+    count = getattr(result.summary, field)
+    if not count:
+        return ""
+    runs = sum(1 for r in result.runs.values() if getattr(r, field))
+    return f"{count:,} candidate(s) in {runs:,} run(s) {said}"
+
+
 def _not_compared(result: ReplayResult) -> str:
     """What the baseline replay did not decide on, in words (empty: nothing)."""
-    s = result.summary
-    if not s.not_in_baseline:
-        return ""
-    runs = sum(1 for r in result.runs.values() if r.not_in_baseline)
-    return (f"{s.not_in_baseline:,} candidate(s) in {runs:,} run(s) have no decision in baseline {s.baseline} "
-            "(runs recorded since, outside its traces, or that it could not replay): not compared, never a flip.")
+    return _candidates_note(result, "not_in_baseline", f"have no decision in baseline {result.summary.baseline} "
+                            "(runs recorded since, outside its traces, or that it could not replay): not compared, "
+                            "never a flip.")
 
 
 def _not_recorded(result: ReplayResult) -> str:
     """Candidates with no recorded decision to compare with, in words (empty: none)."""
-    s = result.summary
-    if not s.not_recorded:
-        return ""
-    runs = sum(1 for r in result.runs.values() if r.not_recorded)
-    return (f"{s.not_recorded:,} candidate(s) in {runs:,} run(s) have no recorded decisions (imported without "
-            "--decide): each decision that objects is a change unless a person labelled that validator's "
-            "decision, and labels on a candidate as a whole (an import's reward) classify nothing. Record a "
-            "baseline with `loopledger import --decide SUITE`, or compare with an earlier replay "
-            "(--baseline REPLAY_ID).")
+    return _candidates_note(result, "not_recorded", "have no recorded decisions (imported without --decide): each "
+                            "decision that objects is a change unless a person labelled that validator's decision, "
+                            "and labels on a candidate as a whole (an import's reward) classify nothing. Record a "
+                            "baseline with `loopledger import --decide SUITE`, or compare with an earlier replay "
+                            "(--baseline REPLAY_ID).")
 
 
 def _counts(result: ReplayResult) -> list[tuple[str, str]]:
