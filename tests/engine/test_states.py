@@ -76,6 +76,23 @@ def test_allowed_is_the_spec_table() -> None:
         assert is_allowed(source, target) == (target in SPEC[source])
 
 
+def test_the_engine_docs_state_table_names_the_allowed_moves() -> None:
+    """docs/engine.md's table of states, "next" column: the ALLOWED table,
+    so a reader is never told a move is impossible that happens."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "engine.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| ([A-Z_]+) \| .* \| ([^|]+) \|$", text, flags=re.M))
+    working = [s for s in State if not s.is_terminal]
+    assert set(rows) == {s.value for s in working}
+    for state in working:
+        named = {w.strip() for w in re.sub(r"\(.*?\)", "", rows[state.value]).split(",")}
+        expected = {t.value for t in ALLOWED[state] if not t.is_terminal}
+        expected |= {"terminal"} if any(t.is_terminal for t in ALLOWED[state]) else set()
+        assert named == expected, state
+
+
 def test_allowed_is_read_only() -> None:
     with pytest.raises(TypeError):
         ALLOWED[S.READY] = frozenset(State)  # type: ignore[index]
