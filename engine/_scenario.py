@@ -174,7 +174,12 @@ class ModelEntry(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _shape(self) -> ModelEntry:
+    def _shape(self, info: ValidationInfo) -> ModelEntry:
+        if self.stream == "truncated" and (self.finish_reason or self.error) and not _stored(info):
+            # A broken stream has no finish and no error event: one of the two would not be played.
+            other = f"finish_reason: {self.finish_reason}" if self.finish_reason else "error"
+            raise ValueError(f"stream: truncated (the stream breaks, nothing ends it) cannot be played with {other}; "
+                             "expected one faulty form per entry")
         if not (self.tool_calls or self.final is not None or self.text is not None or self.error or self.plan
                 or self.stream or self.finish_reason or self.raw_arguments is not None):
             raise ValueError("an entry needs tool_calls, final, text, plan, error, or a faulty form "
@@ -275,6 +280,19 @@ class Expect(_Strict):
     reason: str | None = None
     side_effects: dict[str, Annotated[Int, Field(ge=0)]] = Field(default_factory=dict)
     decisions: list[ExpectedDecision] = Field(default_factory=list)
+
+    @field_validator("decisions")
+    @classmethod
+    def _one_verdict_each(cls, decisions: list[ExpectedDecision], info: ValidationInfo) -> list[ExpectedDecision]:
+        # Two verdicts for one decision: a file whose --check could never pass.
+        seen: dict[tuple[int, int, str], str] = {}
+        for d in decisions:
+            key = (d.step, d.attempt, d.validator)
+            if seen.setdefault(key, d.verdict) != d.verdict and not _stored(info):
+                who = d.validator or "the candidate as a whole"
+                raise ValueError(f"step {d.step} attempt {d.attempt} ({who}) is expected both {seen[key]} and "
+                                 f"{d.verdict}; expected one verdict per decision")
+        return decisions
 
     @field_validator("reason")
     @classmethod

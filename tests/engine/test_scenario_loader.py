@@ -95,6 +95,16 @@ model:
          "n is not a finite number"),
         ("id: a\ncontract: {goal: g}\nmodel: [{final: x, plan: [.nan]}]\n", "s.yaml: model[0].plan",
          "is not a finite number"),
+        # Two faulty forms one attempt cannot both play: a broken stream has no finish.
+        ("id: a\ncontract: {goal: g}\nmodel: [{stream: truncated, finish_reason: length, final: x}]\n",
+         "s.yaml: model[0]", "stream: truncated (the stream breaks, nothing ends it) cannot be played with "
+                             "finish_reason: length"),
+        ("id: a\ncontract: {goal: g}\nmodel: [{stream: truncated, error: boom, final: x}]\n", "s.yaml: model[0]",
+         "cannot be played with error"),
+        # An expectation no run could meet.
+        ("id: a\ncontract: {goal: g}\nexpect: {decisions: [{step: 1, validator: structure, verdict: accept}, "
+         "{step: 1, validator: structure, verdict: reject}]}\n", "s.yaml: expect.decisions",
+         "step 1 attempt 1 (structure) is expected both accept and reject"),
     ],
 )
 def test_bad_fields_name_file_field_and_expectation(tmp_path: Path, text: str, where: str, why: str) -> None:
