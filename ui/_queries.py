@@ -20,6 +20,10 @@ from ._stats import wilson
 
 LOOP_REASONS = ("loop_detected", "no_progress")
 
+#: The name of a missing value in the Overview's charts and the Runs page's
+#: filter (a run without a reason: one still under way, or whose process died).
+NO_REASON = "(none)"
+
 # A run "looped" when a detector stopped it or left a finding: both the
 # reason and the diagnoses table count, because imported traces may carry
 # only one of them.
@@ -108,12 +112,13 @@ def overview(t: Traces) -> dict[str, Any]:
                     WHEN grouping(reason) = 0 THEN 'reason'
                     WHEN grouping(prompt_version) = 0 THEN 'prompt_version'
                     ELSE 'model_route' END AS dimension,
-               coalesce(status, reason, prompt_version, model_route, '(none)') AS value,
+               coalesce(status, reason, prompt_version, model_route, $none) AS value,
                count(*) AS runs
         FROM runs
         GROUP BY GROUPING SETS ((status), (reason), (prompt_version), (model_route))
         ORDER BY dimension, runs DESC, value
-        """
+        """,
+        {"none": NO_REASON},
     )
     by_version = t.df(
         f"""
@@ -194,10 +199,6 @@ class RunFilter:
     started_from: datetime | None = None
     started_to: datetime | None = None  # exclusive
 
-
-#: The Runs page's name for a run without a reason (one still under way, or
-#: whose process died), as the Overview's charts name it.
-NO_REASON = "(none)"
 
 SORTABLE = ("started_at", "ended_at", "run_id", "task_id", "tenant", "prompt_version", "status", "reason",
             "reward", "steps", "tool_calls", "tokens", "cost_usd", "duration_s")
