@@ -238,16 +238,14 @@ def _import(module_name: str, where: str, beside: Path | None = None) -> Any:
     end, for what the module imports later."""
     try:
         return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
+    except ImportError as exc:
         top = module_name.split(".")[0]
-        folder = str(beside) if beside is not None else None
-        if folder is not None and exc.name == top and folder not in sys.path and (
-                (beside / f"{top}.py").is_file() or (beside / top / "__init__.py").is_file()):
-            sys.path.append(folder)
+        if (isinstance(exc, ModuleNotFoundError) and exc.name == top and beside is not None
+                and str(beside) not in sys.path
+                and ((beside / f"{top}.py").is_file() or (beside / top / "__init__.py").is_file())):
+            sys.path.append(str(beside))
             importlib.invalidate_caches()
             return _import(module_name, where)
-        raise SuiteError(where, f"cannot import module {module_name!r} ({exc})") from exc
-    except ImportError as exc:
         raise SuiteError(where, f"cannot import module {module_name!r} ({exc})") from exc
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module failed while it ran: one line
         raise SuiteError(where, f"module {module_name!r} failed while importing: "
