@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from loopledger._args import UnreadableEntry, files_under, not_a_file
-from loopledger.canonical import Canonical, CanonicalJSONError, unique_keys
+from loopledger.canonical import Canonical, CanonicalJSONError, strict_loads
 
 from ._import_model import (
     TOO_DEEP,
@@ -184,10 +184,6 @@ def _content(value: Any, where: str, file: str) -> str | None:
     return "".join(texts)
 
 
-def _refuse_constant(constant: str) -> Any:
-    raise ValueError(f"{constant} is not a JSON number")
-
-
 def _arguments(raw: Any, where: str, file: str) -> tuple[dict[str, Any] | None, str | None]:
     """Arguments as an object when they are one (an object, or a JSON string
     holding one), else the text received: what the model wrote, kept as it
@@ -199,7 +195,7 @@ def _arguments(raw: Any, where: str, file: str) -> tuple[dict[str, Any] | None, 
         raise bad(file, where, "a JSON string or an object", raw)
     raw = text(raw, file, where)
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=unique_keys)
+        value = strict_loads(raw)
         if not isinstance(value, dict):
             return None, raw
         return plain(value, file, where), None

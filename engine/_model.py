@@ -17,7 +17,6 @@ adapters (``openai:MODEL``, ``anthropic:MODEL``) live in ``_openai`` and
 from __future__ import annotations
 
 import json
-import math
 import queue
 import threading
 import time
@@ -26,7 +25,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Union
 
-from loopledger.canonical import canonical_json, is_unicode, unique_keys
+from loopledger.canonical import canonical_json, is_unicode, strict_loads, unique_keys
 from loopledger.validators._model import split_tool_name
 
 from ._errors import ModelTimeout
@@ -281,8 +280,7 @@ def _parse_object(raw: str) -> dict[str, Any] | None:
     infinity); a key given twice in one object (readers disagree on which
     value counts); nesting too deep to walk."""
     try:
-        value = (json.loads(raw, parse_constant=_not_a_number, parse_float=_finite, object_pairs_hook=_unique_clean)
-                 if raw.strip() else {})
+        value = strict_loads(raw, _unique_clean) if raw.strip() else {}
         if not isinstance(value, dict):
             return None
         canonical_json(_clean(value))  # its strings are made storable with the rest of the candidate
@@ -296,17 +294,6 @@ def _unique_clean(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     lone surrogate becomes U+FFFD: ``k\\u0000`` and ``k\\ud800`` would be
     one key), else ValueError."""
     return unique_keys([(_clean(key), value) for key, value in pairs])
-
-
-def _not_a_number(token: str) -> float:
-    raise ValueError(f"{token} is not a JSON number")
-
-
-def _finite(token: str) -> float:
-    value = float(token)
-    if not math.isfinite(value):
-        raise ValueError(f"{token} does not fit a double")
-    return value
 
 
 class ScriptedModel:

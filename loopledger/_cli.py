@@ -45,12 +45,6 @@ StoreOption = Annotated[
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _finite(value: float, text: str) -> float:
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"{text} is out of a JSON number's range")
-    return value
-
-
 def _err(message: str) -> None:
     """Print one line: a message that spans lines (a server's own, with its
     SQL pointer; click's) has its lines joined."""
@@ -618,8 +612,6 @@ def reply(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
 ) -> None:
     """Deliver a person's reply or approval decision to a waiting run and resume it."""
-    import json
-
     from loopledger.engine._errors import BadInput, NotDrivableHere, UnknownRun
     from loopledger.engine._waits import Reply, ReplyRejected
 
@@ -627,17 +619,14 @@ def reply(
         raise BadInput("reply", "give exactly one of --approve, --deny, --answer JSON")
     value: Any = None
     if answer is not None:
-        def no_constant(name: str) -> Any:
-            raise ValueError(f"{name} is not a JSON number")
-
-        from loopledger.canonical import CanonicalJSONError, canonical_json, unique_keys
+        from loopledger.canonical import CanonicalJSONError, canonical_json, strict_loads
 
         try:
             # NaN, Infinity and 1e999 are not JSON numbers: no journal keeps them.
-            value = json.loads(answer, parse_constant=no_constant, object_pairs_hook=unique_keys,
-                               parse_float=lambda text: _finite(float(text), text))
+            value = strict_loads(answer)
         except ValueError as exc:
-            raise BadInput("--answer", f"expected JSON, got {answer!r} ({exc})") from None
+            why = exc.reason if isinstance(exc, CanonicalJSONError) else exc
+            raise BadInput("--answer", f"expected JSON, got {answer!r} ({why})") from None
         except RecursionError:
             raise BadInput("--answer", f"expected JSON that a journal can keep, got {len(answer):,} characters "
                                        "nested too deep to read") from None

@@ -52,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -376,8 +377,24 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def loads(text: str | bytes) -> Any:
     """Parse JSON text (canonical or not), refusing NaN and infinities."""
+    return json.loads(text, parse_constant=_not_a_number)
 
-    def _refuse(constant: str) -> Any:
-        raise CanonicalJSONError("$", f"{constant} is not a JSON number")
 
-    return json.loads(text, parse_constant=_refuse)
+def strict_loads(text: str | bytes, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] = unique_keys) -> Any:
+    """JSON text as every reader reads it, else ValueError: ``NaN`` and
+    ``Infinity`` (Python's reader takes them), a number too large for a
+    double (``1e400`` would be read as infinity), a key given twice in one
+    object (``object_pairs_hook`` may check more). Nesting too deep to read
+    raises RecursionError."""
+    return json.loads(text, parse_constant=_not_a_number, parse_float=_finite, object_pairs_hook=object_pairs_hook)
+
+
+def _not_a_number(constant: str) -> Any:
+    raise CanonicalJSONError("$", f"{constant} is not a JSON number")
+
+
+def _finite(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+        raise CanonicalJSONError("$", f"{token} does not fit a double")
+    return value

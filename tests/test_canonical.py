@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loopledger.canonical import CanonicalJSONError, canonical_bytes, canonical_json, content_id, loads
+from loopledger.canonical import CanonicalJSONError, canonical_bytes, canonical_json, content_id, loads, strict_loads
 
 # Deterministic: the same examples on every run.
 property_test = settings(derandomize=True, deadline=None, max_examples=150)
@@ -279,6 +279,33 @@ def test_loads_refuses_non_numbers(text: str) -> None:
 def test_loads_reads_any_json_text() -> None:
     assert loads('{ "b" : [1, 2.5], "a": "é" }') == {"a": "é", "b": [1, 2.5]}
     assert loads(b'{"a":1}') == {"a": 1}
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("NaN", "NaN is not a JSON number"),
+    ('{"a": [-Infinity]}', "-Infinity is not a JSON number"),
+    ('{"a": 1e400}', "1e400 does not fit a double"),
+    ('[-1.5e999]', "-1.5e999 does not fit a double"),
+    ('{"k": 1, "k": 2}', "key 'k' given twice in one object"),
+    ('[{"x": {"k": 1, "k": 1}}]', "key 'k' given twice in one object"),
+])
+def test_strict_loads_refuses_what_readers_read_differently(text: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why.replace("+", r"\+")):
+        strict_loads(text)
+
+
+def test_strict_loads_reads_plain_json_and_takes_a_stricter_key_check() -> None:
+    assert strict_loads('{"b": [1, 2.5e300], "a": {"a": null}}') == {"a": {"a": None}, "b": [1, 2.5e300]}
+
+    def no_empty_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        if any(not key for key, _ in pairs):
+            raise ValueError("empty key")
+        return dict(pairs)
+
+    with pytest.raises(ValueError, match="empty key"):
+        strict_loads('{"": 1}', no_empty_keys)
+    with pytest.raises(RecursionError):
+        strict_loads("[" * 100_000 + "]" * 100_000)
 
 
 # -- the fast writer (orjson) must give exactly the reference writer's text ------------
