@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from loopledger.canonical import canonical_json, loads
-from loopledger.validators import Context, Decision, DecisionInput, Suite, Verdict, tool_allowed
+from loopledger.validators import Context, Decision, DecisionInput, Suite, SuiteResult, Verdict, tool_allowed
 from loopledger.validators._jsonschema import unusable
 
 from . import _faults
@@ -521,6 +521,26 @@ class Controller(PeopleMixin):
         except ModelError as exc:  # an adapter that raises instead of yielding StreamError
             collected = Collected([], "error", error=StreamError(str(exc), exc.code, exc.retryable,
                                                                   exc.retry_after_s))
+        candidate, common = self._recorded_candidate(view, context, collected)
+        if collected.trusted:
+            with self._cache_lock:
+                self._candidates[candidate.artifact_id] = loads(candidate.canonical)
+                while len(self._candidates) > CONTEXT_CACHE:
+                    self._candidates.popitem(last=False)
+            # Held: validation is pure, and its commit carries this one.
+            self._move(view, State.VALIDATING, hold=True, payload={"candidate_id": candidate.artifact_id},
+                       **common)
+            return
+        # Not trusted: its tool calls are never sent, and each gets its result now.
+        common = with_refusals(common, view, untrusted(tool_call_items(collected.items), collected.finish_reason))
+        self._after_untrusted(view, config, collected, candidate, common)
+
+    @staticmethod
+    def _recorded_candidate(view: RunView, context: dict[str, Any],
+                            collected: Collected) -> tuple[Artifact, dict[str, Any]]:
+        """The attempt's candidate artifact, and what its commit writes
+        whatever comes next: the artifact, its ``candidates`` row, the
+        usage counters and the ``candidate_recorded`` event."""
         body = {
             "items": collected.items,
             "finish_reason": collected.finish_reason,
@@ -550,7 +570,7 @@ class Controller(PeopleMixin):
             "tokens_out": usage.tokens_out,
             "cost_usd": usage.cost_usd,
         }
-        common: dict[str, Any] = {
+        return candidate, {
             "artifacts": (candidate,),
             "facts": {"candidates": (row,)},
             "counters": {"model_attempts": 1, "tokens_in": usage.tokens_in, "tokens_out": usage.tokens_out,
@@ -558,17 +578,13 @@ class Controller(PeopleMixin):
             "events": (NewEvent("candidate_recorded", {"candidate_id": candidate.artifact_id,
                                                        "items": collected.items}),),
         }
-        if collected.trusted:
-            with self._cache_lock:
-                self._candidates[candidate.artifact_id] = loads(candidate.canonical)
-                while len(self._candidates) > CONTEXT_CACHE:
-                    self._candidates.popitem(last=False)
-            # Held: validation is pure, and its commit carries this one.
-            self._move(view, State.VALIDATING, hold=True, payload={"candidate_id": candidate.artifact_id},
-                       **common)
-            return
-        # Not trusted: its tool calls are never sent, and each gets its result now.
-        common = with_refusals(common, view, untrusted(tool_call_items(collected.items), collected.finish_reason))
+
+    def _after_untrusted(self, view: RunView, config: RunConfig, collected: Collected, candidate: Artifact,
+                         common: dict[str, Any]) -> None:
+        """A candidate whose stream was not trusted to its end (cut, broken,
+        filtered, failed): stop on a filter or a fatal error, else a new
+        attempt on the same context, unless the step's attempts or a budget
+        are used up."""
         if collected.finish_reason == "content_filter":
             self._move(view, State.FINALIZING, payload={"status": "POLICY_STOPPED", "reason": "policy",
                                                          "detail": "the provider filtered the output"}, **common)
@@ -690,31 +706,13 @@ class Controller(PeopleMixin):
         return cached
 
     def _validating(self, view: RunView, config: RunConfig) -> None:
+        """Judge the candidate with the suite, record every decision, and act
+        on the most severe: stop, wait for background work, repair, ask,
+        finish, or start the accepted calls."""
         inp = self.decision_input(view)
         result = config.suite.evaluate(inp)
-        rows = tuple(
-            {
-                "step": view.step,
-                "attempt": view.attempt,
-                "candidate_id": view.candidate_id,
-                "validator": d.validator,
-                "validator_version": d.validator_version,
-                "suite_version": result.suite_version,
-                "verdict": d.verdict.value,
-                "code": d.code,
-                "message": d.message,
-                "evidence_json": d.evidence,
-            }
-            for d in result.decisions
-        )
+        recorded = self._recorded_decisions(view, result)
         blocking = result.blocking
-        summary = NewEvent("decisions", {
-            "suite_version": result.suite_version,
-            "verdict": result.verdict.value,
-            "count": len(result.decisions),
-            "blocking": [{"validator": d.validator, "code": d.code, "verdict": d.verdict.value} for d in blocking],
-        })
-        recorded: dict[str, Any] = {"facts": {"validations": rows}, "events": (summary,)}
 
         stops = [d for d in blocking if d.code in STOP_CODES]
         if stops:
@@ -749,6 +747,42 @@ class Controller(PeopleMixin):
             self._finalize(view, "SUCCEEDED", "completed", extra=recorded,
                            payload_extra={"final_id": final.artifact_id})
             return
+        self._start_calls(view, config, inp, recorded)
+
+    @staticmethod
+    def _recorded_decisions(view: RunView, result: SuiteResult) -> dict[str, Any]:
+        """What VALIDATING commits whatever it decides: one ``validations``
+        row per decision and the ``decisions`` event that sums them up."""
+        rows = tuple(
+            {
+                "step": view.step,
+                "attempt": view.attempt,
+                "candidate_id": view.candidate_id,
+                "validator": d.validator,
+                "validator_version": d.validator_version,
+                "suite_version": result.suite_version,
+                "verdict": d.verdict.value,
+                "code": d.code,
+                "message": d.message,
+                "evidence_json": d.evidence,
+            }
+            for d in result.decisions
+        )
+        summary = NewEvent("decisions", {
+            "suite_version": result.suite_version,
+            "verdict": result.verdict.value,
+            "count": len(result.decisions),
+            "blocking": [{"validator": d.validator, "code": d.code, "verdict": d.verdict.value}
+                         for d in result.blocking],
+        })
+        return {"facts": {"validations": rows}, "events": (summary,)}
+
+    def _start_calls(self, view: RunView, config: RunConfig, inp: DecisionInput, recorded: dict[str, Any]) -> None:
+        """The candidate's calls were accepted: record an operation for each
+        and move to TOOL_RUNNING, sending the first that needs no approval.
+        Calls that cannot be told apart or contradict the finish end the run;
+        calls over ``max_tool_calls`` exhaust its budget; when none of them
+        can be sent (arguments that did not parse), the model is told."""
         items = _call_items(inp)
         ids = [item.get("call_id") for item in items]
         contradiction = None
