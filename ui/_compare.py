@@ -70,81 +70,11 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
     src_b, pb = _source(t, b, "b")
     params = {**pa, **pb}
     cur = t.cursor()
-    fast = _diffs_apply(t, a, b)
-    if fast:
-        t.rows(
-            f"""CREATE TEMP TABLE flips AS
-                SELECT {_KEY}, baseline_verdict AS va, replay_verdict AS vb, baseline_code AS ca,
-                       replay_code AS cb, baseline_validator_version AS xa, replay_validator_version AS xb
-                FROM replay_diffs WHERE replay_dir = $b AND validator <> ''""",
-            {"b": b}, cur,
-        )
-        # Each side's decisions by validator and verdict: one scan each.
-        counts_b = _counts(t.rows(f"SELECT validator, verdict, count(*) FROM ({src_b}) GROUP BY ALL", pb, cur))
-        decisions = sum(counts_b.values())
-        # B's diffs cover the runs B replayed; A's decisions on runs B never
-        # saw (recorded after it) are not compared. Cheap when B replayed
-        # every run, the usual case: its summary says how many it did.
-        counts_a = _counts(t.rows(f"SELECT validator, verdict, count(*) FROM ({src_a}) GROUP BY ALL", pa, cur))
-        summary = _summary_counts(t, b, ("runs", "not_in_baseline"))
-        unseen = 0
-        if summary["runs"] < int(t.one("SELECT count(*) FROM runs", None, cur)[0]):
-            # The few runs B never replayed, then A's decisions on them alone
-            # (a small hash table probed by one scan), taken out of A's counts.
-            t.rows(f"CREATE TEMP TABLE unseen_runs AS SELECT run_id FROM runs "
-                   f"ANTI JOIN (SELECT DISTINCT run_id FROM ({src_b})) USING (run_id)", pb, cur)
-            t.rows(f"CREATE TEMP TABLE unseen AS SELECT x.* FROM ({src_a}) x SEMI JOIN unseen_runs USING (run_id)",
-                   pa, cur)
-            for key, n in _counts(t.rows("SELECT validator, verdict, count(*) FROM unseen GROUP BY ALL",
-                                         None, cur)).items():
-                counts_a[key] -= n
-            (unseen,) = t.one("SELECT count(*) FROM (SELECT DISTINCT run_id, step, attempt, candidate_id "
-                              "FROM unseen)", None, cur)
-        if summary["not_in_baseline"] or not _aligned(counts_a, counts_b):
-            # A validator both sides ran that did not decide on the same
-            # candidates on both (runs recorded under different suites, or
-            # candidates one side never saw): the diffs cannot place every
-            # decision in the verdict matrix. The full join below can.
-            for name in ("flips", "unseen", "unseen_runs"):
-                t.rows(f"DROP TABLE IF EXISTS {name}", None, cur)
-            fast = False
-        else:
-            confusion = _confusion_from_flips(t, cur, counts_a, counts_b)
-            not_compared = unseen
-    if not fast:
-        # One pass over both sides: the verdict pairs of every decision, and
-        # the flipped decisions kept aside for the breakdowns below.
-        t.rows(
-            f"""CREATE TEMP TABLE joined AS
-                SELECT {_KEY}, a.verdict AS va, b.verdict AS vb, a.code AS ca, b.code AS cb,
-                       a.validator_version AS xa, b.validator_version AS xb
-                FROM ({src_a}) a FULL OUTER JOIN ({src_b}) b USING ({_KEY})""",
-            params, cur,
-        )
-        # As a replay against an earlier one (docs/replay.md): a candidate a
-        # replay side made no decision on at all (its run was recorded after
-        # that replay, or outside its traces) is not compared. The recorded
-        # side compares every candidate, as a replay against it does.
-        missing = [f"count({v}) = 0" for v, side in (("va", a), ("vb", b)) if side != RECORDED]
-        if missing:
-            t.rows("CREATE TEMP TABLE one_sided AS SELECT run_id, step, attempt, candidate_id FROM joined "
-                   f"GROUP BY ALL HAVING {' OR '.join(missing)}", None, cur)
-            (not_compared,) = t.one("SELECT count(*) FROM one_sided", None, cur)
-            t.rows("DELETE FROM joined WHERE EXISTS (SELECT 1 FROM one_sided o WHERE o.run_id = joined.run_id "
-                   "AND o.step = joined.step AND o.attempt = joined.attempt "
-                   "AND o.candidate_id = joined.candidate_id)", None, cur)
-        else:
-            not_compared = 0
-        # As a replay's diffs: a decision one side makes and the other does
-        # not is a flip only where it objects (docs/replay.md), so swapping
-        # the sides mirrors the flips.
-        t.rows("CREATE TEMP TABLE flips AS SELECT * FROM joined "
-               "WHERE (va IS DISTINCT FROM vb OR ca IS DISTINCT FROM cb) "
-               "AND NOT (va IS NULL AND vb = 'accept') AND NOT (vb IS NULL AND va = 'accept')", None, cur)
-        (decisions,) = t.one("SELECT count(*) FILTER (vb IS NOT NULL) FROM joined", None, cur)
-        # Every compared decision, on either side or both.
-        confusion = t.df(f"SELECT coalesce(va, '{_NONE}') AS baseline, coalesce(vb, '{_NONE}') AS replay, "
-                         "count(*) AS decisions FROM joined GROUP BY ALL", None, cur)
+    compared = _flips_from_diffs(t, b, (src_a, pa), (src_b, pb), cur) if _diffs_apply(t, a, b) else None
+    fast = compared is not None
+    if compared is None:
+        compared = _flips_from_join(t, a, b, src_a, src_b, params, cur)
+    decisions, confusion, not_compared = compared
     # A flip between two versions of one validator is the validator's own
     # change, not the runs' (docs/replay.md): counted and shown apart.
     across = f"({_ACROSS})"
@@ -197,6 +127,94 @@ def compare_validators(t: Traces, a: str, b: str) -> dict[str, Any]:
         "divergence": divergence,
         "divergence_by_step": by_step,
     }
+
+
+def _flips_from_diffs(t: Traces, b: str, side_a: tuple[str, dict[str, Any]],
+                      side_b: tuple[str, dict[str, Any]], cur: Any) -> tuple[int, Any, int] | None:
+    """Side ``b`` is a replay against side ``a``: its ``diffs`` are the flips, and
+    the verdict matrix follows from them and each side's counts. Leaves the
+    temporary table ``flips`` and returns (decisions, confusion, candidates
+    not compared), or None when the diffs cannot place every decision (the
+    full join must then)."""
+    src_a, pa = side_a
+    src_b, pb = side_b
+    t.rows(
+        f"""CREATE TEMP TABLE flips AS
+            SELECT {_KEY}, baseline_verdict AS va, replay_verdict AS vb, baseline_code AS ca,
+                   replay_code AS cb, baseline_validator_version AS xa, replay_validator_version AS xb
+            FROM replay_diffs WHERE replay_dir = $b AND validator <> ''""",
+        {"b": b}, cur,
+    )
+    # Each side's decisions by validator and verdict: one scan each.
+    counts_b = _counts(t.rows(f"SELECT validator, verdict, count(*) FROM ({src_b}) GROUP BY ALL", pb, cur))
+    decisions = sum(counts_b.values())
+    # B's diffs cover the runs B replayed; A's decisions on runs B never
+    # saw (recorded after it) are not compared. Cheap when B replayed
+    # every run, the usual case: its summary says how many it did.
+    counts_a = _counts(t.rows(f"SELECT validator, verdict, count(*) FROM ({src_a}) GROUP BY ALL", pa, cur))
+    summary = _summary_counts(t, b, ("runs", "not_in_baseline"))
+    unseen = 0
+    if summary["runs"] < int(t.one("SELECT count(*) FROM runs", None, cur)[0]):
+        # The few runs B never replayed, then A's decisions on them alone
+        # (a small hash table probed by one scan), taken out of A's counts.
+        t.rows(f"CREATE TEMP TABLE unseen_runs AS SELECT run_id FROM runs "
+               f"ANTI JOIN (SELECT DISTINCT run_id FROM ({src_b})) USING (run_id)", pb, cur)
+        t.rows(f"CREATE TEMP TABLE unseen AS SELECT x.* FROM ({src_a}) x SEMI JOIN unseen_runs USING (run_id)",
+               pa, cur)
+        for key, n in _counts(t.rows("SELECT validator, verdict, count(*) FROM unseen GROUP BY ALL",
+                                     None, cur)).items():
+            counts_a[key] -= n
+        (unseen,) = t.one("SELECT count(*) FROM (SELECT DISTINCT run_id, step, attempt, candidate_id "
+                          "FROM unseen)", None, cur)
+    if summary["not_in_baseline"] or not _aligned(counts_a, counts_b):
+        # A validator both sides ran that did not decide on the same
+        # candidates on both (runs recorded under different suites, or
+        # candidates one side never saw): the diffs cannot place every
+        # decision in the verdict matrix. The full join can.
+        for name in ("flips", "unseen", "unseen_runs"):
+            t.rows(f"DROP TABLE IF EXISTS {name}", None, cur)
+        return None
+    return decisions, _confusion_from_flips(t, cur, counts_a, counts_b), unseen
+
+
+def _flips_from_join(t: Traces, a: str, b: str, src_a: str, src_b: str, params: dict[str, Any],
+                     cur: Any) -> tuple[int, Any, int]:
+    """Both sides' decisions joined: leaves the temporary table ``flips`` and
+    returns (decisions, confusion, candidates not compared)."""
+    # One pass over both sides: the verdict pairs of every decision, and
+    # the flipped decisions kept aside for the breakdowns.
+    t.rows(
+        f"""CREATE TEMP TABLE joined AS
+            SELECT {_KEY}, a.verdict AS va, b.verdict AS vb, a.code AS ca, b.code AS cb,
+                   a.validator_version AS xa, b.validator_version AS xb
+            FROM ({src_a}) a FULL OUTER JOIN ({src_b}) b USING ({_KEY})""",
+        params, cur,
+    )
+    # As a replay against an earlier one (docs/replay.md): a candidate a
+    # replay side made no decision on at all (its run was recorded after
+    # that replay, or outside its traces) is not compared. The recorded
+    # side compares every candidate, as a replay against it does.
+    missing = [f"count({v}) = 0" for v, side in (("va", a), ("vb", b)) if side != RECORDED]
+    if missing:
+        t.rows("CREATE TEMP TABLE one_sided AS SELECT run_id, step, attempt, candidate_id FROM joined "
+               f"GROUP BY ALL HAVING {' OR '.join(missing)}", None, cur)
+        (not_compared,) = t.one("SELECT count(*) FROM one_sided", None, cur)
+        t.rows("DELETE FROM joined WHERE EXISTS (SELECT 1 FROM one_sided o WHERE o.run_id = joined.run_id "
+               "AND o.step = joined.step AND o.attempt = joined.attempt "
+               "AND o.candidate_id = joined.candidate_id)", None, cur)
+    else:
+        not_compared = 0
+    # As a replay's diffs: a decision one side makes and the other does
+    # not is a flip only where it objects (docs/replay.md), so swapping
+    # the sides mirrors the flips.
+    t.rows("CREATE TEMP TABLE flips AS SELECT * FROM joined "
+           "WHERE (va IS DISTINCT FROM vb OR ca IS DISTINCT FROM cb) "
+           "AND NOT (va IS NULL AND vb = 'accept') AND NOT (vb IS NULL AND va = 'accept')", None, cur)
+    (decisions,) = t.one("SELECT count(*) FILTER (vb IS NOT NULL) FROM joined", None, cur)
+    # Every compared decision, on either side or both.
+    confusion = t.df(f"SELECT coalesce(va, '{_NONE}') AS baseline, coalesce(vb, '{_NONE}') AS replay, "
+                     "count(*) AS decisions FROM joined GROUP BY ALL", None, cur)
+    return decisions, confusion, not_compared
 
 
 def _summary_counts(t: Traces, replay: str, columns: Sequence[str]) -> dict[str, int]:
