@@ -351,12 +351,17 @@ class Runs(Sequence[Conversation]):
     asked for: a process that imports part of a file (see ``_import_run``)
     converts that part only. Asking twice converts twice. ``invalid``: runs
     the file holds that its source marks as not usable (ToolBench's
-    ``valid_data: false``), skipped and counted apart."""
+    ``valid_data: false``), skipped and counted apart. ``recognised``: the
+    file is plainly the format's own even when it holds no run (a tau2
+    results file of a run that simulated nothing); an empty set of runs is
+    then no sign of a wrong format."""
 
-    def __init__(self, count: int, convert: Callable[[int], Conversation], invalid: int = 0) -> None:
+    def __init__(self, count: int, convert: Callable[[int], Conversation], invalid: int = 0,
+                 recognised: bool = False) -> None:
         self._count = count
         self._convert = convert
         self.invalid = invalid
+        self.recognised = recognised
 
     def __len__(self) -> int:
         return self._count

@@ -43,9 +43,9 @@ from ._import_tau import load_catalogue, openai_message, read_bytes, read_json
 _META_TEXT = ("model", "source", "termination")
 
 
-def _stem(path: Path) -> str:
-    """``chats`` for ``chats.jsonl`` and ``chats.jsonl.gz``."""
-    return path.name.removesuffix(".gz").removesuffix(".jsonl")
+def _stem(name: str) -> str:
+    """``chats`` for ``chats.jsonl`` and ``chats.jsonl.gz``; ``d1/chats`` for ``d1/chats.jsonl``."""
+    return name.removesuffix(".gz").removesuffix(".jsonl")
 
 
 def _json_line(line: bytes, file: str, where: str) -> Any:
@@ -67,13 +67,17 @@ def _json_line(line: bytes, file: str, where: str) -> Any:
         raise ImportInputError(file, where, TOO_DEEP) from None
 
 
-def read_openai_jsonl(path: Path, tools: Path | None = None) -> Runs:
+def read_openai_jsonl(path: Path, tools: Path | None = None, name: str | None = None) -> Runs:
+    """A JSONL file's runs, one per line. ``name``: the file's name in the
+    import (its path below the folder given), which the default task ids
+    start with, so that ``d1/chats.jsonl`` and ``d2/chats.jsonl`` do not
+    share them."""
     file = str(path)
     shared = load_catalogue(tools)[0] if tools is not None else None
     # Lines are cut at "\n" only: a JSON string may hold U+2028 and the like,
     # which text's splitlines would cut at.
     lines = [(number, line) for number, line in enumerate(read_bytes(path).split(b"\n"), start=1) if line.strip()]
-    stem = _stem(path)
+    stem = _stem(name or path.name)
 
     def convert(index: int) -> Conversation:
         number, line = lines[index]
@@ -140,7 +144,8 @@ def _finished(message: Message) -> Message:
                    finish=return_type if isinstance(return_type, str) else "")
 
 
-def read_toolbench(path: Path, tools: Path | None = None) -> Runs:
+def read_toolbench(path: Path, tools: Path | None = None, name: str | None = None) -> Runs:
+    """A ToolBench answer file's run (``name`` unused: its task id is its folder and query number)."""
     file = str(path)
     data = read_json(path)
     answer = data.get("answer_generation") if isinstance(data, dict) else None

@@ -33,9 +33,10 @@ from ._import_model import Conversation, ImportInputError
 from ._import_openai import read_openai_jsonl, read_toolbench
 from ._import_tau import catalogue_in_tools, expand, read_bytes, read_tau2, read_tau_bench
 
-#: A format's reader: a file (and the ``--tools`` file) → its runs, each
-#: converted when asked for (a :class:`~._import_model.Runs`) or all at once.
-Reader = Callable[[Path, "Path | None"], Sequence[Conversation]]
+#: A format's reader: a file, the ``--tools`` file and the file's name in the
+#: import → its runs, each converted when asked for (a
+#: :class:`~._import_model.Runs`) or all at once.
+Reader = Callable[[Path, "Path | None", "str | None"], Sequence[Conversation]]
 
 #: Format name → (reader, file patterns a folder is searched for).
 #: Every format reads its files gzipped too (by their magic bytes), and a
@@ -90,6 +91,8 @@ class _Source:
     reader: Reader
     files: list[Path]
     tools: Path | None
+    #: Each file's name in the import: its path below the folder given, or its own name.
+    names: dict[Path, str]
 
 
 def _refused(argument: str, reason: str, record: str | None = None) -> ImportInputError:
@@ -128,7 +131,8 @@ def _sources(fmt: Any, paths: Any, tools: Any) -> _Source:
     # A folder of tau-bench or tau2 data holds its catalogues too (tools/):
     # they are read as catalogues, not as traces.
     skip = catalogue_in_tools if fmt in ("tau-bench", "tau2") else None
-    return _Source(fmt, reader, list(expand(given, patterns, skip)), tools_path)
+    found = list(expand(given, patterns, skip))
+    return _Source(fmt, reader, [path for path, _ in found], tools_path, dict(found))
 
 
 def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) -> tuple[int, list[Conversation], int]:
@@ -143,10 +147,10 @@ def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) ->
         # The name is kept in each run's spec and shown in the trace tables.
         raise ImportInputError(str(path), None, "the file's name is not valid UTF-8; rename the file")
     try:
-        runs = source.reader(path, source.tools)
+        runs = source.reader(path, source.tools, source.names.get(path))
         n = len(runs)
         invalid = getattr(runs, "invalid", 0)
-        if not n and not invalid:
+        if not n and not invalid and not getattr(runs, "recognised", False):
             if not read_bytes(path).strip():
                 return 0, [], 0  # an empty file of lines: no runs, nothing wrong (one of a folder's, say)
             raise ImportInputError(str(path), None, f"no runs in this file; is it {fmt}?")

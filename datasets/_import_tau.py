@@ -333,7 +333,8 @@ def _task_and_trial(record: dict[str, Any], file: str, where: str) -> tuple[str,
     return task_id, trial
 
 
-def read_tau_bench(path: Path, tools: Path | None = None) -> Runs:
+def read_tau_bench(path: Path, tools: Path | None = None, name: str | None = None) -> Runs:
+    """A tau-bench trajectory file's runs (``name`` unused: its records name their tasks)."""
     data = read_json(path)
     file = str(path)
     if not isinstance(data, list):
@@ -389,7 +390,8 @@ def _tau2_catalogues(path: Path, domain: str, explicit: Path | None) -> Canonica
     return _catalogue_near(path, base, None)
 
 
-def read_tau2(path: Path, tools: Path | None = None) -> Runs:
+def read_tau2(path: Path, tools: Path | None = None, name: str | None = None) -> Runs:
+    """A tau2 results file's runs (``name`` unused: its simulations name their tasks)."""
     data = read_json(path)
     file = str(path)
     if not isinstance(data, dict) or not isinstance(data.get("simulations"), list):
@@ -444,7 +446,9 @@ def read_tau2(path: Path, tools: Path | None = None) -> Runs:
             started_at=started_at, ended_at=ended_at,
         )
 
-    return Runs(len(simulations), convert)
+    # tau2 writes results files with no simulation (a run stopped before its
+    # first): with its 'info', such a file is tau2's own, and holds no run.
+    return Runs(len(simulations), convert, recognised=isinstance(data.get("info"), dict))
 
 
 def catalogue_in_tools(path: Path, folder: Path) -> bool:
@@ -455,11 +459,12 @@ def catalogue_in_tools(path: Path, folder: Path) -> bool:
 
 
 def expand(paths: list[Path], patterns: tuple[str, ...],
-           skip: Callable[[Path, Path], bool] | None = None) -> Iterator[Path]:
+           skip: Callable[[Path, Path], bool] | None = None) -> Iterator[tuple[Path, str]]:
     """Files as given; a folder gives its files matching ``patterns``,
     sorted, leaving out hidden ones (a name starting with ``.``, or inside
     such a folder: an editor's backup, ``.git``), and those ``skip(file,
-    folder)`` names."""
+    folder)`` names. Each file comes with its name in the import: its path
+    below the folder given (``d1/chats.jsonl``), or its own name."""
     for path in paths:
         if path.is_dir():
             try:
@@ -470,8 +475,8 @@ def expand(paths: list[Path], patterns: tuple[str, ...],
                 found = [f for f in found if not skip(f, path)]
             if not found:
                 raise ImportInputError(str(path), None, f"no {' or '.join(patterns)} file in this folder")
-            yield from found
+            yield from ((f, f.relative_to(path).as_posix()) for f in found)
         elif path.is_file():
-            yield path
+            yield path, path.name
         else:
             raise ImportInputError(os.fspath(path), None, not_a_file(path, "a trace file or a folder of them"))

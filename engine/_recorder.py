@@ -512,6 +512,9 @@ class Recorder:
         with ThreadPoolExecutor(min(len(names), os.cpu_count() or 1) or 1) as pool:
             written = dict(zip(names, pool.map(write, names)))
         if not written:
+            # Nothing new; every table is still readable (an import into a
+            # new folder that found no run leaves its empty tables).
+            self._ensure_schema_files()
             return {}
         manifest = self.traces / f".{IMPORT_PREFIX}{number:08d}.json"
         tmp_manifest = manifest.with_name(manifest.name + ".tmp")

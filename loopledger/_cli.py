@@ -996,8 +996,17 @@ def import_cmd(
                      f"{f.operations} tool calls ({f.failed_operations} failed"
                      + (f", {f.unanswered_operations} without a result" if f.unanswered_operations else "")
                      + f"), {f.user_tool_calls} user tool calls")
-    lines.append(f"imported {result.runs} runs into {where.root} ({result.skipped} skipped); "
-                 f"next: loopledger replay --suite {shlex.quote(decide or 'default')} {where.options()}")
+    already = sum(f.skipped for f in result.files)  # already imported (or given twice: then imported once now)
+    if decide is not None and already:
+        # Runs already imported keep what they were imported with: a second
+        # suite's decisions beside the first would be two baselines in one.
+        lines.append(f"--decide {decide}: recorded for the runs imported now; runs skipped as already imported keep "
+                     "the decisions they were imported with (none without --decide); to judge them under another "
+                     "suite, replay it and compare with --baseline REPLAY_ID")
+    # With no run in the files nor before them, there is nothing to replay yet.
+    following = (f"next: loopledger replay --suite {shlex.quote(decide or 'default')} {where.options()}"
+                 if result.runs or already else "these files hold no run")
+    lines.append(f"imported {result.runs} runs into {where.root} ({result.skipped} skipped); {following}")
     try:
         for line in lines:
             typer.echo(line)

@@ -74,7 +74,8 @@ def _not_recorded(result: ReplayResult) -> str:
     return _candidates_note(result, "not_recorded", "have no recorded decisions (imported without --decide): each "
                             "decision that objects is a change unless a person labelled that validator's decision, "
                             "and labels on a candidate as a whole (an import's reward) classify nothing. Record a "
-                            "baseline with `loopledger import --decide SUITE`, or compare with an earlier replay "
+                            "baseline by importing the source with `--decide SUITE` into a home that does not hold "
+                            "these runs yet (runs already imported are skipped), or compare with an earlier replay "
                             "(--baseline REPLAY_ID).")
 
 
@@ -84,6 +85,7 @@ def _counts(result: ReplayResult) -> list[tuple[str, str]]:
     # Against the recorded decisions every candidate is compared.
     not_compared = [] if s.baseline == "recorded" else [("candidates not compared (not in the baseline replay)",
                                                           f"{s.not_in_baseline:,}")]
+    diffs = f"of these {s.flips + s.candidate_flips:,} diffs:"  # each flip is a diffs row; a label classifies either
     return [
         ("runs", f"{s.runs:,}"),
         ("candidates recorded", f"{s.candidates:,}"),
@@ -91,9 +93,9 @@ def _counts(result: ReplayResult) -> list[tuple[str, str]]:
         ("decisions", f"{s.decisions:,}"),
         ("flips (validator decisions)", f"{s.flips:,}"),
         ("candidates whose verdict flipped", f"{s.candidate_flips:,}"),
-        ("regressions", f"{s.regressions:,}"),
-        ("fixes", f"{s.fixes:,}"),
-        ("changes (no label tells the sides apart)", f"{s.changes:,}"),
+        (f"{diffs} regressions", f"{s.regressions:,}"),
+        (f"{diffs} fixes", f"{s.fixes:,}"),
+        (f"{diffs} changes (no label tells the sides apart)", f"{s.changes:,}"),
         ("flips across validator versions", f"{s.flips_across_versions:,}"),
         ("runs diverged", f"{s.runs_diverged:,}"),
         *not_compared,
@@ -320,7 +322,7 @@ def junit(result: ReplayResult, fail_on: str) -> str:
         "time": f"{result.summary.seconds:.3f}",
     })
     props = ET.SubElement(suite, "properties")
-    for name in ("replay_id", "suite_version", "baseline", "not_in_baseline"):
+    for name in ("replay_id", "suite_version", "baseline", "not_in_baseline", "not_recorded"):
         ET.SubElement(props, "property", {"name": name, "value": str(getattr(result.summary, name))})
     for r in runs:
         case = ET.SubElement(suite, "testcase", {"classname": r.task_id or "run", "name": r.run_id})
@@ -340,6 +342,9 @@ def junit(result: ReplayResult, fail_on: str) -> str:
         notes = [("other diffs:\n" if mine else "") + _failure_text(others)] if others else []
         if r.not_in_baseline:
             notes.append(not_compared)
+        if r.not_recorded:
+            notes.append(f"{r.not_recorded} candidate(s) have no recorded decisions (imported without --decide): "
+                         "compared with nothing")
         if notes:
             ET.SubElement(case, "system-out").text = "\n".join(notes)
     # Task ids and error texts come from the traces, which may hold anything.

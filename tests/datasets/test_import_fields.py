@@ -436,8 +436,8 @@ def test_a_value_the_checks_missed_is_still_bad_input(tmp_path: Path, monkeypatc
 
     reader, patterns = _import_run.FORMATS["openai-jsonl"]
 
-    def leaky(path: Path, tools: Path | None = None) -> list[Any]:
-        return [dataclasses.replace(conv, metadata={"score": NAN}) for conv in reader(path, tools)]
+    def leaky(path: Path, tools: Path | None = None, name: str | None = None) -> list[Any]:
+        return [dataclasses.replace(conv, metadata={"score": NAN}) for conv in reader(path, tools, name)]
 
     home = _seeded_home(tmp_path)
     before = _files(home)
@@ -564,8 +564,10 @@ def test_a_replay_says_which_candidates_have_no_recorded_decisions(tmp_path: Pat
     """Imported without --decide, a run's candidates were never judged: the
     replay compares them with nothing (no candidate flip; the reward's label
     classifies no diff) and says so, with the two ways to get a baseline."""
+    import xml.etree.ElementTree as ET
+
     from loopledger.replay import replay
-    from loopledger.replay._report import markdown
+    from loopledger.replay._report import junit, markdown
 
     path = _write(tmp_path / "in", "openai-jsonl", [openai_record()])
     plain, decided = tmp_path / "plain", tmp_path / "decided"
@@ -575,6 +577,12 @@ def test_a_replay_says_which_candidates_have_no_recorded_decisions(tmp_path: Pat
     assert bare.summary.not_recorded == bare.summary.candidates_rerun == 2
     assert "2 candidate(s) in 1 run(s) have no recorded decisions" in markdown(bare, "regressions")
     assert "--decide SUITE" in markdown(bare, "regressions")
+    # The JUnit report says it too: as a property, and in the run's output.
+    report = ET.fromstring(junit(bare, "regressions"))
+    assert {p.get("name"): p.get("value") for p in report.iter("property")}["not_recorded"] == "2"
+    (out,) = [e.text for e in report.iter("system-out")]
+    assert "2 candidate(s) have no recorded decisions" in out
     judged = replay(decided / "traces", "default")
     assert judged.summary.not_recorded == 0 and judged.summary.candidates_rerun == 2
     assert "no recorded decisions" not in markdown(judged, "regressions")
+    assert "no recorded decisions" not in junit(judged, "regressions")

@@ -419,3 +419,68 @@ def test_a_value_nested_too_deeply_is_refused_where_it_is(tmp_path: Path) -> Non
         import_traces("openai-jsonl", [deep], home=tmp_path / "home")
     assert str(refused.value).startswith(f"{deep}: line 1.metadata.extra: nested more than 200 levels deep")
     assert not (tmp_path / "home").exists()
+
+
+def _line(text: str) -> str:
+    return json.dumps({"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}]}) + "\n"
+
+
+def test_default_task_ids_start_with_the_files_path_below_the_folder_given(tmp_path: Path) -> None:
+    """Two days' ``chats.jsonl`` are different tasks: line 1 of each is not one task."""
+    days = tmp_path / "days"
+    for day in ("d1", "d2"):
+        (days / day).mkdir(parents=True)
+        (days / day / "chats.jsonl").write_text(_line(f"question of {day}"))
+    (days / "chats.jsonl.gz").write_bytes(gzip.compress(_line("top").encode()))
+    import_traces("openai-jsonl", [days], home=tmp_path / "home")
+    assert sorted(r["task_id"] for r in table(tmp_path / "home", "runs")) == ["chats/1", "d1/chats/1", "d2/chats/1"]
+    # A file named on its own: its own name, as before.
+    (tmp_path / "solo.jsonl").write_text(_line("alone"))
+    import_traces("openai-jsonl", [tmp_path / "solo.jsonl"], home=tmp_path / "solo")
+    assert [r["task_id"] for r in table(tmp_path / "solo", "runs")] == ["solo/1"]
+
+
+def test_an_import_that_finds_no_run_leaves_every_table_readable(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    home = tmp_path / "home"
+    done = cli("import", "openai-jsonl", str(empty), "--home", str(home))
+    assert done.returncode == 0, done.stderr
+    assert "these files hold no run" in done.stdout and "next: loopledger replay" not in done.stdout
+    from loopledger.engine import TABLES
+
+    for name in TABLES:
+        assert list((home / "traces" / name).glob("*.parquet")), name
+    # So a replay says what is wrong: there is no run, not a missing table.
+    replayed = cli("replay", "--suite", "default", "--home", str(home))
+    assert replayed.returncode == 2 and "no run recorded" in replayed.stderr, replayed.stderr
+
+
+def test_a_tau2_results_file_without_simulations_holds_no_run(tmp_path: Path) -> None:
+    """tau2 writes such files (a run stopped before its first simulation):
+    one in a folder does not stop the others."""
+    folder = tmp_path / "sims"
+    folder.mkdir()
+    info = {"environment_info": {"domain_name": "shop", "policy": "p"}, "agent_info": {"llm": "m"}}
+    (folder / "a.json").write_text(json.dumps({"info": info, "tasks": [], "simulations": []}))
+    result = import_traces("tau2", [folder], home=tmp_path / "home")
+    assert (result.runs, [f.runs for f in result.files]) == (0, [0])
+    # Without the 'info' that makes it tau2's, an empty list is still no sign of the format.
+    (folder / "b.json").write_text(json.dumps({"simulations": []}))
+    with pytest.raises(ImportInputError, match="b.json.*no runs in this file"):
+        import_traces("tau2", [folder], home=tmp_path / "other")
+
+
+def test_decide_says_that_runs_already_imported_keep_their_decisions(tmp_path: Path) -> None:
+    path = tmp_path / "chats.jsonl"
+    path.write_text(_line("one"))
+    home = str(tmp_path / "home")
+    assert cli("import", "openai-jsonl", str(path), "--home", home).returncode == 0
+    again = cli("import", "openai-jsonl", str(path), "--home", home, "--decide", "default")
+    assert again.returncode == 0, again.stderr
+    assert "runs skipped as already imported keep the decisions they were imported with" in again.stdout
+    assert table(tmp_path / "home", "validations") == []
+    # Imported the first time with --decide: nothing to say.
+    fresh = cli("import", "openai-jsonl", str(path), "--home", str(tmp_path / "fresh"), "--decide", "default")
+    assert fresh.returncode == 0 and "already imported keep" not in fresh.stdout
+    assert table(tmp_path / "fresh", "validations")

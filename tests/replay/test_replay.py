@@ -176,6 +176,9 @@ def test_human_labels_make_regressions_and_fixes(home_copy: Path, suite_file) ->
 
     report = markdown(result, "regressions")
     assert "## Regressions (1)" in report and "## Fixes (1)" in report
+    # One validator flip and one candidate flip: the kinds count both diffs, and say so.
+    assert (result.summary.flips, result.summary.candidate_flips) == (1, 1)
+    assert "| of these 2 diffs: regressions | 1 |" in report and "| of these 2 diffs: fixes | 1 |" in report
     (case,) = [c for c in ET.fromstring(junit(result, "regressions")).iter("testcase") if c.get("name") == run_id]
     (failure,) = case.iter("failure")
     assert "(candidate): accept/ok -> " in failure.text and "regression, label accept from human" in failure.text
