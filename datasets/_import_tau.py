@@ -249,10 +249,12 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False, positio
             # OpenAI's refusal: what the model said instead of an answer, its text.
             content = f"{content}\n\n{refusal}" if content and content.strip() else refusal
         usage = mapping(m.get("usage"), file, f"{where}.usage")
-        prompt, completion, cost = usage.get("prompt_tokens"), usage.get("completion_tokens"), m.get("cost")
-        tokens = {"tokens_in": None if prompt is None else integer(prompt, file, f"{where}.usage.prompt_tokens"),
-                  "tokens_out": None if completion is None
-                  else integer(completion, file, f"{where}.usage.completion_tokens"),
+        # Chat Completions' names, else the Responses API's and Anthropic's.
+        took = "prompt_tokens" if "prompt_tokens" in usage else "input_tokens"
+        gave = "completion_tokens" if "completion_tokens" in usage else "output_tokens"
+        prompt, completion, cost = usage.get(took), usage.get(gave), m.get("cost")
+        tokens = {"tokens_in": None if prompt is None else integer(prompt, file, f"{where}.usage.{took}"),
+                  "tokens_out": None if completion is None else integer(completion, file, f"{where}.usage.{gave}"),
                   "cost_usd": None if cost is None else number(cost, file, f"{where}.cost", minimum=0)}
     calls = []
     raw_calls = m.get("tool_calls")

@@ -190,9 +190,12 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
                   f"prompt {shown(run.prompt_version)}  model {shown(run.model_route)}")
     reward = getattr(run, "reward", None)  # an imported run's outcome score
     cost = "-" if run.cost_usd is None else f"{run.cost_usd:.4f}"
+    # in+out; "-" when the source counted neither (an imported run without usage).
+    tokens = ("-" if run.tokens_in is None and run.tokens_out is None
+              else f"{_or_dash(run.tokens_in)}+{_or_dash(run.tokens_out)}")
     console.print(f"status [bold]{run.state.value}[/]  reason {shown(run.reason)}  steps {run.step}  "
                   f"model attempts {run.model_attempts}  tool calls {run.tool_calls}  "
-                  f"tokens {_or_dash(run.tokens_in)}+{_or_dash(run.tokens_out)}  cost {cost}"
+                  f"tokens {tokens}  cost {cost}"
                   + ("" if reward is None else f"  reward {reward:g}"))
     events = store.events(run_id)
     if events:

@@ -298,7 +298,7 @@ def test_usage_a_source_does_not_give_is_unknown_not_zero(tmp_path: Path) -> Non
     assert shown.returncode == 0, shown.stderr
     assert {k: json.loads(shown.stdout)[k] for k in USAGE} == dict.fromkeys(USAGE)
     text = cli("show", unpriced, "--home", str(home))
-    assert "tokens -+-  cost -" in text.stdout, text.stdout
+    assert "tokens -  cost -" in text.stdout, text.stdout
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -434,3 +434,20 @@ def test_a_reader_that_goes_away_after_the_import_does_not_make_it_a_failure(tmp
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 0, err
     assert err == "" and len(table(home, "runs")) == 4
+
+
+def test_usage_under_the_responses_api_names_is_read(tmp_path: Path) -> None:
+    """``input_tokens``/``output_tokens`` (the Responses API's and Anthropic's
+    names) count where the Chat Completions names are absent, and are
+    checked the same way, named as written."""
+    record = json.loads(_chats(tmp_path, 1, "chats.jsonl").read_text())
+    record["messages"][2].update(usage={"input_tokens": 90, "output_tokens": 4})
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    import_traces("openai-jsonl", [path], home=tmp_path / "home")
+    (run,) = table(tmp_path / "home", "runs")
+    assert (run["tokens_in"], run["tokens_out"]) == (90, 4)
+    record["messages"][2].update(usage={"input_tokens": 90, "output_tokens": -1})
+    path.write_text(json.dumps(record) + "\n")
+    with pytest.raises(ImportInputError, match=r"messages\[2\]\.usage\.output_tokens"):
+        import_traces("openai-jsonl", [path], home=tmp_path / "other")
