@@ -121,6 +121,7 @@ class AnthropicModel:
         self.model = model
         self.route = f"anthropic:{model}"
         self.timeout_s = timeout_s
+        self._api_key = api_key
         self.max_output_tokens = max_output_tokens
         self.client = anthropic.Anthropic(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s)
 
@@ -193,7 +194,7 @@ class AnthropicModel:
             yield from calls.names()
             if usage:
                 yield self._usage(usage)
-            yield stream_error(translate_error(exc), began=began)
+            yield stream_error(translate_error(exc), began=began, secret=self._api_key)
             return
         yield from calls.names()
         if usage:

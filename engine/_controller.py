@@ -606,15 +606,16 @@ class Controller(PeopleMixin):
                     "detail": f"attempt {view.attempt} ended '{collected.finish_reason}'; no retry past {exhausted}"})
                 return
             wait = self._backoff(view, collected.error)
-            left = self._deadline_left(view, config)
-            if wait is not None and collected.error is not None and collected.error.code == "rate_limited" \
-                    and wait > left:
+            if wait is not None and wait >= self._deadline_left(view, config):
+                # The next attempt would begin with no time left: the deadline
+                # ends the run now rather than after a pause and a call that
+                # cannot finish.
+                asked = collected.error is not None and collected.error.code == "rate_limited"
                 self._move(view, State.FINALIZING, payload={
                     "status": "BUDGET_EXHAUSTED", "reason": "deadline",
-                    "detail": f"the provider asked to wait {wait:.1f}s, past the run's deadline"})
+                    "detail": (f"the provider asked to wait {wait:.1f}s" if asked
+                               else f"a retry would begin after a {wait:.1f}s pause") + ", past the run's deadline"})
                 return
-            if wait is not None:
-                wait = min(wait, max(left, 0.0))  # the engine's own pause never outlasts the deadline
             payload: dict[str, Any] = {"retry_of": candidate.artifact_id, "finish_reason": collected.finish_reason}
             if collected.error is not None:
                 # Said where a reader of the events looks, not only in the artifact.

@@ -97,6 +97,7 @@ class OpenAIModel:
         self.model = model
         self.route = f"openai:{model}"
         self.timeout_s = timeout_s
+        self._api_key = api_key
         self.max_output_tokens = max_output_tokens
         self.client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s)
 
@@ -163,7 +164,7 @@ class OpenAIModel:
             yield from calls.names()
             if usage is not None:
                 yield self._usage(usage)
-            yield stream_error(translate_error(exc), began=began)
+            yield stream_error(translate_error(exc), began=began, secret=self._api_key)
             return
         yield from calls.names()
         if usage is not None:

@@ -34,13 +34,14 @@ class Provider:
     sdk: str  # the module the extra installs
     key_env: str
     url_env: str
-    own_hosts: tuple[str, ...]  # base URLs that need the provider's key
+    domain: str  # hosts in it (api.openai.com, eu.api.openai.com) are the provider's: they need its key
+    default_host: str
 
 
 PROVIDERS = {
-    "openai": Provider("openai", "openai", "OPENAI_API_KEY", "OPENAI_BASE_URL", ("api.openai.com",)),
-    "anthropic": Provider("anthropic", "anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL",
-                          ("api.anthropic.com",)),
+    "openai": Provider("openai", "openai", "OPENAI_API_KEY", "OPENAI_BASE_URL", "openai.com", "api.openai.com"),
+    "anthropic": Provider("anthropic", "anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "anthropic.com",
+                          "api.anthropic.com"),
 }
 
 ANTHROPIC_DEFAULT_MAX_TOKENS = 4096
@@ -84,17 +85,33 @@ def settings_for(route: str) -> Settings:
     except ImportError:
         raise BadInput("--model", f"{route} needs the {p.sdk} SDK: pip install 'loopledger[{provider}]'") from None
     base_url = os.environ.get(p.url_env) or None
-    host = urlparse(base_url).hostname if base_url else p.own_hosts[0]
+    host = _host(base_url, p) if base_url else p.default_host
     key = os.environ.get(p.key_env) or ""
     if key and not key.strip():
         raise BadInput(p.key_env, "is set but blank; expected the provider's API key (or leave it unset)")
     if not key:
-        if host in p.own_hosts:
+        if host == p.domain or host.endswith("." + p.domain):
             raise BadInput("--model", f"{route} needs an API key: set {p.key_env} "
                            f"(or {p.url_env} for a server of your own)")
         key = NO_KEY
     price_table()  # checked now: otherwise first read to price an answer already paid for
     return Settings(key, base_url, _env_float("LOOPLEDGER_MODEL_TIMEOUT_S", 120.0), _env_tokens())
+
+
+def _host(base_url: str, p: Provider) -> str:
+    """The host a base URL names, lower case, without a trailing dot; bad
+    input unless it is an http(s) URL with a host: a URL the SDK cannot
+    reach would only fail each attempt with "Connection error", naming
+    nothing."""
+    example = f"https://{p.default_host}" + ("/v1" if p.name == "openai" else "")
+    try:
+        parsed = urlparse(base_url)
+        parsed.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError as exc:
+        raise BadInput(p.url_env, f"expected an http(s) URL such as {example}, got {base_url!r} ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise BadInput(p.url_env, f"expected an http(s) URL with a host, such as {example}, got {base_url!r}")
+    return parsed.hostname.lower().rstrip(".")
 
 
 #: More output tokens than any model answers with; a larger figure is a typo.

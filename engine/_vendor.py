@@ -214,11 +214,25 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def stream_error(error: ModelError, *, began: bool) -> StreamError:
+def stream_error(error: ModelError, *, began: bool, secret: str = "") -> StreamError:
     """The stream event for an error. A connection that broke or timed out
-    after the stream began makes the attempt ``incomplete``."""
+    after the stream began makes the attempt ``incomplete``. ``secret``:
+    the API key, written out of the message (a proxy or a compatible server
+    may echo the key it refused, and the message is recorded)."""
     broken = began and isinstance(error, (ModelConnectionError, ModelTimeout))
-    return StreamError(str(error), error.code, error.retryable, error.retry_after_s, incomplete=broken)
+    return StreamError(redact(str(error), secret), error.code, error.retryable, error.retry_after_s,
+                       incomplete=broken)
+
+
+#: Keys shorter than this are placeholders (``not-needed``), not secrets.
+SECRET_MIN_CHARS = 8
+
+
+def redact(text: str, secret: str) -> str:
+    """``text`` with every copy of ``secret`` replaced by ``[API key]``."""
+    if len(secret) < SECRET_MIN_CHARS:
+        return text
+    return text.replace(secret, "[API key]")
 
 
 

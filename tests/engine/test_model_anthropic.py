@@ -366,3 +366,24 @@ def test_an_event_that_is_not_json_is_a_bad_response_and_retried(tmp_path, serve
     assert rec.candidates[0]["finish_reason"] == "error"
     assert rec.bodies[0]["error"]["code"] == "bad_response" and rec.bodies[0]["error"]["retryable"] is True
     assert len(server.requests) == 2
+
+
+def test_a_key_the_server_echoes_in_its_error_is_never_recorded(tmp_path, server, env) -> None:
+    key = "sk-ant-ECHOED-0123456789"
+    server.script(Reply(401, body=error_body("authentication_error", f"invalid x-api-key {key}")))
+    rec = run_scenario(tmp_path, ROUTE, {**env, "ANTHROPIC_API_KEY": key})
+    assert (rec.run.state.value, rec.run.reason) == ("FAILED", "model_error"), rec.output
+    assert "invalid x-api-key [API key]" in rec.bodies[0]["error"]["message"]
+    for path in (tmp_path / "home").rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("127.0.0.1:9", "ANTHROPIC_BASE_URL: expected an http(s) URL"),
+    ("https://api.anthropic.com.", "needs an API key: set ANTHROPIC_API_KEY"),
+])
+def test_base_url_checks(tmp_path, url, expected) -> None:
+    rec = run_scenario(tmp_path, ROUTE, {"ANTHROPIC_API_KEY": "", "ANTHROPIC_BASE_URL": url})
+    assert rec.exit_code == 2 and expected in rec.output, rec.output
+    assert rec.run is None

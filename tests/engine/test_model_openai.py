@@ -457,3 +457,43 @@ def test_a_price_file_adds_to_the_table(tmp_path, server, env) -> None:
     rec = run_scenario(tmp_path, ROUTE, {**env, "LOOPLEDGER_PRICES": str(prices)}, HELLO)
     assert (rec.run.state.value, rec.run.reason) == ("SUCCEEDED", "completed"), rec.output
     assert rec.candidates[0]["cost_usd"] == pytest.approx((40 * 1 + 9 * 2) / 1e6)
+
+
+@pytest.mark.parametrize("url", ["not a url", "ftp://127.0.0.1:9/v1", "127.0.0.1:9", "http://", "http://h:port/v1"])
+def test_a_base_url_the_sdk_cannot_reach_is_bad_input_before_anything_is_recorded(tmp_path, server, env, url) -> None:
+    rec = run_scenario(tmp_path, ROUTE, {**env, "OPENAI_BASE_URL": url})
+    assert rec.exit_code == 2, rec.output
+    assert "OPENAI_BASE_URL: expected an http(s) URL" in rec.output and repr(url) in rec.output
+    assert rec.run is None and server.requests == []
+
+
+@pytest.mark.parametrize("url", ["https://api.openai.com./v1", "https://eu.api.openai.com/v1", "https://API.OpenAI.com"])
+def test_any_host_of_the_providers_own_needs_its_key(tmp_path, url) -> None:
+    rec = run_scenario(tmp_path, ROUTE, {"OPENAI_API_KEY": "", "OPENAI_BASE_URL": url})
+    assert rec.exit_code == 2 and "needs an API key: set OPENAI_API_KEY" in rec.output, rec.output
+    assert rec.run is None
+
+
+def test_a_key_the_server_echoes_in_its_error_is_never_recorded(tmp_path, server, env) -> None:
+    key = "sk-test-ECHOED-0123456789"
+    server.script(Reply(401, body=error_body(f"Incorrect API key provided: {key}", "invalid_request_error")))
+    rec = run_scenario(tmp_path, ROUTE, {**env, "OPENAI_API_KEY": key})
+    assert (rec.run.state.value, rec.run.reason) == ("FAILED", "model_error"), rec.output
+    assert "Incorrect API key provided: [API key]" in rec.bodies[0]["error"]["message"]
+    for path in (tmp_path / "home").rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path
+    assert key not in rec.output
+
+
+def test_no_retry_begins_after_a_pause_that_reaches_the_deadline(tmp_path, server, env) -> None:
+    """A server error's pause (0.5 s, then 1 s) with under 1 s of the run
+    left: the run ends at the deadline instead of sending a call that
+    could not finish."""
+    server.script(*[Reply(500, body=error_body("boom", "server_error"))] * 3)
+    scenario = {**HELLO, "budgets": {**HELLO["budgets"], "deadline_s": 1.0}}
+    rec = run_scenario(tmp_path, ROUTE, env, scenario)
+    assert (rec.run.state.value, rec.run.reason) == ("BUDGET_EXHAUSTED", "deadline"), rec.output
+    assert len(server.requests) == 2  # the first retry fitted; the second would begin past the deadline
+    (final,) = [e.payload for e in rec.events if e.kind == "transition" and e.to_state == "FINALIZING"]
+    assert final["detail"] == "a retry would begin after a 1.0s pause, past the run's deadline"
