@@ -546,6 +546,7 @@ def _summary(replay_id: str, suite: Any, baseline: str, runs: Sequence[RunReplay
         runs_diverged=sum(1 for r in runs if r.diverged),
         not_in_baseline=sum(r.not_in_baseline for r in runs),
         not_recorded=sum(r.not_recorded for r in runs),
+        baseline_suites=len({v for r in runs for v in r.baseline_suites}),
         runs_failed=sum(1 for r in runs if r.run_failed),
         run_errors=sum(1 for r in runs if r.error is not None),
         diagnoses=sum(len(r.diagnoses) for r in runs),

@@ -79,6 +79,16 @@ def _not_recorded(result: ReplayResult) -> str:
                             "(--baseline REPLAY_ID).")
 
 
+def _mixed_baseline(result: ReplayResult) -> str:
+    """Recorded decisions made under several suites, in words (empty: one or none)."""
+    if result.summary.baseline_suites < 2:
+        return ""
+    versions = sorted({visible(v) for r in result.runs.values() for v in r.baseline_suites})
+    return (f"The recorded decisions were made under {len(versions)} suite versions ({', '.join(versions)}): "
+            "runs recorded under different suites are compared alike, and a flip on a run recorded under "
+            "another suite can be that suite's difference, not the run's.")
+
+
 def _counts(result: ReplayResult) -> list[tuple[str, str]]:
     s = result.summary
     rate = f"{s.candidates_rerun / s.seconds:,.0f}" if s.seconds else "-"
@@ -186,7 +196,7 @@ def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> No
         if len(diverged) > SHOWN:
             console.print(f"... and {len(diverged) - SHOWN} more (replays/{result.replay_id}/diffs).")
         console.print(DIVERGENCE_NOTE)
-    for note in (_not_compared(result), _not_recorded(result)):
+    for note in (_not_compared(result), _not_recorded(result), _mixed_baseline(result)):
         if note:
             console.print(escape(note))
     if result.summary.flips_across_versions:
@@ -243,7 +253,7 @@ def markdown(result: ReplayResult, fail_on: str) -> str:
                          f"step {d.step}, attempt {d.attempt} | {_cell(', '.join(d.validators))} | "
                          f"{len(r.regressions)} |")
         lines += _more(len(diverged), result)
-    for note in (_not_compared(result), _not_recorded(result)):
+    for note in (_not_compared(result), _not_recorded(result), _mixed_baseline(result)):
         if note:
             lines += ["", f"> {_cell(note)}"]
     if result.summary.flips_across_versions:

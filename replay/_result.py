@@ -122,6 +122,9 @@ class RunReplay:
     not_recorded: int = 0
     #: Set when the trace of this run could not be replayed (a missing artifact).
     error: str | None = None
+    #: The suite versions of the run's recorded decisions (against
+    #: ``recorded``; empty against an earlier replay, which ran one suite).
+    baseline_suites: tuple[str, ...] = ()
 
     @property
     def diverged(self) -> bool:
@@ -186,6 +189,10 @@ class Summary:
     #: labels on the candidate as a whole classify no diff. Always 0 against
     #: an earlier replay.
     not_recorded: int
+    #: Suite versions the recorded decisions were made under (0 against an
+    #: earlier replay). Above 1, runs recorded under different suites are
+    #: compared alike: a flip on one can be its suite's difference.
+    baseline_suites: int
     #: Recorded runs that did not succeed (data about the runs).
     runs_failed: int
     #: Runs whose trace could not be replayed.

@@ -683,11 +683,15 @@ def _compare_run(run: Mapping[str, Any], evaluated: list[tuple[tuple[int, int, s
              d.baseline_validator_version, d.replay_validator_version, d.baseline_suite_version,
              d.across_versions, d.after_divergence)
             for d in diffs)
+    # Every decision on a candidate came from one evaluation: its first row names the suite.
+    suites = (tuple(sorted({next(iter(rows.values()))[3] or "" for rows in baseline.values() if rows}))
+              if baseline and data.recorded_baseline else ())
     return RunReplay(run_id=run_id, task_id=run.get("task_id") or "", status=run.get("status") or "",
                      reason=run.get("reason"), candidates=data.recorded_candidates.get(run_id, 0),
                      candidates_rerun=len(evaluated), decisions=n_decisions,
                      diffs=tuple(diffs), divergence=divergence, labels=labelled, labels_agreeing=agreeing,
-                     not_in_baseline=not_in_baseline, not_recorded=not_recorded, error=error)
+                     not_in_baseline=not_in_baseline, not_recorded=not_recorded, error=error,
+                     baseline_suites=suites)
 
 
 _NONE: Mapping[str, Any] = {}

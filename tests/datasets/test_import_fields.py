@@ -586,3 +586,30 @@ def test_a_replay_says_which_candidates_have_no_recorded_decisions(tmp_path: Pat
     assert judged.summary.not_recorded == 0 and judged.summary.candidates_rerun == 2
     assert "no recorded decisions" not in markdown(judged, "regressions")
     assert "no recorded decisions" not in junit(judged, "regressions")
+
+
+def test_a_replay_says_when_the_recorded_decisions_come_from_several_suites(tmp_path: Path) -> None:
+    """Runs imported with --decide default and others with --decide strict:
+    the recorded side is two suites, compared alike, and the reports say so."""
+    from loopledger.replay import replay
+    from loopledger.replay._report import markdown
+
+    first = openai_record()
+    second = openai_record()
+    second["metadata"]["id"] = "conv-2"
+    home = tmp_path / "home"
+    import_traces("openai-jsonl", [_write(tmp_path / "a", "openai-jsonl", [first])], home=home, decide="default")
+    import_traces("openai-jsonl", [_write(tmp_path / "b", "openai-jsonl", [second])], home=home, decide="strict")
+    result = replay(home / "traces", "default")
+    assert result.summary.baseline_suites == 2
+    assert sorted(len(r.baseline_suites) for r in result.runs.values()) == [1, 1]
+    assert "The recorded decisions were made under 2 suite versions" in markdown(result, "regressions")
+    # One suite recorded them all: nothing to say.
+    alone = tmp_path / "alone"
+    import_traces("openai-jsonl", [_write(tmp_path / "c", "openai-jsonl", [first])], home=alone, decide="default")
+    single = replay(alone / "traces", "default")
+    assert single.summary.baseline_suites == 1 and "suite versions" not in markdown(single, "regressions")
+    # Against an earlier replay (one suite): not counted.
+    earlier = replay(home / "traces", "default", write_to=home / "replays")
+    against = replay(home / "traces", "strict", baseline=earlier.replay_id, write_to=home / "replays")
+    assert against.summary.baseline_suites == 0 and "suite versions" not in markdown(against, "regressions")
