@@ -62,6 +62,7 @@ class FileImport:
     failed_operations: int
     unanswered_operations: int = 0  # calls the source shows no result for (unknown_outcome)
     invalid: int = 0  # runs the source marks as not usable (ToolBench's valid_data: false), skipped
+    unmatched_results: int = 0  # agent tool results that answer no call: kept as messages only
 
 
 @dataclass
@@ -428,5 +429,5 @@ def _file_imports(files: list[Path], counts: Any, totals: dict[int, int]) -> lis
     for index, path in enumerate(files):
         c = counts[index]
         out.append(FileImport(str(path), c["runs"], totals[index] - c["runs"], c["candidates"], c["operations"],
-                              c["user_tool_calls"], c["failed"], c["unanswered"], c["invalid"]))
+                              c["user_tool_calls"], c["failed"], c["unanswered"], c["invalid"], c["unmatched"]))
     return out

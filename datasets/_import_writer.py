@@ -84,6 +84,10 @@ class Step:
     results: tuple[ToolResult | None, ...]  # one per tool call, paired
     after: tuple[Message, ...]  # user turn (and the user's tool calls) before the next candidate
     answered_at: int | None  # the source's time of the candidate's last result (or of the candidate)
+    #: The agent's tool results that answer no call of the candidate (an id it
+    #: did not give, a second answer to one call, one past its calls): kept
+    #: in the next context as messages, no operation's result.
+    unmatched: int = 0
 
 
 def steps_of(conv: Conversation) -> list[Step]:
@@ -104,7 +108,10 @@ def steps_of(conv: Conversation) -> list[Step]:
             j += 1
         paired = tuple(pair_results(calls, results)) if calls else ()
         before = msgs[: at] if k == 0 else ()
-        steps.append(Step(before, msgs[at], paired, msgs[j:end], msgs[j - 1].time))
+        after = msgs[j:end]
+        unmatched = len(results) - sum(r is not None for r in paired) \
+            + sum(m.role == "tool" and m.requestor != "user" for m in after)
+        steps.append(Step(before, msgs[at], paired, after, msgs[j - 1].time, unmatched))
     return steps
 
 
@@ -134,7 +141,8 @@ class RunWriter:
         # module doc); None when the source has no times (the import's clock).
         self.time = next((t for t in (conv.started_at, *(m.time for m in conv.messages), conv.ended_at)
                           if t is not None), None)
-        self.stats = {"candidates": 0, "operations": 0, "user_tool_calls": 0, "failed": 0, "unanswered": 0}
+        self.stats = {"candidates": 0, "operations": 0, "user_tool_calls": 0, "failed": 0, "unanswered": 0,
+                      "unmatched": 0}
 
     # -- journal primitives ---------------------------------------------------------
 
@@ -198,6 +206,7 @@ class RunWriter:
         pending: list[dict[str, Any]] = []
         for index, step in enumerate(steps, start=1):
             last = index == len(steps)
+            self.stats["unmatched"] += step.unmatched
             pending = self._step(index, step, pending + [m.context_form() for m in step.before], last)
         self._finish()
         return self.stats

@@ -484,3 +484,37 @@ def test_decide_says_that_runs_already_imported_keep_their_decisions(tmp_path: P
     fresh = cli("import", "openai-jsonl", str(path), "--home", str(tmp_path / "fresh"), "--decide", "default")
     assert fresh.returncode == 0 and "already imported keep" not in fresh.stdout
     assert table(tmp_path / "fresh", "validations")
+
+
+def test_tool_results_that_answer_no_call_are_counted_and_kept_as_messages(tmp_path: Path) -> None:
+    def tool(call_id: str, content: str) -> dict[str, Any]:
+        return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+    messages = [
+        {"role": "user", "content": "get A"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("c1", "get_order", {"order_id": "A"})]},
+        tool("c1", "paid"),
+        tool("c1", "paid again"),  # a second answer to one call
+        tool("zz", "who asked?"),  # an id no call gave
+        {"role": "assistant", "content": "A is paid."},
+        tool("c1", "late"),  # after a text answer
+        {"role": "user", "content": "thanks"},
+        {"role": "assistant", "content": "Bye."},
+    ]
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps({"messages": messages, "tools": TOOLS["tools"]}) + "\n")
+    home = tmp_path / "home"
+    done = cli("import", "openai-jsonl", str(path), "--home", str(home))
+    assert done.returncode == 0, done.stderr
+    assert "1 tool calls (0 failed), 0 user tool calls, 3 tool results answering no call (kept as messages)" \
+        in done.stdout, done.stdout
+    (op,) = table(home, "operations")
+    assert op["outcome"] == "success"
+    contexts = [json.loads(a["body"]) for a in table(home, "artifacts") if a["kind"] == "context"]
+    kept = [m.get("content") for c in contexts for m in c.get("messages", []) if m.get("role") == "tool"]
+    assert {"paid again", "who asked?", "late"} <= set(kept)
+    # A transcript whose every result answers its call says nothing of the kind.
+    (tmp_path / "plain.jsonl").write_text(json.dumps({"messages": messages[:3] + messages[5:6],
+                                                      "tools": TOOLS["tools"]}) + "\n")
+    plain = cli("import", "openai-jsonl", str(tmp_path / "plain.jsonl"), "--home", str(tmp_path / "plain"))
+    assert plain.returncode == 0 and "answering no call" not in plain.stdout
