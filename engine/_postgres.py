@@ -128,6 +128,12 @@ def connect(url: str) -> Any:
             why = "libpq cannot read it"
         raise BadInput("--store", f"{redact(url)}: {why}; expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
                                   "(special characters percent-encoded)") from None
+    if "@" in _url_password(url):
+        # libpq ends the password at its first "@" and reads the rest as the
+        # host: a connection failure naming a piece of the password.
+        raise BadInput("--store", f"{redact(url)}: the password holds an unencoded '@'; expected "
+                                  "postgresql://USER:PASSWORD@HOST:PORT/DATABASE with '@' in the password "
+                                  "written %40 (special characters percent-encoded)")
     _check_settings(url, given)
     if not given.get("dbname") and not os.environ.get("PGDATABASE"):
         # libpq would pick a database named after the user (often the
@@ -142,6 +148,8 @@ def connect(url: str) -> Any:
         # server running ..."): joined on one line, each keeps its end.
         lines = [" ".join(line.split()) for line in str(exc).splitlines() if line.strip()]
         reason = redact("; ".join(lines), url)
+        if _quotes_a_piece_of(reason, url):
+            reason = "the server refused or could not be reached (its message quotes part of the password)"
         raise JournalError(f"{redact(url)}: cannot open the journal: {reason}") from exc
 
 

@@ -203,6 +203,19 @@ def test_a_failed_connection_is_one_line_without_the_password(url: str, error: t
     assert "\n" not in message
 
 
+@pytest.mark.parametrize("url", ["postgresql://someone:Tr0ub@dor-horse-staple@127.0.0.1:1/journal",
+                                 "postgres://someone:pa55@w0rd@x9z@localhost/journal"])
+def test_an_unencoded_at_in_the_password_is_bad_input_quoting_none_of_it(url: str) -> None:
+    """libpq would end the password at its first '@' and try to reach the rest as a host."""
+    from loopledger.engine import BadInput
+
+    with pytest.raises(BadInput, match="unencoded '@'.*%40") as caught:
+        open_journal(url)
+    secret = url.split("://")[1].split(":", 1)[1].rsplit("@", 1)[0]
+    assert all(piece not in str(caught.value) for piece in secret.split("@")), caught.value
+    assert "***@" in str(caught.value)
+
+
 @pytest.mark.parametrize("url", ["postgresql://127.0.0.1:1", "postgresql://someone:pw@127.0.0.1:1/"])
 def test_a_url_that_names_no_database_is_bad_input(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from loopledger.engine import BadInput
