@@ -371,6 +371,7 @@ class Runner:
         tries: Counter[str] = Counter()  # of runs another process held
         stopped: list[tuple[str, BaseException]] = []
         left: list[tuple[str, str]] = []  # runs this process cannot drive, and why
+        watched: set[str] = set()  # runs this process polls (see SQLRunStore.watch)
         # Runs driven side by side share fsyncs (see SQLRunStore.group_commit).
         self.store.group_commit = concurrency > 1
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="run") as pool:
@@ -417,7 +418,19 @@ class Runner:
                     held = view.state in _HELD_ELSEWHERE or (view.held_elsewhere and view.state not in TERMINAL)
                     if view.state is State.WAITING_TOOL and wait_for_tools and not pinned() and not unmoved \
                             and not view.held_elsewhere:
+                        # Polled until its work is done, by this process, which
+                        # says so: another that drives it between two polls
+                        # leaves its report to this one.
+                        if run_id not in watched:
+                            self.store.watch(run_id)
+                            watched.add(run_id)
                         heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
+                    elif view.state not in TERMINAL and not held and self.store.watched_elsewhere(run_id):
+                        # Another process polls it (it was driven here between
+                        # two of its polls): that one reports how it ends, not
+                        # this one the wait it was found in.
+                        self.held_elsewhere.add(run_id)
+                        continue
                     elif held and view.batch_id == self.batch_id:
                         # One of this process's own runs that another process
                         # held at that moment (a resume looking it over, or
@@ -436,9 +449,15 @@ class Runner:
                         else:
                             self.held_elsewhere.add(run_id)
                         continue
-                    elif on_settled is not None:
-                        on_settled(run_id)
+                    else:
+                        if run_id in watched:
+                            self.store.unwatch(run_id)
+                            watched.discard(run_id)
+                        if on_settled is not None:
+                            on_settled(run_id)
                     self.recorder.request()
+        for run_id in watched:
+            self.store.unwatch(run_id)  # a run stopped or left while watched
         self.recorder.flush()
         if left:
             raise RunsNotResumed(left, RunsStopped(stopped) if stopped else None)

@@ -126,6 +126,11 @@ def _batch_name(batch_id: str) -> str:
     return f"batch {batch_id}"
 
 
+def _watch_name(run_id: str) -> str:
+    """A watch's name among the claims, apart from run ids and batches."""
+    return f"watch {run_id}"
+
+
 #: Runs whose head a store remembers (see ``SQLRunStore._remember_head``).
 MAX_HEADS = 100_000
 EVENT_FIELDS = tuple(EventRecord.__dataclass_fields__)
@@ -182,6 +187,12 @@ class RunStore(Protocol):
 
     def batch_held_elsewhere(self, batch_id: str) -> bool: ...
 
+    def watch(self, run_id: str) -> None: ...
+
+    def unwatch(self, run_id: str) -> None: ...
+
+    def watched_elsewhere(self, run_id: str) -> bool: ...
+
     def release(self, run_id: str) -> None: ...
 
     def close(self) -> None: ...
@@ -227,6 +238,8 @@ class SQLRunStore:
         self._numbers: dict[str, int] = {}
         #: Batches this process holds (:meth:`hold_batch`), until it closes the store.
         self._batches: set[str] = set()
+        #: Runs this process keeps under way between its drives (:meth:`watch`).
+        self._watches: set[str] = set()
         self._claims_lock = threading.Lock()
         #: What the dialect keeps its claims among processes in (``_open_drivers``).
         self._drivers: Any = None
@@ -958,6 +971,31 @@ class SQLRunStore:
                 return False
             self._open_drivers_once()
             return self._held_outside(_batch_name(batch_id))
+
+    def watch(self, run_id: str) -> None:
+        """Say that this process keeps ``run_id`` under way between its
+        drives (it polls the run's background work, releasing its claim in
+        between) and will report how it ends: another process that drives it
+        meanwhile and finds it still waiting leaves it to this one
+        (:meth:`watched_elsewhere`) instead of reporting a wait that is
+        ending. Held until :meth:`unwatch`, or until the process ends."""
+        with self._claims_lock:
+            if run_id not in self._watches and self._claim_outside_now(_watch_name(run_id)):
+                self._watches.add(run_id)
+
+    def unwatch(self, run_id: str) -> None:
+        with self._claims_lock:
+            if run_id in self._watches:
+                self._watches.discard(run_id)
+                self._release_outside(_watch_name(run_id))
+
+    def watched_elsewhere(self, run_id: str) -> bool:
+        """Whether another process, alive, watches ``run_id``."""
+        with self._claims_lock:
+            if run_id in self._watches:
+                return False
+            self._open_drivers_once()
+            return self._held_outside(_watch_name(run_id))
 
     def still_holds(self, run_id: str) -> bool:
         """Whether this process still holds its claim on ``run_id``: asked

@@ -655,6 +655,36 @@ def test_a_waiting_run_another_process_holds_is_left_to_it_not_reported_as_waiti
         other.close()
 
 
+def test_a_run_another_process_polls_is_left_to_it_not_reported_as_waiting(tmp_path: Path) -> None:
+    """Two resumes at once: the first drives a run into its background wait
+    and polls it, letting go of it between polls; the second, finding it
+    waiting as when it started, printed that wait while the first went on to
+    finish it. A run the other polls is now left to the other."""
+    scenario = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "background-export.yaml"
+    home = tmp_path / "home"
+    env = {"LOOPLEDGER_NOW": "2030-01-01T00:00:00Z"}  # pinned: the work never falls due, the run waits
+    waiting = cli("run", str(scenario), "--json", home=home, env=env)
+    assert waiting.returncode == 0, waiting.stderr
+    (line,) = [json.loads(x) for x in waiting.stdout.splitlines()]
+    assert line["status"] == "WAITING_TOOL", line
+    run_id = line["run_id"]
+    other = Home(home).open_store()  # the first resume: it polls the run, holding no claim between polls
+    runner = Runner(Home(home), export=False)
+    version = runner.store.get_run(run_id).state_version
+    try:
+        settled: list[str] = []
+        other.watch(run_id)
+        runner.drive_all([run_id], on_settled=settled.append, leave_waiting={run_id: version})
+        assert settled == [] and runner.held_elsewhere == {run_id}
+        # Nobody polls it: the wait is this process's to report, as before.
+        other.unwatch(run_id)
+        runner.drive_all([run_id], on_settled=settled.append, leave_waiting={run_id: version})
+        assert settled == [run_id] and runner.held_elsewhere == set()
+    finally:
+        runner.close()
+        other.close()
+
+
 DEPLOY_UNCONFIRMED = """\
 id: recovery-deploy-unconfirmed
 contract:

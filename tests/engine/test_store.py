@@ -852,6 +852,28 @@ def test_one_driver_per_run_among_stores_and_processes(store: Any, store_kind: s
         other.close()
 
 
+def test_a_watch_is_seen_by_other_stores_until_it_is_let_go(store: Any, store_kind: str, journal_at: Any) -> None:
+    import time
+
+    other = open_store(store_kind, journal_at)
+    try:
+        assert not store.watched_elsewhere("r-1") and not other.watched_elsewhere("r-1")
+        other.watch("r-1")
+        assert store.watched_elsewhere("r-1") and not other.watched_elsewhere("r-1")
+        # A watch is no claim: the run can still be driven by another.
+        assert store.claim("r-1", 0)
+        store.release("r-1")
+        other.unwatch("r-1")
+        assert not store.watched_elsewhere("r-1")
+        other.watch("r-1")
+    finally:
+        other.close()
+    deadline = time.monotonic() + 10  # a server lets go of a closed session's locks a moment later
+    while store.watched_elsewhere("r-1") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not store.watched_elsewhere("r-1")
+
+
 def test_asking_whether_a_batch_is_held_takes_nothing_others_can_see(
         store: Any, store_kind: str, journal_at: Any) -> None:
     """Two processes resuming runs of one batch whose maker is gone each ask
