@@ -84,9 +84,10 @@ class Step:
     results: tuple[ToolResult | None, ...]  # one per tool call, paired
     after: tuple[Message, ...]  # user turn (and the user's tool calls) before the next candidate
     answered_at: int | None  # the source's time of the candidate's last result (or of the candidate)
-    #: The agent's tool results that answer no call of the candidate (an id it
-    #: did not give, a second answer to one call, one past its calls): kept
-    #: in the next context as messages, no operation's result.
+    #: The agent's tool results past the candidate's calls (more answers than
+    #: calls, or one after a text answer): kept in the next context as
+    #: messages, no operation's result. (Within the calls' count every
+    #: result is paired, by id or else by position: see pair_results.)
     unmatched: int = 0
 
 
@@ -109,8 +110,7 @@ def steps_of(conv: Conversation) -> list[Step]:
         paired = tuple(pair_results(calls, results)) if calls else ()
         before = msgs[: at] if k == 0 else ()
         after = msgs[j:end]
-        unmatched = len(results) - sum(r is not None for r in paired) \
-            + sum(m.role == "tool" and m.requestor != "user" for m in after)
+        unmatched = sum(m.role == "tool" and m.requestor != "user" for m in after)
         steps.append(Step(before, msgs[at], paired, after, msgs[j - 1].time, unmatched))
     return steps
 

@@ -128,7 +128,7 @@ def connect(url: str) -> Any:
             why = "libpq cannot read it"
         raise BadInput("--store", f"{redact(url)}: {why}; expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
                                   "(special characters percent-encoded)") from None
-    if "@" in _url_password(url):
+    if "@" in str(given.get("host") or ""):
         # libpq ends the password at its first "@" and reads the rest as the
         # host: a connection failure naming a piece of the password.
         raise BadInput("--store", f"{redact(url)}: the password holds an unencoded '@'; expected "

@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 from ._errors import BadInput
 from ._model import ModelAdapter
 from ._pricing import price_table
+from ._vendor import PLACEHOLDER_KEY
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ PROVIDERS = {
 
 ANTHROPIC_DEFAULT_MAX_TOKENS = 4096
 #: What a server of one's own gets as the key when none is set (the SDKs refuse an empty one).
-NO_KEY = "not-needed"
+NO_KEY = PLACEHOLDER_KEY
 
 
 def parse_route(route: str) -> tuple[str, str]:

@@ -372,6 +372,12 @@ class Runner:
         stopped: list[tuple[str, BaseException]] = []
         left: list[tuple[str, str]] = []  # runs this process cannot drive, and why
         watched: set[str] = set()  # runs this process polls (see SQLRunStore.watch)
+
+        def unwatch(run_id: str) -> None:
+            if run_id in watched:
+                self.store.unwatch(run_id)
+                watched.discard(run_id)
+
         # Runs driven side by side share fsyncs (see SQLRunStore.group_commit).
         self.store.group_commit = concurrency > 1
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="run") as pool:
@@ -399,6 +405,7 @@ class Runner:
                         view = future.result()
                     except NotDrivableHere as exc:
                         left.append((run_id, exc.why))
+                        unwatch(run_id)
                         continue
                     except Exception as exc:  # noqa: BLE001 - one run's failure must not stop the others
                         if isinstance(exc, (BadInput, JournalError)):
@@ -408,6 +415,7 @@ class Runner:
                             raise JournalError(f"{self.home.describe_journal()}: {' '.join(str(exc).split())}") \
                                 from exc
                         stopped.append((run_id, exc))
+                        unwatch(run_id)
                         continue
                     # Under a pinned clock (LOOPLEDGER_NOW) no work ever falls
                     # due: the run is left waiting, for a resume at a later time.
@@ -416,19 +424,19 @@ class Runner:
                     # it was read in, which it may only be passing through (a
                     # wait the other is ending), unless that state is terminal.
                     held = view.state in _HELD_ELSEWHERE or (view.held_elsewhere and view.state not in TERMINAL)
-                    if view.state is State.WAITING_TOOL and wait_for_tools and not pinned() and not unmoved \
-                            and not view.held_elsewhere:
+                    polled = view.state is State.WAITING_TOOL and wait_for_tools and not pinned() \
+                        and not unmoved and not view.held_elsewhere
+                    if polled and (run_id in watched or self.store.watch(run_id)):
                         # Polled until its work is done, by this process, which
                         # says so: another that drives it between two polls
                         # leaves its report to this one.
-                        if run_id not in watched:
-                            self.store.watch(run_id)
-                            watched.add(run_id)
+                        watched.add(run_id)
                         heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
-                    elif view.state not in TERMINAL and not held and self.store.watched_elsewhere(run_id):
+                    elif view.state not in TERMINAL and not held and (polled or self.store.watched_elsewhere(run_id)):
                         # Another process polls it (it was driven here between
-                        # two of its polls): that one reports how it ends, not
-                        # this one the wait it was found in.
+                        # two of its polls; ``polled``: its watch was refused):
+                        # that one reports how it ends, not this one the state
+                        # it was found in.
                         self.held_elsewhere.add(run_id)
                         continue
                     elif held and view.batch_id == self.batch_id:
@@ -447,17 +455,18 @@ class Runner:
                         if tries[run_id] < HELD_ELSEWHERE_TRIES:
                             heapq.heappush(timers, (time.monotonic() + POLL_INTERVAL_S, run_id))
                         else:
+                            # The other reports it: a watch kept here would
+                            # have it leave its report to this process.
                             self.held_elsewhere.add(run_id)
+                            unwatch(run_id)
                         continue
                     else:
-                        if run_id in watched:
-                            self.store.unwatch(run_id)
-                            watched.discard(run_id)
+                        unwatch(run_id)
                         if on_settled is not None:
                             on_settled(run_id)
                     self.recorder.request()
-        for run_id in watched:
-            self.store.unwatch(run_id)  # a run stopped or left while watched
+        for run_id in list(watched):
+            unwatch(run_id)  # a run stopped or left while watched
         self.recorder.flush()
         if left:
             raise RunsNotResumed(left, RunsStopped(stopped) if stopped else None)

@@ -187,7 +187,7 @@ class RunStore(Protocol):
 
     def batch_held_elsewhere(self, batch_id: str) -> bool: ...
 
-    def watch(self, run_id: str) -> None: ...
+    def watch(self, run_id: str) -> bool: ...
 
     def unwatch(self, run_id: str) -> None: ...
 
@@ -978,10 +978,14 @@ class SQLRunStore:
         between) and will report how it ends: another process that drives it
         meanwhile and finds it still waiting leaves it to this one
         (:meth:`watched_elsewhere`) instead of reporting a wait that is
-        ending. Held until :meth:`unwatch`, or until the process ends."""
+        ending. Held until :meth:`unwatch`, or until the process ends.
+        False when another process watches it already."""
         with self._claims_lock:
-            if run_id not in self._watches and self._claim_outside_now(_watch_name(run_id)):
+            if run_id not in self._watches:
+                if not self._claim_outside_now(_watch_name(run_id)):
+                    return False
                 self._watches.add(run_id)
+            return True
 
     def unwatch(self, run_id: str) -> None:
         with self._claims_lock:
@@ -1075,6 +1079,7 @@ class SQLRunStore:
                 self._claims.clear()
                 self._numbers.clear()
                 self._batches.clear()
+                self._watches.clear()
 
 
 @dataclass

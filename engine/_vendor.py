@@ -224,13 +224,15 @@ def stream_error(error: ModelError, *, began: bool, secret: str = "") -> StreamE
                        incomplete=broken)
 
 
-#: Keys shorter than this are placeholders (``not-needed``), not secrets.
+#: Shorter keys are not written out: a copy of a short string may be part of any word.
 SECRET_MIN_CHARS = 8
+#: The placeholder a server of one's own gets (engine/_routes.py NO_KEY): no secret.
+PLACEHOLDER_KEY = "not-needed"
 
 
 def redact(text: str, secret: str) -> str:
     """``text`` with every copy of ``secret`` replaced by ``[API key]``."""
-    if len(secret) < SECRET_MIN_CHARS:
+    if len(secret) < SECRET_MIN_CHARS or secret == PLACEHOLDER_KEY:
         return text
     return text.replace(secret, "[API key]")
 

@@ -332,7 +332,7 @@ def junit(result: ReplayResult, fail_on: str) -> str:
         "time": f"{result.summary.seconds:.3f}",
     })
     props = ET.SubElement(suite, "properties")
-    for name in ("replay_id", "suite_version", "baseline", "not_in_baseline", "not_recorded"):
+    for name in ("replay_id", "suite_version", "baseline", "not_in_baseline", "not_recorded", "baseline_suites"):
         ET.SubElement(props, "property", {"name": name, "value": str(getattr(result.summary, name))})
     for r in runs:
         case = ET.SubElement(suite, "testcase", {"classname": r.task_id or "run", "name": r.run_id})

@@ -489,9 +489,10 @@ def test_a_key_the_server_echoes_in_its_error_is_never_recorded(tmp_path, server
 def test_no_retry_begins_after_a_pause_that_reaches_the_deadline(tmp_path, server, env) -> None:
     """A server error's pause (0.5 s, then 1 s) with under 1 s of the run
     left: the run ends at the deadline instead of sending a call that
-    could not finish."""
+    could not finish. (1.5 s: the first pause fits if the first answer came
+    within a second; the second never does.)"""
     server.script(*[Reply(500, body=error_body("boom", "server_error"))] * 3)
-    scenario = {**HELLO, "budgets": {**HELLO["budgets"], "deadline_s": 1.0}}
+    scenario = {**HELLO, "budgets": {**HELLO["budgets"], "deadline_s": 1.5}}
     rec = run_scenario(tmp_path, ROUTE, env, scenario)
     assert (rec.run.state.value, rec.run.reason) == ("BUDGET_EXHAUSTED", "deadline"), rec.output
     assert len(server.requests) == 2  # the first retry fitted; the second would begin past the deadline

@@ -216,6 +216,14 @@ def test_an_unencoded_at_in_the_password_is_bad_input_quoting_none_of_it(url: st
     assert "***@" in str(caught.value)
 
 
+@pytest.mark.parametrize("url", ["postgresql://someone:pw@127.0.0.1:1/journal?application_name=me@laptop",
+                                 "postgresql://someone:pw@127.0.0.1:1/journal?sslrootcert=/home/a@b/ca.pem"])
+def test_an_at_in_the_query_is_no_password_of_the_url(url: str) -> None:
+    """Only an '@' libpq reads into the host is refused: these URLs are fine (the server is not there)."""
+    with pytest.raises(JournalError, match="cannot open the journal"):
+        open_journal(url)
+
+
 @pytest.mark.parametrize("url", ["postgresql://127.0.0.1:1", "postgresql://someone:pw@127.0.0.1:1/"])
 def test_a_url_that_names_no_database_is_bad_input(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from loopledger.engine import BadInput

@@ -685,6 +685,40 @@ def test_a_run_another_process_polls_is_left_to_it_not_reported_as_waiting(tmp_p
         other.close()
 
 
+def test_the_process_that_polls_a_run_watches_it_until_it_ends(tmp_path: Path) -> None:
+    """``run`` polls a run's background work (0.5 s): meanwhile another
+    store sees its watch; once the run has ended, no longer."""
+    import time
+
+    scenario = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "background-export.yaml"
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    proc = subprocess.Popen([*CLI, "run", str(scenario), "--json", "--home", str(home)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    seen: set[bool] = set()
+    other = None
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            if other is None and (home / "journal.sqlite").exists():
+                other = Home(home).open_store()
+            if other is not None:
+                runs = other.list_runs()
+                if runs:
+                    seen.add(other.watched_elsewhere(runs[0].run_id))
+            time.sleep(0.01)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert json.loads(out)["status"] == "SUCCEEDED"
+        assert other is not None and True in seen
+        assert not other.watched_elsewhere(other.list_runs()[0].run_id)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if other is not None:
+            other.close()
+
+
 DEPLOY_UNCONFIRMED = """\
 id: recovery-deploy-unconfirmed
 contract:
