@@ -36,18 +36,21 @@ class Provider:
     key_env: str
     url_env: str
     domain: str  # hosts in it (api.openai.com, eu.api.openai.com) are the provider's: they need its key
-    default_host: str
+    default_url: str  # the SDK's base URL when the variable is unset
+
+    @property
+    def default_host(self) -> str:
+        return urlparse(self.default_url).hostname or ""
 
 
 PROVIDERS = {
-    "openai": Provider("openai", "openai", "OPENAI_API_KEY", "OPENAI_BASE_URL", "openai.com", "api.openai.com"),
+    "openai": Provider("openai", "openai", "OPENAI_API_KEY", "OPENAI_BASE_URL", "openai.com",
+                       "https://api.openai.com/v1"),
     "anthropic": Provider("anthropic", "anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "anthropic.com",
-                          "api.anthropic.com"),
+                          "https://api.anthropic.com"),
 }
 
 ANTHROPIC_DEFAULT_MAX_TOKENS = 4096
-#: What a server of one's own gets as the key when none is set (the SDKs refuse an empty one).
-NO_KEY = PLACEHOLDER_KEY
 
 
 def parse_route(route: str) -> tuple[str, str]:
@@ -94,7 +97,7 @@ def settings_for(route: str) -> Settings:
         if host == p.domain or host.endswith("." + p.domain):
             raise BadInput("--model", f"{route} needs an API key: set {p.key_env} "
                            f"(or {p.url_env} for a server of your own)")
-        key = NO_KEY
+        key = PLACEHOLDER_KEY
     price_table()  # checked now: otherwise first read to price an answer already paid for
     return Settings(key, base_url, _env_float("LOOPLEDGER_MODEL_TIMEOUT_S", 120.0), _env_tokens())
 
@@ -104,14 +107,14 @@ def _host(base_url: str, p: Provider) -> str:
     input unless it is an http(s) URL with a host: a URL the SDK cannot
     reach would only fail each attempt with "Connection error", naming
     nothing."""
-    example = f"https://{p.default_host}" + ("/v1" if p.name == "openai" else "")
     try:
         parsed = urlparse(base_url)
         parsed.port  # noqa: B018 - a port that is not a number raises here
     except ValueError as exc:
-        raise BadInput(p.url_env, f"expected an http(s) URL such as {example}, got {base_url!r} ({exc})") from None
+        raise BadInput(p.url_env, f"expected an http(s) URL such as {p.default_url}, "
+                                  f"got {base_url!r} ({exc})") from None
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise BadInput(p.url_env, f"expected an http(s) URL with a host, such as {example}, got {base_url!r}")
+        raise BadInput(p.url_env, f"expected an http(s) URL with a host, such as {p.default_url}, got {base_url!r}")
     return parsed.hostname.lower().rstrip(".")
 
 

@@ -960,19 +960,13 @@ class SQLRunStore:
         process that made it (:meth:`batch_held_elsewhere`). One claim per
         batch, however many runs it has; the operating system, or the server,
         lets go of it when the process ends."""
-        with self._claims_lock:
-            if batch_id not in self._batches and self._claim_outside_now(_batch_name(batch_id)):
-                self._batches.add(batch_id)
+        self._hold(self._batches, batch_id, _batch_name(batch_id))
 
     def batch_held_elsewhere(self, batch_id: str) -> bool:
         """Whether another process, alive, holds ``batch_id``."""
-        with self._claims_lock:
-            if batch_id in self._batches:
-                return False
-            self._open_drivers_once()
-            return self._held_outside(_batch_name(batch_id))
+        return self._held_elsewhere(self._batches, batch_id, _batch_name(batch_id))
 
-    def watch(self, run_id: str) -> None:
+    def watch(self, run_id: str) -> bool:
         """Say that this process keeps ``run_id`` under way between its
         drives (it polls the run's background work, releasing its claim in
         between) and will report how it ends: another process that drives it
@@ -980,12 +974,7 @@ class SQLRunStore:
         (:meth:`watched_elsewhere`) instead of reporting a wait that is
         ending. Held until :meth:`unwatch`, or until the process ends.
         False when another process watches it already."""
-        with self._claims_lock:
-            if run_id not in self._watches:
-                if not self._claim_outside_now(_watch_name(run_id)):
-                    return False
-                self._watches.add(run_id)
-            return True
+        return self._hold(self._watches, run_id, _watch_name(run_id))
 
     def unwatch(self, run_id: str) -> None:
         with self._claims_lock:
@@ -995,11 +984,25 @@ class SQLRunStore:
 
     def watched_elsewhere(self, run_id: str) -> bool:
         """Whether another process, alive, watches ``run_id``."""
+        return self._held_elsewhere(self._watches, run_id, _watch_name(run_id))
+
+    def _hold(self, mine: set[str], key: str, name: str) -> bool:
+        """Hold ``name`` among the claims for ``key`` in ``mine`` (this
+        store's batches or watches) unless it is held already; False when
+        another process holds it."""
         with self._claims_lock:
-            if run_id in self._watches:
+            if key not in mine:
+                if not self._claim_outside_now(name):
+                    return False
+                mine.add(key)
+            return True
+
+    def _held_elsewhere(self, mine: set[str], key: str, name: str) -> bool:
+        with self._claims_lock:
+            if key in mine:
                 return False
             self._open_drivers_once()
-            return self._held_outside(_watch_name(run_id))
+            return self._held_outside(name)
 
     def still_holds(self, run_id: str) -> bool:
         """Whether this process still holds its claim on ``run_id``: asked

@@ -226,7 +226,8 @@ def stream_error(error: ModelError, *, began: bool, secret: str = "") -> StreamE
 
 #: Shorter keys are not written out: a copy of a short string may be part of any word.
 SECRET_MIN_CHARS = 8
-#: The placeholder a server of one's own gets (engine/_routes.py NO_KEY): no secret.
+#: What a server of one's own gets as the key when none is set (the SDKs
+#: refuse an empty one; engine/_routes.py): no secret, never written out.
 PLACEHOLDER_KEY = "not-needed"
 
 

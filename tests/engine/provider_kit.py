@@ -151,6 +151,11 @@ def run_scenario(tmp_path: Path, route: str, env: dict[str, str], scenario: dict
         store.close()
 
 
+def files_holding(folder: Path, text: str) -> list[Path]:
+    """The files under ``folder`` whose bytes hold ``text`` (a secret that must be stored nowhere)."""
+    return [path for path in folder.rglob("*") if path.is_file() and text.encode() in path.read_bytes()]
+
+
 def items(value: Any) -> list[dict[str, Any]]:
     return json.loads(value) if isinstance(value, str) else value
 

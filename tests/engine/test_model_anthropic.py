@@ -20,7 +20,8 @@ anthropic = pytest.importorskip("anthropic")
 from loopledger.engine._anthropic import error_table, translate_error  # noqa: E402
 from loopledger.engine._errors import ModelError  # noqa: E402
 from loopledger.engine._vendor import nearest_rule  # noqa: E402
-from provider_kit import SCENARIO, ProviderServer, Reply, items, paced, run_scenario, sse  # noqa: E402
+from provider_kit import (  # noqa: E402
+    SCENARIO, ProviderServer, Reply, files_holding, items, paced, run_scenario, sse)
 
 ROUTE = "anthropic:test-model"
 
@@ -374,9 +375,7 @@ def test_a_key_the_server_echoes_in_its_error_is_never_recorded(tmp_path, server
     rec = run_scenario(tmp_path, ROUTE, {**env, "ANTHROPIC_API_KEY": key})
     assert (rec.run.state.value, rec.run.reason) == ("FAILED", "model_error"), rec.output
     assert "invalid x-api-key [API key]" in rec.bodies[0]["error"]["message"]
-    for path in (tmp_path / "home").rglob("*"):
-        if path.is_file():
-            assert key.encode() not in path.read_bytes(), path
+    assert files_holding(tmp_path / "home", key) == []
 
 
 @pytest.mark.parametrize(("url", "expected"), [

@@ -22,7 +22,8 @@ from loopledger.engine._errors import ModelError, ModelTimeout  # noqa: E402
 from loopledger.engine._model import within  # noqa: E402
 from loopledger.engine._openai import error_table, translate_error  # noqa: E402
 from loopledger.engine._vendor import nearest_rule  # noqa: E402
-from provider_kit import SCENARIO, ProviderServer, Reply, items, paced, run_scenario, sse  # noqa: E402
+from provider_kit import (  # noqa: E402
+    SCENARIO, ProviderServer, Reply, files_holding, items, paced, run_scenario, sse)
 
 ROUTE = "openai:test-model"
 
@@ -480,9 +481,7 @@ def test_a_key_the_server_echoes_in_its_error_is_never_recorded(tmp_path, server
     rec = run_scenario(tmp_path, ROUTE, {**env, "OPENAI_API_KEY": key})
     assert (rec.run.state.value, rec.run.reason) == ("FAILED", "model_error"), rec.output
     assert "Incorrect API key provided: [API key]" in rec.bodies[0]["error"]["message"]
-    for path in (tmp_path / "home").rglob("*"):
-        if path.is_file():
-            assert key.encode() not in path.read_bytes(), path
+    assert files_holding(tmp_path / "home", key) == []
     assert key not in rec.output
 
 
