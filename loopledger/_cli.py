@@ -549,6 +549,18 @@ def _print_outcomes(outcomes: list[Any], as_json: bool, title: str) -> None:
     _print_tokens(console, outcomes)
 
 
+def _resumed_title(outcomes: list[Any]) -> str:
+    """What a resume did: a run found waiting may still wait, which is no resumption."""
+    from loopledger.engine._states import TERMINAL, State
+
+    ended = sum(State[o.status] in TERMINAL for o in outcomes)
+    waiting = sum(o.status.startswith("WAITING_") for o in outcomes)
+    parts = [f"{ended} ended", f"{waiting} still waiting"]
+    if rest := len(outcomes) - ended - waiting:
+        parts.append(f"{rest} left where they were")
+    return f"{len(outcomes)} unfinished run(s): " + ", ".join(parts)
+
+
 @app.command(short_help="Resume every non-terminal run from its last committed state.")
 @guarded
 def resume(
@@ -591,8 +603,10 @@ def resume(
         outcomes = [runner.outcome(run_id) for run_id in ids]
     finally:
         runner.close()
-    if not as_json:
-        _print_outcomes(outcomes, False, f"{len(outcomes)} run(s) resumed")
+    if not as_json and not outcomes:
+        typer.echo(f"No unfinished run in {where.root}: nothing to resume.")
+    elif not as_json:
+        _print_outcomes(outcomes, False, _resumed_title(outcomes))
         if runner.held_elsewhere:
             typer.echo(f"{len(runner.held_elsewhere)} run(s) left to another process driving them meanwhile.")
     if stopped is not None:

@@ -351,6 +351,21 @@ def test_run_and_resume_print_each_run_id_whole_in_a_log(tmp_path: Path) -> None
     assert any(f"│ {waiting} " in line for line in resumed.stdout.splitlines()), resumed.stdout
 
 
+def test_resume_says_which_runs_ended_and_which_still_wait(tmp_path: Path) -> None:
+    """A run found waiting for a person and left waiting was not resumed: the
+    title counts what happened, and a journal with no unfinished run says so."""
+    home = tmp_path / "home"
+    cli("run", str(SCENARIOS / "approval-waits-for-person.yaml"), "--home", str(home))
+    resumed = cli("resume", "--home", str(home), env={"COLUMNS": "200"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert "1 unfinished run(s): 0 ended, 1 still waiting" in resumed.stdout, resumed.stdout
+    assert "resumed" not in resumed.stdout
+    finished = tmp_path / "finished"
+    cli("run", str(SCENARIOS / "happy-refund.yaml"), "--home", str(finished))
+    nothing = cli("resume", "--home", str(finished))
+    assert nothing.returncode == 0 and nothing.stdout.startswith("No unfinished run in "), nothing.stdout
+
+
 def test_resume_drives_the_runs_it_can_and_names_those_whose_model_it_cannot_reach(tmp_path: Path) -> None:
     """One run on a real model route, one scripted, both killed mid-way;
     resumed where the route's key is not set: the scripted run finishes and
