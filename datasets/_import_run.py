@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import reprlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from loopledger._args import as_path
@@ -37,6 +38,9 @@ from ._import_tau import catalogue_in_tools, expand, read_bytes, read_tau2, read
 #: import → its runs, each converted when asked for (a
 #: :class:`~._import_model.Runs`) or all at once.
 Reader = Callable[[Path, "Path | None", "str | None"], Sequence[Conversation]]
+
+#: What a file's name ends with that its runs' task ids leave out.
+_FILE_SUFFIX = re.compile(r"\.jsonl?(\.gz)?$")
 
 #: Format name → (reader, file patterns a folder is searched for).
 #: Every format reads its files gzipped too (by their magic bytes), and a
@@ -133,7 +137,27 @@ def _sources(fmt: Any, paths: Any, tools: Any) -> _Source:
     # they are read as catalogues, not as traces.
     skip = catalogue_in_tools if fmt in ("tau-bench", "tau2") else None
     found = list(expand(given, patterns, skip))
-    return _Source(fmt, reader, [path for path, _ in found], tools_path, dict(found))
+    return _Source(fmt, reader, [path for path, _ in found], tools_path, _distinct_names(found))
+
+
+def _distinct_names(found: list[tuple[Path, str]]) -> dict[Path, str]:
+    """Each file's name in the import, made distinct where two files in
+    different folders share one but for their suffixes (``a/chats.jsonl``
+    and ``b/chats.jsonl.gz`` named directly, or two folders' ``chats.jsonl``):
+    such a name takes as many of the folders above it as tell them apart,
+    so that their runs' default task ids differ."""
+    names = dict(found)
+    by_stem: dict[str, list[Path]] = defaultdict(list)
+    for path, name in names.items():
+        by_stem[_FILE_SUFFIX.sub("", name)].append(path)
+    for paths in by_stem.values():
+        above = {path: path.absolute().parts[:-len(PurePosixPath(names[path]).parts)] for path in paths}
+        folders = set(above.values())
+        if len(folders) < 2:
+            continue  # one folder's chats.jsonl and chats.jsonl.gz: no folder tells them apart
+        depth = next(d for d in range(1, max(map(len, folders)) + 1) if len({f[-d:] for f in folders}) == len(folders))
+        names.update({path: "/".join((*folder[-depth:], names[path])) for path, folder in above.items()})
+    return names
 
 
 def _read_file(source: _Source, path: Path, lo: float = 0.0, hi: float = 1.0) -> tuple[int, list[Conversation], int]:

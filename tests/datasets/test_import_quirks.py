@@ -438,6 +438,16 @@ def test_default_task_ids_start_with_the_files_path_below_the_folder_given(tmp_p
     (tmp_path / "solo.jsonl").write_text(_line("alone"))
     import_traces("openai-jsonl", [tmp_path / "solo.jsonl"], home=tmp_path / "solo")
     assert [r["task_id"] for r in table(tmp_path / "solo", "runs")] == ["solo/1"]
+    # Two files of one name in different folders, named directly or found in
+    # two folders given: the folders that tell them apart lead their task ids.
+    for week in ("w1", "w2"):
+        (tmp_path / week / "days" / "d1").mkdir(parents=True)
+        (tmp_path / week / "days" / "d1" / "chats.jsonl").write_text(_line(f"question of {week}"))
+    named = [tmp_path / week / "days" / "d1" / "chats.jsonl" for week in ("w1", "w2")]
+    import_traces("openai-jsonl", named, home=tmp_path / "named")
+    assert sorted(r["task_id"] for r in table(tmp_path / "named", "runs")) == ["w1/days/d1/chats/1", "w2/days/d1/chats/1"]
+    import_traces("openai-jsonl", [tmp_path / week / "days" for week in ("w1", "w2")], home=tmp_path / "folders")
+    assert sorted(r["task_id"] for r in table(tmp_path / "folders", "runs")) == ["w1/days/d1/chats/1", "w2/days/d1/chats/1"]
 
 
 def test_an_import_that_finds_no_run_leaves_every_table_readable(tmp_path: Path) -> None:
