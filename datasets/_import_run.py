@@ -67,6 +67,7 @@ class FileImport:
     unanswered_operations: int = 0  # calls the source shows no result for (unknown_outcome)
     invalid: int = 0  # runs the source marks as not usable (ToolBench's valid_data: false), skipped
     unmatched_results: int = 0  # agent tool results that answer no call: kept as messages only
+    recorded: int = 0  # of the skipped, those recorded before this import (the rest were given twice)
 
 
 @dataclass
@@ -433,10 +434,12 @@ def _write_pieces(job: _Job, pieces: Sequence[Piece], rows: Any) -> tuple[Any, d
         counts[index]["invalid"] += invalid
         for conv in conversations:
             run_id = conv.run_id
-            if run_id in existing or run_id in seen or (existing and not existing.isdisjoint(conv.legacy_run_ids)):
-                # A run repeated (in a file or across files) is imported once;
-                # one imported by an earlier version is known by its old id.
+            if run_id in existing or (existing and not existing.isdisjoint(conv.legacy_run_ids)):
+                # One imported by an earlier version is known by its old id.
+                counts[index]["recorded"] += 1
                 continue
+            if run_id in seen:
+                continue  # a run repeated (in a file or across files) is imported once
             seen.add(run_id)
             counts[index]["runs"] += 1
             try:
@@ -453,5 +456,6 @@ def _file_imports(files: list[Path], counts: Any, totals: dict[int, int]) -> lis
     for index, path in enumerate(files):
         c = counts[index]
         out.append(FileImport(str(path), c["runs"], totals[index] - c["runs"], c["candidates"], c["operations"],
-                              c["user_tool_calls"], c["failed"], c["unanswered"], c["invalid"], c["unmatched"]))
+                              c["user_tool_calls"], c["failed"], c["unanswered"], c["invalid"], c["unmatched"],
+                              c["recorded"]))
     return out

@@ -1006,13 +1006,15 @@ def import_cmd(
     lines = []
     for f in result.files:
         invalid = f", {f.invalid} marked not valid by the source" if f.invalid else ""
-        lines.append(f"{f.path}: {f.runs} runs ({f.skipped} already imported or given twice{invalid}), {f.candidates} candidates, "
+        twice = f.skipped - f.recorded
+        skipped = ", ".join([f"{f.recorded} already imported"] + ([f"{twice} given twice"] if twice else []))
+        lines.append(f"{f.path}: {f.runs} runs ({skipped}{invalid}), {f.candidates} candidates, "
                      f"{f.operations} tool calls ({f.failed_operations} failed"
                      + (f", {f.unanswered_operations} without a result" if f.unanswered_operations else "")
                      + f"), {f.user_tool_calls} user tool calls"
                      + (f", {f.unmatched_results} tool results answering no call (kept as messages)"
                         if f.unmatched_results else ""))
-    already = sum(f.skipped for f in result.files)  # already imported (or given twice: then imported once now)
+    already = sum(f.recorded for f in result.files)  # imported before; those given twice were imported once now
     if decide is not None and already:
         # Runs already imported keep what they were imported with: a second
         # suite's decisions beside the first would be two baselines in one.

@@ -142,7 +142,12 @@ def test_a_record_given_twice_in_one_file_is_imported_once(tmp_path: Path) -> No
     assert (done.runs, done.skipped) == (1, 1)
     # Said as what it is in a home that had none of it before.
     said = cli("import", "openai-jsonl", str(path), "--home", str(tmp_path / "fresh")).stdout
-    assert said.startswith(f"{path}: 1 runs (1 already imported or given twice)")
+    assert said.startswith(f"{path}: 1 runs (0 already imported, 1 given twice)")
+    # ... and with --decide, it is no run that keeps the decisions of an earlier import.
+    decided = cli("import", "openai-jsonl", str(path), "--home", str(tmp_path / "decided"), "--decide", "default")
+    assert decided.returncode == 0 and "already imported keep" not in decided.stdout, decided.stdout
+    again = cli("import", "openai-jsonl", str(path), "--home", str(tmp_path / "fresh")).stdout
+    assert again.startswith(f"{path}: 0 runs (2 already imported)"), again
 
 
 def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
