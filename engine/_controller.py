@@ -121,7 +121,28 @@ def _payload_ops(ops: list[OpView]) -> list[dict[str, Any]]:
     """The operations as a transition's payload records them (what the run view reads back)."""
     return [{"operation_id": op.operation_id, "idempotency_key": op.idempotency_key, "call_id": op.call_id,
              "tool": op.tool, "version": op.version, "arguments": op.arguments, "args_hash": op.args_hash,
-             "step": op.step, **({"denied": True} if op.denied else {})} for op in ops]
+             "step": op.step, **({"denied": True} if op.denied else {}),
+             **({"approval": op.approval} if op.approval else {})} for op in ops]
+
+
+def _approvals_asked(inp: DecisionInput, blocking: Any) -> dict[str, str]:
+    """The candidate's calls a person must approve before they run, each
+    with why: those an ``ask`` decision names (``call_id`` in its evidence,
+    or in one of its ``other_issues``), and all of them for an ``ask`` that
+    names none of its calls (nothing runs that a person was to see first)."""
+    ids = [call.call_id for call in inp.proposed_calls]
+    asked: dict[str, list[str]] = {}
+    for decision in blocking:
+        if decision.verdict is not Verdict.ASK:
+            continue
+        evidence = decision.evidence if isinstance(decision.evidence, dict) else {}
+        issues = [(decision.message, evidence)] + [
+            (other.get("message"), other.get("evidence")) for other in evidence.get("other_issues", ())
+            if isinstance(other, dict) and other.get("verdict") == Verdict.ASK.value]
+        named = [(message, e["call_id"]) for message, e in issues if isinstance(e, dict) and e.get("call_id") in ids]
+        for message, call_id in named or [(decision.message, call_id) for call_id in ids]:
+            asked.setdefault(call_id, []).append(f"{decision.validator}: {message}")
+    return {call_id: "; ".join(whys) for call_id, whys in asked.items()}
 
 
 def _call_items(inp: DecisionInput) -> list[dict[str, Any]]:
@@ -729,10 +750,13 @@ class Controller(PeopleMixin):
                 "await_work": True, "pending_work": [op.work_id for op in view.pending_background()]})
             return
         verdict = result.verdict
-        if verdict is Verdict.ASK and all(d.code == "approval_required" for d in blocking):
-            # Only approval stands in the way: the operations are committed
-            # now and each one that needs it waits for a person in
-            # TOOL_RUNNING, bound to that operation and state version.
+        approvals: dict[str, str] = {}
+        if verdict is Verdict.ASK and inp.proposed_calls:
+            # Only a person stands in the way of calls: an approval, whichever
+            # validator asks for it. The operations are committed now and each
+            # one asked about waits for a person in TOOL_RUNNING, bound to that
+            # operation and state version; the others run.
+            approvals = _approvals_asked(inp, blocking)
             verdict = Verdict.ACCEPT
         if verdict in (Verdict.REPAIR, Verdict.REJECT):
             self._repair(view, config, blocking, self._refuse_calls(view, inp, blocking, recorded))
@@ -748,7 +772,7 @@ class Controller(PeopleMixin):
             self._finalize(view, "SUCCEEDED", "completed", extra=recorded,
                            payload_extra={"final_id": final.artifact_id})
             return
-        self._start_calls(view, config, inp, recorded)
+        self._start_calls(view, config, inp, recorded, approvals)
 
     @staticmethod
     def _recorded_decisions(view: RunView, result: SuiteResult) -> dict[str, Any]:
@@ -778,9 +802,12 @@ class Controller(PeopleMixin):
         })
         return {"facts": {"validations": rows}, "events": (summary,)}
 
-    def _start_calls(self, view: RunView, config: RunConfig, inp: DecisionInput, recorded: dict[str, Any]) -> None:
+    def _start_calls(self, view: RunView, config: RunConfig, inp: DecisionInput, recorded: dict[str, Any],
+                     approvals: dict[str, str]) -> None:
         """The candidate's calls were accepted: record an operation for each
-        and move to TOOL_RUNNING, sending the first that needs no approval.
+        and move to TOOL_RUNNING, sending the first that needs no approval
+        (``approvals``: call id → why a person must approve it, as the suite
+        asked; tools that always need one are the runtime's own list).
         Calls that cannot be told apart or contradict the finish end the run;
         calls over ``max_tool_calls`` exhaust its budget; when none of them
         can be sent (arguments that did not parse), the model is told."""
@@ -816,7 +843,10 @@ class Controller(PeopleMixin):
                 evidence={"calls": [item.get("call_id") for item, *_ in bad]})], recorded)
             return
         allowed = config.scenario.contract.allowed_tools
-        ops = [self._operation(view, index, call, denied=allowed is not None and not tool_allowed(call.tool, allowed))
+        ops = [self._operation(view, index, call, denied=allowed is not None and not tool_allowed(call.tool, allowed),
+                               approval=approvals.get(call.call_id) or (
+                                   f"{call.tool} needs a person's approval" if call.tool in config.approval_required
+                                   else None))
                for index, call in enumerate(calls, start=1)]
         new_operations = tuple(
             {
@@ -827,8 +857,7 @@ class Controller(PeopleMixin):
                 "tool_version": op.version,
                 "idempotency_key": op.idempotency_key,
                 "canonical_args_json": op.arguments,
-                "policy_decision": "deny" if op.denied else
-                                   "approval_required" if op.tool in config.approval_required else "allow",
+                "policy_decision": "deny" if op.denied else "approval_required" if op.approval else "allow",
                 "status": "accepted",
                 "outcome": None,
                 "dispatch_count": 0,
@@ -886,7 +915,8 @@ class Controller(PeopleMixin):
         self._finalize(view, "BUDGET_EXHAUSTED", "max_tool_calls", extra=extra,
                        payload_extra={"operations": _payload_ops(ops)})
 
-    def _operation(self, view: RunView, index: int, call: Any, *, denied: bool = False) -> OpView:
+    def _operation(self, view: RunView, index: int, call: Any, *, denied: bool = False,
+                   approval: str | None = None) -> OpView:
         operation_id = f"{view.run_id}.s{view.step}.op{index}"
         # The key names the side effect, not the attempt to send it: a re-send
         # after reconciliation reuses it, so the backend can tell them apart.
@@ -901,6 +931,7 @@ class Controller(PeopleMixin):
             args_hash=call.args_hash,
             step=view.step,
             denied=denied,
+            approval=approval,
         )
 
     def _repair(self, view: RunView, config: RunConfig, blocking: Any, recorded: dict[str, Any]) -> None:
@@ -999,7 +1030,8 @@ class Controller(PeopleMixin):
                 "canonical_arguments": op.arguments,
                 "actor": view.tenant,
                 "scope": {"tenant": view.tenant, "allowed_tools": config.scenario.contract.allowed_tools},
-                "reason": config.scenario.contract.goal,
+                "reason": op.approval or f"{op.tool} needs a person's approval",
+                "goal": config.scenario.contract.goal,
                 "policy_version": config.scenario.contract.version,
             }, {}, operation=op)
             return
@@ -1033,7 +1065,10 @@ class Controller(PeopleMixin):
 
     def _sendable(self, op: OpView, config: RunConfig) -> bool:
         """Can go to its backend without a person first."""
-        return not op.denied and op.tool != "ask_user" and (op.tool not in config.approval_required or op.approved)
+        # A journal of an earlier version names no approval on its operations:
+        # the runtime's list of tools that need one still holds for them.
+        needs = op.approval is not None or op.tool in config.approval_required
+        return not op.denied and op.tool != "ask_user" and (not needs or op.approved)
 
     def _send(self, view: RunView, config: RunConfig, op: OpView) -> None:
         """Send an operation already marked as dispatched, and record its result."""

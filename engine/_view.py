@@ -61,7 +61,10 @@ class OpView:
     work_done: bool = False
     dispatches: int = 0
     resends: int = 0
-    #: A person approved this operation (only for tools that need approval).
+    #: Why a person must approve this operation before it is sent (a tool
+    #: that always needs approval, or a validator that asked); None: nobody.
+    approval: str | None = None
+    #: A person approved this operation (only for those that need approval).
     approved: bool = False
     #: The runtime's policy refused it (a tool outside the contract's
     #: allowed tools): never sent, its result is ``permission_denied``.

@@ -461,7 +461,8 @@ def test_the_approval_binds_the_operation_and_its_canonical_arguments(tmp_path: 
     assert (question["tool"], question["tool_version"]) == (tool, version) == ("deploy.service", "v2")
     assert question["canonical_arguments"] == json.loads(args_json) == {"service": "checkout", "version": "1.5.0"}
     assert question["actor"] == "acme" and question["scope"]["tenant"] == "acme"
-    assert question["reason"] == "Deploy checkout 1.5.0" and "policy_version" in question
+    assert question["goal"] == "Deploy checkout 1.5.0" and "policy_version" in question
+    assert question["reason"] == "permission: call 'call_1_1_1': deploy.service needs a person's approval"
     # Asked in the words a person reads: the arguments as JSON, not a Python dict.
     assert question["question"] == 'Approve deploy.service with {"service":"checkout","version":"1.5.0"}?'
     # The token is bound to this wait and the state version the run waits at.
@@ -1067,3 +1068,93 @@ def test_a_crash_while_a_run_ends_never_forgets_the_work_it_cut_short(tmp_path: 
         assert done["state"] == "cancelled", n
         assert all_violations(where) == []
     assert n > 3, "the sweep went past every commit of the run"
+
+
+LIMIT_CHECKS = '''
+from loopledger.validators import Issue, Verdict, validator
+
+
+@validator(name="acme.refund_limit", version="1")
+def refund_limit(*, max_amount: float = 100.0):
+    def check(inp):
+        return [Issue(Verdict.ASK, "refund_over_limit", f"refunds over {max_amount} need a person", {"call_id": c.call_id})
+                for c in inp.proposed_calls if c.tool == "payments.refund" and c.arguments.get("amount", 0) > max_amount]
+    return check
+
+
+@validator(name="acme.ask_about_all", version="1")
+def ask_about_all():
+    def check(inp):
+        return [Issue(Verdict.ASK, "approval_required", "reads need a person today")] if inp.proposed_calls else []
+    return check
+'''
+
+LIMIT_SUITE = """\
+name: acme
+imports: [acme_limit_checks]
+validators: [structure, tool_exists, tool_args_schema, permission, completion_gate, {members}]
+"""
+
+OVER_LIMIT = """\
+id: refund-over-limit
+description: the suite asks a person about a refund over its limit; the read before it needs nobody
+suite: acme.yaml
+contract:
+  goal: Refund ORD-1042 in full
+  required_evidence: [refund_confirmed]
+  allowed_tools: [orders.get_order, payments.refund]
+model:
+  - tool_calls:
+      - {name: orders.get_order, arguments: {order_id: ORD-1042}}
+      - {name: payments.refund, arguments: {order_id: ORD-1042, amount: 25.0}}
+  - final: Refunded ORD-1042.
+    claims: [{text: refunded, evidence: [refund_confirmed]}]
+"""
+
+
+def _acme(tmp_path: Path, members: str) -> None:
+    (tmp_path / "acme_limit_checks.py").write_text(LIMIT_CHECKS)
+    (tmp_path / "acme.yaml").write_text(LIMIT_SUITE.format(members=members))
+
+
+@pytest.mark.parametrize("answer", ["--approve", "--deny"])
+def test_a_call_a_validator_asks_about_waits_for_an_approval_of_that_call(tmp_path: Path, home: Path,
+                                                                         answer: str) -> None:
+    """`ask` on a proposed call means a person approves that call (docs/validators.md):
+    whatever the code, it is an approval wait bound to the operation, the other
+    calls run, and nothing the person was asked about runs before the answer."""
+    _acme(tmp_path, "acme.refund_limit: {max_amount: 10.0}")
+    line = start(tmp_path, home, OVER_LIMIT)
+    run_id, w = line["run_id"], line["waiting"]
+    assert (line["status"], line["reason"], w["kind"]) == ("WAITING_USER", "waiting_for_approval", "approval")
+    assert executions(home, run_id, "payments.refund") == 0, "nothing the person is asked about runs first"
+    (question,) = [e["waiting"] for e in events(home, run_id, "transition") if e.get("waiting")]
+    ops = dict(journal(home).execute("SELECT tool, policy_decision FROM operations WHERE run_id = ?", (run_id,)))
+    assert ops == {"orders.get_order": "allow", "payments.refund": "approval_required"}
+    assert question["operation_id"].endswith(".op2")
+    body = json.loads(journal(home).execute("SELECT body FROM artifacts WHERE artifact_id = ?",
+                                            (question["question_id"],)).fetchone()[0])
+    assert body["reason"] == "acme.refund_limit: refunds over 10.0 need a person", body
+    done = reply(home, run_id, w["resume_token"], answer)
+    assert done.returncode == 0, done.stderr
+    (after,) = [json.loads(x) for x in done.stdout.splitlines()]
+    if answer == "--approve":
+        assert (after["status"], after["reason"]) == ("SUCCEEDED", "completed")
+        assert executions(home, run_id, "payments.refund") == 1
+    else:
+        assert executions(home, run_id, "payments.refund") == 0
+        outcome = journal(home).execute("SELECT outcome FROM operations WHERE run_id = ? AND tool = ?",
+                                        (run_id, "payments.refund")).fetchone()[0]
+        assert outcome == "permission_denied"
+    assert all_violations(home) == []
+
+
+def test_an_ask_that_names_no_call_holds_every_call_of_the_candidate(tmp_path: Path, home: Path) -> None:
+    """A tool the runtime lets run alone needs a person when the suite says so."""
+    _acme(tmp_path, "acme.ask_about_all")
+    line = start(tmp_path, home, OVER_LIMIT)
+    assert (line["status"], line["waiting"]["kind"]) == ("WAITING_USER", "approval")
+    policy = dict(journal(home).execute("SELECT tool, policy_decision FROM operations WHERE run_id = ?",
+                                        (line["run_id"],)))
+    assert policy == {"orders.get_order": "approval_required", "payments.refund": "approval_required"}
+    assert executions(home, line["run_id"], "payments.refund") == 0
