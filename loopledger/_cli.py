@@ -603,10 +603,11 @@ def resume(
         outcomes = [runner.outcome(run_id) for run_id in ids]
     finally:
         runner.close()
-    if not as_json and not outcomes:
-        typer.echo(f"No unfinished run in {where.root}: nothing to resume.")
-    elif not as_json:
-        _print_outcomes(outcomes, False, _resumed_title(outcomes))
+    if not as_json:
+        if outcomes:
+            _print_outcomes(outcomes, False, _resumed_title(outcomes))
+        elif not runner.held_elsewhere:
+            typer.echo(f"No unfinished run in {where.root}: nothing to resume.")
         if runner.held_elsewhere:
             typer.echo(f"{len(runner.held_elsewhere)} run(s) left to another process driving them meanwhile.")
     if stopped is not None:
