@@ -68,7 +68,8 @@ from ._view import OpView, RunView
 
 #: Attempts of one step (same context) before the model is given up on.
 MAX_ATTEMPTS_PER_STEP = 3
-#: Rejected candidates fed back to the model before the run fails.
+#: Candidates sent back for repair in a row (an accepted one starts the count
+#: again) before the run ends FAILED / validation_failed.
 MAX_REPAIRS = 3
 #: Rate-limited dispatches of one operation before it fails.
 MAX_RATE_LIMIT_RETRIES = 3
@@ -937,7 +938,7 @@ class Controller(PeopleMixin):
     def _repair(self, view: RunView, config: RunConfig, blocking: Any, recorded: dict[str, Any]) -> None:
         if view.repairs >= MAX_REPAIRS:
             self._finalize(view, "FAILED", "validation_failed", extra=recorded,
-                           detail=f"{view.repairs} repairs did not produce an acceptable candidate")
+                           detail=f"{view.repairs} repairs in a row did not produce an acceptable candidate")
             return
         feedback = [
             {"validator": d.validator, "code": d.code, "verdict": d.verdict.value, "message": d.message}

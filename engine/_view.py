@@ -117,6 +117,7 @@ class RunView:
     #: in VALIDATING gives its tool calls their results.
     candidate_items: list[Any] = field(default_factory=list, repr=False)
     attempts_in_step: int = 0
+    #: Candidates sent back for repair since the last accepted one.
     repairs: int = 0
     ops: dict[str, OpView] = field(default_factory=dict)
     evidence: dict[tuple[str, str | None], Evidence] = field(default_factory=dict)
@@ -260,6 +261,8 @@ class RunView:
             for op in payload["operations"]:
                 added = self.ops[op["operation_id"]] = OpView(**op)
                 self._remodel(added)
+            if target is State.TOOL_RUNNING:
+                self.repairs = 0  # a candidate was accepted: repairs count those in a row
         if target is State.READY:
             if payload.get("feedback"):
                 self.pending_messages.append({"role": "user", "content": payload["feedback"]})

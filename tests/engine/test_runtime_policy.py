@@ -143,3 +143,42 @@ def test_a_final_stop_signal_with_tool_calls_is_a_protocol_error_whatever_the_su
     home, ops = _run(tmp_path, "stop", calls, LAX_SUITE, expect=PROTOCOL_ERROR, finish="stop")
     assert ops == [(1, "call_1_1_1", "cancelled", 0)]
     assert all_violations(home) == []
+
+
+SLIPS_FIXED = """\
+id: slips-fixed
+description: three slips and a final answer given too early, never more than two in a row; the work gets done
+contract:
+  goal: Read the three source files, then say so
+  required_evidence: ["file_read:src/__init__.py"]
+  allowed_tools: [workspace.read_file]
+model:
+  - tool_calls: [{name: workspace.read_file, arguments: {file: src/orders.py}}]
+  - tool_calls: [{name: workspace.read_file, arguments: {path: src/orders.py}}]
+  - tool_calls: [{name: workspace.read_fil, arguments: {path: src/refunds.py}}]
+  - tool_calls: [{name: workspace.read_file, arguments: {path: src/refunds.py}}]
+  - final: All read.
+  - tool_calls: [{name: workspace.read_file, arguments: {file: src/__init__.py}}]
+  - tool_calls: [{name: workspace.read_file, arguments: {path: src/__init__.py}}]
+  - final: All three files were read.
+    claims: [{text: read, evidence: ["file_read:src/__init__.py"]}]
+expect: {status: SUCCEEDED, reason: completed}
+"""
+
+SLIPS_IN_A_ROW = SLIPS_FIXED.replace("id: slips-fixed", "id: slips-in-a-row").replace(
+    "  - tool_calls: [{name: workspace.read_file, arguments: {path: src/orders.py}}]\n",
+    "  - tool_calls: [{name: workspace.read_file, arguments: {file: src/orders.py}}]\n    repeat: 3\n").replace(
+    "expect: {status: SUCCEEDED, reason: completed}", "expect: {status: FAILED, reason: validation_failed}")
+
+
+def test_repairs_are_bounded_in_a_row_not_over_the_whole_run(tmp_path: Path) -> None:
+    """Four repairs in a run, at most two in a row: the run goes on;
+    four candidates in a row sent back end it FAILED / validation_failed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    for name, text in (("fixed", SLIPS_FIXED), ("row", SLIPS_IN_A_ROW)):
+        (tmp_path / f"{name}.yaml").write_text(text)
+        proc = subprocess.run([*CLI, "run", str(tmp_path / f"{name}.yaml"), "--check", "--json", "--home",
+                               str(tmp_path / name)], capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert json.loads(proc.stdout)["check"] == "ok", proc.stdout
+        assert all_violations(tmp_path / name) == []
