@@ -126,6 +126,19 @@ def _payload_ops(ops: list[OpView]) -> list[dict[str, Any]]:
              **({"approval": op.approval} if op.approval else {})} for op in ops]
 
 
+def _task(contract: Any) -> str:
+    """The run's first user message: the goal, and what the completion gate
+    and the policy will hold the answer to, so that a model learns the
+    acceptance criteria from the task and not from its first rejection."""
+    lines = [contract.goal]
+    if contract.required_evidence:
+        lines.append("Done when the tools have recorded this evidence (kind, or kind:subject): "
+                     + ", ".join(contract.required_evidence) + ".")
+    if contract.forbidden_paths:
+        lines.append("Out of scope, never to be touched: " + ", ".join(contract.forbidden_paths) + ".")
+    return "\n".join(lines)
+
+
 def _approvals_asked(inp: DecisionInput, blocking: Any) -> dict[str, str]:
     """The candidate's calls a person must approve before they run, each
     with why: those an ``ask`` decision names (``call_id`` in its evidence,
@@ -493,7 +506,7 @@ class Controller(PeopleMixin):
             prompt_hash = prompt.sha256
             messages = [
                 {"role": "system", "content": prompt.text},
-                {"role": "user", "content": scenario.contract.goal},
+                {"role": "user", "content": _task(scenario.contract)},
             ]
         else:
             # The prompt was read once, at step 1: an edited file never changes a run midway.

@@ -93,3 +93,25 @@ def test_a_home_adds_its_own_prompt_versions(tmp_path: Path) -> None:
         refused = run(bad)
         assert refused.returncode == 2 and said in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr
+
+
+def test_the_task_tells_the_model_what_the_answer_is_held_to(tmp_path: Path) -> None:
+    """The first user message is the goal with the evidence the completion
+    gate requires and the paths the policy forbids: a model learns the
+    acceptance criteria from its task, not from its first rejection."""
+    runner = Runner(Home.resolve(tmp_path, None))
+    try:
+        for name, told in (("permission-forbidden-path.yaml", True), ("happy-refund.yaml", False)):
+            scenario = load_scenario(SCENARIOS / name)
+            run_id = runner.create(scenario, "v1")
+            runner.drive_all([run_id])
+            first = runner.store.facts("candidates", run_id)[0]
+            task = runner.store.get_artifact(first["context_artifact_id"])["messages"][1]
+            assert task["role"] == "user" and task["content"].startswith(scenario.contract.goal)
+            assert all(e in task["content"] for e in scenario.contract.required_evidence)
+            assert scenario.contract.required_evidence
+            assert all(p in task["content"] for p in scenario.contract.forbidden_paths)
+            assert bool(scenario.contract.forbidden_paths) is told
+            assert ("Out of scope" in task["content"]) is told
+    finally:
+        runner.close()
