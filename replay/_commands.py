@@ -181,18 +181,17 @@ def label_command(*, home: Any, run_id: str, step: int, attempt: int, validator:
     try:
         candidate_id, decided = _validated(runs, run_id, step, attempt)
         if validator and validator not in decided and validator not in members:
-            from loopledger.validators import RegistryError, is_known, registered
+            from loopledger.validators import RegistryError, is_known, load_plugins, unknown_validator
 
             try:
-                known = is_known(validator) or validator in registered()  # installed plugins included
-            except RegistryError as exc:  # an installed plugin that fails to import
-                raise ReplayInputError("--validator", f"{validator!r} is not recorded for this candidate, and "
-                                                      f"the installed validators cannot be listed: {exc}") from None
-            if not known:
+                load_plugins()  # installed plugins may register it
+            except RegistryError:
+                pass  # one fails to import: the others' names stand, and it is named if this one is unknown
+            if not is_known(validator):
                 hint = "" if suite is not None else "; a validator of a suite's imports: add --suite SUITE"
-                raise ReplayInputError("--validator", f"unknown validator {validator!r}; expected one recorded for "
-                                       f"this candidate ({', '.join(sorted(decided)) or 'none'}), a registered "
-                                       f"one or one of --suite's ({', '.join(sorted(members)) or 'none'}){hint}")
+                raise ReplayInputError("--validator", f"{unknown_validator(validator)}; nor is it recorded for "
+                                       f"this candidate ({', '.join(sorted(decided)) or 'none'}) or one of "
+                                       f"--suite's ({', '.join(sorted(members)) or 'none'}){hint}")
     finally:
         if not isinstance(runs, TracedRuns):
             runs.close()

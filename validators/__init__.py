@@ -50,6 +50,7 @@ from ._registry import (
     is_known,
     load_plugins,
     registered,
+    unknown_validator,
     validator,
 )
 from ._steps import STEP_COLUMNS, StepRecord, call_key, progress_counts, steps_frame
@@ -98,6 +99,7 @@ __all__ = [
     "registered",
     "is_known",
     "load_plugins",
+    "unknown_validator",
     # suites
     "Suite",
     "SuiteResult",

@@ -270,6 +270,26 @@ def load_plugins() -> None:
         raise _plugins["failed"]
 
 
+def unknown_validator(name: str) -> str:
+    """Why ``name`` is no registered validator, in one line: the closest
+    known name, the known names, and an installed plugin that failed to
+    import (it may be the one that would have given it)."""
+    import difflib
+
+    try:
+        load_plugins()
+        failed = None
+    except RegistryError as exc:
+        failed = exc
+    known = sorted(_REGISTRY)
+    close = difflib.get_close_matches(name, known, n=1)
+    reason = f"unknown validator {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+    reason += f"; known: {', '.join(known)}"
+    if failed is not None:
+        reason += f"; an installed plugin that might have given it cannot be used: {failed.reason}"
+    return reason
+
+
 def is_known(name: str) -> bool:
     """Whether ``name`` is registered, without importing installed plugins
     (they are imported the first time a name is not known)."""
@@ -294,7 +314,7 @@ def get_factory(name: str, version: str | None = None) -> ValidatorFactory:
                 raise
         versions = _REGISTRY.get(name)
     if not versions:
-        raise RegistryError(name, f"unknown validator; known: {', '.join(sorted(_REGISTRY))}")
+        raise RegistryError(name, unknown_validator(name))
     if version is None:
         return list(versions.values())[-1]
     if version not in versions:

@@ -15,7 +15,6 @@ is one :class:`SuiteError` naming the file and the field.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import reprlib
@@ -34,7 +33,7 @@ from loopledger.canonical import CanonicalJSONError, canonical_json, content_id,
 from ._detectors import DETECTORS
 from ._errors import InputError, ParamError, RegistryError, SuiteError
 from ._model import Decision, DecisionInput, Verdict
-from ._registry import BoundValidator, ValidatorSpec, get_factory, is_known, load_plugins, registered
+from ._registry import BoundValidator, ValidatorSpec, get_factory, is_known, load_plugins, unknown_validator
 
 __all__ = ["Suite", "SuiteResult", "load_suite", "parse_suite", "bundled_suites"]
 
@@ -348,14 +347,10 @@ def _member(entry: Any, field: str) -> BoundValidator:
     if not is_known(vname):
         try:
             load_plugins()  # installed plugins may register it
-        except RegistryError as exc:  # one fails to import: it may be the one that would have
-            if not is_known(vname):
-                raise SuiteError(field, exc.reason) from None
-    if not is_known(vname):
-        known = registered()  # every installed plugin imported (a failure was raised above)
-        close = difflib.get_close_matches(vname, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise SuiteError(field, f"unknown validator {vname!r}{hint}; known: {', '.join(known)}")
+        except RegistryError:
+            pass  # one fails to import: named below if the name is still unknown
+        if not is_known(vname):
+            raise SuiteError(field, unknown_validator(vname))
     try:
         factory = get_factory(vname, version)
     except RegistryError as exc:

@@ -522,3 +522,26 @@ def test_a_script_without_a_main_guard_is_told_how_to_call_replay(recorded_home:
     assert not [p for p in (tmp_path / "replays").iterdir() if not p.name.startswith(".")]
     ok = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and "flips 0" in ok.stdout, ok.stderr
+
+
+def test_a_broken_plugin_beside_a_working_one_hides_neither_its_names_nor_a_hint(home_copy: Path,
+                                                                                 tmp_path: Path) -> None:
+    """With one installed plugin failing to import, another's validators are
+    still labelled by name, and a misspelt name is still answered with the
+    closest known one, the broken plugin named beside it."""
+    site = install(tmp_path / "site")
+    install(site, module="broken_plugin", body="raise RuntimeError('boom')\n")
+    env = {"PYTHONPATH": str(site)}
+    run_id, step = duckdb.sql(f"SELECT run_id, step FROM '{home_copy}/traces/candidates/*.parquet' "
+                              "WHERE items_json LIKE '%payments.refund%' ORDER BY run_id, step LIMIT 1").fetchone()
+    out = cli("label", run_id, "--step", str(step), "--validator", "acme.refund_limit", "--expect", "ask",
+              "--home", str(home_copy), env=env)
+    assert out.returncode == 0, out.stderr
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("name: typo\nvalidators: [structure, acme.refund_limt]\n")
+    refused = cli("replay", "--suite", str(typo), "--traces", str(home_copy / "traces"),
+                  "--home", str(tmp_path / "out"), env=env)
+    assert refused.returncode == 2
+    line, = refused.stderr.strip().splitlines()
+    assert "validators[1]: unknown validator 'acme.refund_limt' (did you mean 'acme.refund_limit'?)" in line, line
+    assert "entry point 'broken_plugin' of group loopledger.validators failed to import: RuntimeError: boom" in line
