@@ -147,6 +147,23 @@ def time_split(events: Sequence[Any]) -> dict[str, float]:
     return {key: round(us / 1e6, 6) for key, us in totals.items()}
 
 
+def operation_errors(events: Sequence[Any], operations: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Each operation's error code (``APPROVAL_DENIED``, ``WAIT_EXPIRED``,
+    ``TIMEOUT``, ...), as its last result said: an ``operation_result``
+    event, or the completion of the background work it started. An
+    operation whose last result had none is not in it."""
+    by_work = {op["work_id"]: op["operation_id"] for op in operations if op.get("work_id")}
+    codes: dict[str, str | None] = {}
+    for e in events:
+        if e.kind not in ("operation_result", "work_completed"):
+            continue
+        payload = json.loads(e.payload_json)
+        op_id = payload.get("operation_id") if e.kind == "operation_result" else by_work.get(payload.get("work_id"))
+        if op_id is not None:
+            codes[op_id] = payload.get("error_code")
+    return {op_id: code for op_id, code in codes.items() if code}
+
+
 def run_document(store: SQLRunStore | TracedRuns, run_id: str) -> dict[str, Any]:
     """Everything ``show`` prints, whole (nothing clipped), as one JSON-ready
     object: the run's fields and status, its events, candidates, decisions,
@@ -166,7 +183,9 @@ def run_document(store: SQLRunStore | TracedRuns, run_id: str) -> dict[str, Any]
     ]
     document["candidates"] = [_decoded(c) for c in store.facts("candidates", run_id)]
     document["decisions"] = [_decoded(d) for d in store.facts("validations", run_id)]
-    document["operations"] = [_decoded(op) for op in store.operations(run_id)]
+    operations = store.operations(run_id)
+    errors = operation_errors(events, operations)
+    document["operations"] = [{**_decoded(op), "error_code": errors.get(op["operation_id"])} for op in operations]
     document["loop_diagnoses"] = [_decoded(d) for d in store.facts("loop_diagnoses", run_id)]
     document["labels"] = [{k: lb.get(k) for k in LABEL_FIELDS} for lb in store.labels(run_id)]
     return document
@@ -247,11 +266,14 @@ def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
     console.print(decisions)
 
     operations = Table(title="operations")
-    for name in ("operation", "tool", "args", "status", "outcome", "sent"):
+    for name in ("operation", "tool", "args", "status", "outcome", "error", "sent"):
         operations.add_column(name)
-    for op in store.operations(run_id):
+    rows = store.operations(run_id)
+    errors = operation_errors(events, rows)
+    for op in rows:
         operations.add_row(*plain_cells(op["operation_id"], op["tool"], _short(op["canonical_args_json"], 50),
-                                        op["status"], op["outcome"] or "", op["dispatch_count"]))
+                                        op["status"], op["outcome"] or "", errors.get(op["operation_id"], ""),
+                                        op["dispatch_count"]))
     console.print(operations)
 
     # The diagnosis and the wait are read whole: they say why the run

@@ -525,6 +525,11 @@ def test_a_denial_is_the_operations_result_and_the_model_replans(tmp_path: Path,
     (body,) = conn.execute("SELECT body FROM artifacts WHERE artifact_id = ?", (context_id,)).fetchone()
     tool_messages = [m for m in json.loads(body)["messages"] if m.get("role") == "tool"]
     assert [(m["tool"], m["outcome"]) for m in tool_messages] == [("deploy.service", "permission_denied")]
+    # show names why the operation failed, in its table and in --json.
+    shown = json.loads(cli("show", run_id, "--json", home=home).stdout)["operations"]
+    assert [(op["tool"], op["error_code"]) for op in shown] == [("deploy.service", "APPROVAL_DENIED")]
+    table = cli("show", run_id, home=home).stdout
+    assert "APPROVAL_DENIED" in table.split(" operations ")[-1]
     assert all_violations(home) == []
 
 
@@ -1158,3 +1163,25 @@ def test_an_ask_that_names_no_call_holds_every_call_of_the_candidate(tmp_path: P
                                         (line["run_id"],)))
     assert policy == {"orders.get_order": "approval_required", "payments.refund": "approval_required"}
     assert executions(home, line["run_id"], "payments.refund") == 0
+
+
+def test_an_operations_error_in_show_is_what_its_last_result_said() -> None:
+    """A result that followed a failed attempt (a timeout reconciled as
+    done) clears its error; background work's completion gives its
+    operation's."""
+    from types import SimpleNamespace
+
+    from loopledger.engine._show import operation_errors
+
+    def event(kind: str, **payload: Any) -> SimpleNamespace:
+        return SimpleNamespace(kind=kind, payload_json=json.dumps(payload))
+
+    ops = [{"operation_id": "a", "work_id": None}, {"operation_id": "b", "work_id": "w1"},
+           {"operation_id": "c", "work_id": None}]
+    events = [event("operation_result", operation_id="a", error_code="TIMEOUT"),
+              event("operation_result", operation_id="a", error_code=None),
+              event("operation_result", operation_id="b", error_code=None),
+              event("work_completed", work_id="w1", error_code="EXPORT_FAILED"),
+              event("transition", operation_id="c", error_code="NOT_A_RESULT"),
+              event("operation_result", operation_id="c", error_code="WAIT_EXPIRED")]
+    assert operation_errors(events, ops) == {"b": "EXPORT_FAILED", "c": "WAIT_EXPIRED"}
