@@ -16,7 +16,7 @@ from ._clock import from_us, now_us
 from ._errors import StaleStateVersion, TerminalAlreadySet
 from ._records import Artifact, Commit, NewEvent
 from ._refused import tool_call_items, with_refusals
-from ._states import TERMINAL, State
+from ._states import State
 from ._tools import EVIDENCE_KIND, evidence_subject
 from ._view import OpView, RunView
 from ._waits import Reply, ReplyRejected, TokenClaims, check_answer, issue_token, read_token, token_hash
@@ -51,8 +51,6 @@ def record_cancel(store: Any, run_id: str) -> str:
     ran out (its expiry, or the run's deadline) before this request: nothing
     is recorded, and the run is to end as its wait says."""
     record = store.get_run(run_id)
-    if record.state in TERMINAL:
-        return "ended"
     if record.state is State.WAITING_USER and wait_over(record.waiting):
         return "wait over"
     try:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from invariants import all_violations
 from loopledger.engine._home import Home
@@ -136,11 +137,14 @@ def test_cancel_a_run_waiting_for_approval(tmp_path: Path) -> None:
     assert len(events(home, run_id, "cancel_requested")) == 1
     assert all_violations(home) == []
 
-    # Already terminal: refused, and nothing is written.
+    # Already terminal: refused, the run unchanged; the request is kept as a late event.
     again = cli("cancel", run_id, home=home)
     assert again.returncode == 1
     assert "already ended" in again.stderr and "CANCELLED" in again.stderr and "Traceback" not in again.stderr
     assert len(events(home, run_id, "cancel_requested")) == 1
+    assert [e["kind"] for e in events(home, run_id, "late_event")] == ["cancel_requested"]
+    assert run_state(home, run_id) == ("CANCELLED", "cancelled")
+    assert all_violations(home) == []
 
 
 def test_cancel_of_long_background_work_that_cannot_confirm_its_stop_is_cancel_unknown(tmp_path: Path) -> None:
@@ -196,6 +200,10 @@ def test_cancel_of_a_finished_run_and_of_an_unknown_run_exit_1(tmp_path: Path) -
     assert finished.returncode == 1 and "already ended" in finished.stderr
     assert run_state(home, line["run_id"]) == ("SUCCEEDED", "completed")
     assert events(home, line["run_id"], "cancel_requested") == []
+    # The request that came after the end is kept, as a late event, in the traces too.
+    assert [e["kind"] for e in events(home, line["run_id"], "late_event")] == ["cancel_requested"]
+    late = pq.read_table(home / "traces" / "events").to_pylist()
+    assert [e["kind"] for e in late if e["run_id"] == line["run_id"] and e["kind"] == "late_event"] == ["late_event"]
 
     unknown = cli("cancel", "no-such-run", home=home)
     assert unknown.returncode == 1
