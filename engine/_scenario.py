@@ -180,6 +180,14 @@ class ModelEntry(_Strict):
             other = f"finish_reason: {self.finish_reason}" if self.finish_reason else "error"
             raise ValueError(f"stream: truncated (the stream breaks, nothing ends it) cannot be played with {other}; "
                              "expected one faulty form per entry")
+        if self.error and not _stored(info):
+            # An error event is all the attempt is: anything beside it would not be played.
+            beside = [name for name in ("tool_calls", "text", "final", "claims", "plan", "finish_reason",
+                                        "raw_arguments") if getattr(self, name) not in (None, [])]
+            if beside:
+                raise ValueError(f"error (the provider answers with an error event, nothing else of the attempt "
+                                 f"is played) cannot be played with {', '.join(beside)}; expected one faulty form "
+                                 "per entry (error alone, with usage if the attempt used some)")
         if not (self.tool_calls or self.final is not None or self.text is not None or self.error or self.plan
                 or self.stream or self.finish_reason or self.raw_arguments is not None):
             raise ValueError("an entry needs tool_calls, final, text, plan, error, or a faulty form "
@@ -261,7 +269,10 @@ class UserReply(_Strict):
     @model_validator(mode="after")
     def _one_of_approve_or_answer(self, info: ValidationInfo) -> UserReply:
         # A run's frozen spec writes both keys, the one not given as null.
-        given = [name for name in ("approve", "answer") if getattr(self, name) is not None]
+        # ``answer: null`` is an answer (as ``reply --answer null`` is);
+        # ``approve: null`` is no decision.
+        given = [name for name in ("approve", "answer")
+                 if getattr(self, name) is not None or (name == "answer" and name in self.model_fields_set)]
         if len(given) != 1 and not _stored(info):
             raise ValueError("expected exactly one of approve (true or false) or answer, got "
                              + (" and ".join(given) if given else "neither"))

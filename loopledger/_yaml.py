@@ -1,6 +1,9 @@
 """YAML as the project's input files read it: safe types only, and a key
 given twice in one mapping is an error at its line (PyYAML would keep the
 last value silently, so ``id: a`` then ``id: b`` would run as ``b``).
+Values are JSON values: a date (``2024-01-01``) is read as its text, as
+YAML 1.2 reads it, and ``!!set``, ``!!binary``, ``!!omap`` and ``!!pairs``
+are refused at their line (a set's order would change from run to run).
 
 Anchors and aliases are bounded. PyYAML builds an alias as a shared
 reference, which costs nothing, but everything that reads the data after it
@@ -30,7 +33,9 @@ MAX_DEPTH = 100
 
 class LimitExceeded(yaml.composer.ComposerError):
     """Valid YAML beyond what an input file may hold (aliases that repeat too
-    much, a cyclic alias, nesting too deep); ``problem_mark`` is where."""
+    much, a cyclic alias, nesting too deep, a value JSON has no form for:
+    ``!!set``, ``!!binary``, ``!!omap``, ``!!pairs``); ``problem_mark`` is
+    where."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -90,6 +95,23 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     "while reading a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> str:  # type: ignore[override]
+        # ``2024-01-01`` is the text it reads as, as YAML 1.2 and JSON read
+        # it: a date object is no JSON value, and a string field given one
+        # would be refused (or it would be written back as another text).
+        return str(self.construct_scalar(node))
+
+    def _not_json(self, node: yaml.Node) -> Any:
+        kind = node.tag.rsplit(":", 1)[-1]
+        raise LimitExceeded(None, None, f"a !!{kind} value; expected JSON values only (mappings, lists, strings, "
+                            "numbers, true, false, null)", node.start_mark)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", _UniqueKeyLoader.construct_yaml_timestamp)
+for _tag in ("set", "binary", "omap", "pairs"):
+    _UniqueKeyLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _UniqueKeyLoader._not_json)
 
 
 def load(text: str) -> Any:

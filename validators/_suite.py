@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from loopledger._yaml import load as load_yaml, not_utf8
+from loopledger._yaml import LimitExceeded, load as load_yaml, not_utf8
 from loopledger.canonical import CanonicalJSONError, canonical_json, content_id, is_unicode
 
 from ._detectors import DETECTORS
@@ -224,6 +224,8 @@ def _parse_text(text: str, where: str, beside: Path | None = None) -> Suite:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}: " if mark is not None else ""
+        if isinstance(exc, LimitExceeded):  # valid YAML, but more than a suite file may hold
+            raise SuiteError(where, f"{line}{exc.problem}") from None
         raise SuiteError(where, f"{line}not valid YAML ({getattr(exc, 'problem', None) or exc})") from exc
     return parse_suite(data, where, beside=beside)
 

@@ -101,6 +101,12 @@ model:
                              "finish_reason: length"),
         ("id: a\ncontract: {goal: g}\nmodel: [{stream: truncated, error: boom, final: x}]\n", "s.yaml: model[0]",
          "cannot be played with error"),
+        # An error event is the whole attempt: nothing beside it would be played.
+        ("id: a\ncontract: {goal: g}\nmodel: [{error: boom, finish_reason: length}]\n", "s.yaml: model[0]",
+         "error (the provider answers with an error event, nothing else of the attempt is played) cannot be "
+         "played with finish_reason; expected one faulty form per entry"),
+        ("id: a\ncontract: {goal: g}\nmodel: [{error: boom, final: x, tool_calls: [{name: t}]}]\n", "s.yaml: model[0]",
+         "cannot be played with tool_calls, final;"),
         # An expectation no run could meet.
         ("id: a\ncontract: {goal: g}\nexpect: {decisions: [{step: 1, validator: structure, verdict: accept}, "
          "{step: 1, validator: structure, verdict: reject}]}\n", "s.yaml: expect.decisions",
@@ -185,6 +191,29 @@ def test_a_script_needs_a_list_for_the_prompt_version(tmp_path: Path) -> None:
 def test_a_tenant_names_a_folder(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match=r"s\.yaml: tenant: expected a name of ASCII letters.*got '\.\./globex'"):
         load_scenario(write(tmp_path, "id: a\ntenant: ../globex\ncontract: {goal: g}\n"))
+
+
+def test_yaml_values_are_json_values(tmp_path: Path) -> None:
+    """A date is the text it is written as (YAML 1.2 reads it so; a date
+    object is no JSON value); a set, whose order Python would pick anew on
+    every run, is refused at its line. ``answer: null`` is an answer."""
+    scenario = load_scenario(write(tmp_path, """
+id: a
+contract: {goal: g}
+model:
+  - tool_calls: [{name: orders.get_order, arguments: {order_id: ORD-1, since: 2024-01-01}}]
+  - final: 2024-01-01T10:00:00Z
+user: [{answer: 2024-02-03}, {answer: null}]
+"""))
+    (entry, final) = scenario.entries_for("v1")
+    assert entry.tool_calls[0].arguments == {"order_id": "ORD-1", "since": "2024-01-01"}
+    assert final.final == "2024-01-01T10:00:00Z"
+    assert [(u.approve, u.answer) for u in scenario.user] == [(None, "2024-02-03"), (None, None)]
+    for value in ("!!set {a: null, b: null}", "!!binary aGk=", "!!omap [{a: 1}]"):
+        with pytest.raises(BadInput) as info:
+            load_scenario(write(tmp_path, f"id: a\ncontract: {{goal: g}}\nuser: [{{answer: {value}}}]\n"))
+        assert info.value.where.endswith("s.yaml: line 3"), info.value.where
+        assert f"a !!{value.split()[0][2:]} value; expected JSON values only" in info.value.reason
 
 
 def test_broken_yaml_names_the_line(tmp_path: Path) -> None:

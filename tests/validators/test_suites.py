@@ -96,6 +96,8 @@ def test_load_from_file_and_module(tmp_path, monkeypatch):
         ("validators: [structure]\n", r"^strict\.yaml: name: expected a non-empty string"),
         ("name: s\nvalidators: [{name: structure, version: '9'}]\n", r"validators\[0\]\.version: unknown version '9'"),
         ("name: s\nvalidators: [structure\n", r"^strict\.yaml: line \d+: not valid YAML"),
+        ("name: s\nvalidators:\n  - output_rules: {patterns: !!set {email: null}}\n",
+         r"^strict\.yaml: line 3: a !!set value; expected JSON values only \(mappings, lists"),
         ("name: s\nvalidators:\n  - output_rules: {patterns: secret_key}\n",
          r"^strict\.yaml: validators\[0\]\.output_rules\.patterns: expected a list of strings, got 'secret_key'$"),
         ("name: s\nvalidators:\n  - output_rules: {custom: abc}\n",
