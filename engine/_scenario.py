@@ -21,7 +21,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
 from loopledger._args import UnreadableEntry, files_under, not_a_file
 from loopledger._yaml import LimitExceeded, load as load_yaml, not_utf8
 from loopledger.canonical import is_unicode
-from loopledger.validators import PathRejected, canonical_glob
+from loopledger.validators import PathRejected, canonical_glob, canonical_workspace_path
 
 from ._backends import FAULT_KINDS
 from ._errors import BadInput
@@ -46,6 +46,8 @@ REASONS = frozenset({
     "protocol_error", "max_steps", "max_tool_calls", "max_tokens", "max_cost", "max_attempts", "deadline",
     "policy", "cancelled", "expired", "waiting_for_user", "waiting_for_approval", "waiting_for_tool",
 })
+#: Evidence kinds whose subject is a workspace path.
+_PATH_KINDS = frozenset({"file_read", "file_written", "listing"})
 #: A scenario id is part of run ids, file names and workspace folders.
 SCENARIO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}\Z")
 
@@ -216,12 +218,23 @@ class Contract(_Strict):
         if _stored(info):
             return entries
         kinds = sorted(set(EVIDENCE_KIND.values()))
+        canonical: list[str] = []
         for index, entry in enumerate(entries):
             kind, _, subject = entry.partition(":")
             if kind not in kinds or (":" in entry and not subject):
                 raise ValueError(f"item {index}, {entry!r}, is no evidence a tool gives; expected KIND or "
                                  f"KIND:SUBJECT, KIND one of {', '.join(kinds)}")
-        return entries
+            if subject and kind in _PATH_KINDS:
+                # The workspace names a path in canonical form (./notes/a.txt
+                # is notes/a.txt): the requirement is written the same way,
+                # or it could never be met.
+                try:
+                    entry = f"{kind}:{canonical_workspace_path(subject)}"
+                except PathRejected as exc:
+                    raise ValueError(f"item {index}, {entry!r}: {exc.reason}; expected a workspace path "
+                                     "relative to its root (e.g. notes/a.txt)") from None
+            canonical.append(entry)
+        return canonical
 
     @field_validator("forbidden_paths")
     @classmethod

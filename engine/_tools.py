@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from loopledger.validators import ToolSpec
+from loopledger.validators import PathRejected, ToolSpec, canonical_workspace_path
 
 __all__ = [
     "CONTROL_TOOLS",
@@ -147,6 +147,11 @@ def evidence_subject(tool: str, arguments: Mapping[str, Any]) -> str:
     order id, the test suite, the path, the service)."""
     for key in ("order_id", "path", "suite", "service"):
         if arguments.get(key) is not None:
+            if key == "path":  # as the workspace backend names it: ./notes/a.txt is notes/a.txt
+                try:
+                    return canonical_workspace_path(arguments[key])
+                except PathRejected:
+                    pass
             return str(arguments[key])
     return tool
 

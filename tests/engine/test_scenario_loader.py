@@ -417,3 +417,47 @@ def test_a_suite_named_as_a_path_is_read_beside_the_scenario(tmp_path: Path, mon
     path = write(tmp_path, GOOD + f"suite: {named}\n")
     monkeypatch.chdir("/")
     assert load_scenario(path).suite == str((tmp_path / named).resolve())
+
+
+def test_required_evidence_names_paths_as_the_workspace_does(tmp_path: Path) -> None:
+    """``file_written:./notes/b.txt`` is ``file_written:notes/b.txt``, the
+    subject the workspace gives the write: written otherwise it could never
+    be met. A path that climbs out of the workspace is refused."""
+    scenario = load_scenario(write(tmp_path, """
+id: a
+contract:
+  goal: g
+  required_evidence: ["file_written:./notes//b.txt", "listing:.", "order_found:ORD-1001", file_read]
+"""))
+    assert scenario.contract.required_evidence == [
+        "file_written:notes/b.txt", "listing:.", "order_found:ORD-1001", "file_read"]
+    with pytest.raises(BadInput) as info:
+        load_scenario(write(tmp_path, 'id: a\ncontract: {goal: g, required_evidence: ["file_read:../x"]}\n'))
+    assert info.value.where.endswith("s.yaml: contract.required_evidence")
+    assert "item 0, 'file_read:../x': escapes the workspace root; expected a workspace path" in info.value.reason
+
+
+def test_a_write_to_a_dotted_path_meets_the_evidence_it_requires(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = write(tmp_path, """
+id: dotted
+contract:
+  goal: Write notes/b.txt
+  required_evidence: ["file_written:./notes/b.txt"]
+  allowed_tools: [workspace.write_file]
+model:
+  - tool_calls: [{name: workspace.write_file, arguments: {path: ./notes/b.txt, content: "hi"}}]
+  - final: Written.
+    claims: [{text: written, evidence: ["file_written:notes/b.txt"]}]
+expect: {status: SUCCEEDED, reason: completed, side_effects: {workspace.write_file: 1}}
+""")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    proc = subprocess.run([sys.executable, "-c", "from loopledger._cli import main; main()", "run", str(path),
+                           "--check", "--json", "--home", str(tmp_path / "home")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["status"] == "SUCCEEDED"
