@@ -110,10 +110,14 @@ def check_tools(scenario: Scenario) -> None:
         if name not in known and "*" not in name:
             raise BadInput(f"{scenario.source}: contract.allowed_tools[{index}]",
                            f"unknown tool {name!r}; known: {', '.join(sorted(known))}")
+    sent = sorted(name for name in known if not TOOL_TRAITS[name].control)
     for index, fault in enumerate(scenario.faults):
-        if fault.tool not in known:
+        if fault.tool not in sent:
+            # ask_user is the engine's own: it reaches no backend, so no fault could happen to it.
+            why = (f"{fault.tool} is handled by the engine and never sent to a backend, so no fault can happen to it"
+                   if fault.tool in known else f"unknown tool {fault.tool!r}")
             raise BadInput(f"{scenario.source}: faults[{index}].tool",
-                           f"unknown tool {fault.tool!r}; known: {', '.join(sorted(known))}")
+                           f"{why}; expected a tool sent to a backend: {', '.join(sent)}")
     # The backend counts executions of side effects only: a count of any
     # other tool could never be seen, and --check would report it as not run.
     counted = sorted(name for name, traits in TOOL_TRAITS.items() if traits.side_effect)

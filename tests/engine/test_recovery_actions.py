@@ -539,6 +539,8 @@ model:
     ("id: bad\ncontract: {goal: g}\nfaults: [{tool: payments.refnud, call: 1, kind: rate_limit}]\n",
      "faults[0].tool"),
     ("id: bad\ncontract: {goal: g}\nfaults: [{tool: payments.refund, kind: meteor_strike}]\n", "faults[0].kind"),
+    # ask_user is answered by the engine, never sent: a fault on it could never happen.
+    ("id: bad\ncontract: {goal: g}\nfaults: [{tool: ask_user, kind: timeout_before_commit}]\n", "faults[0].tool"),
     ("id: bad\ncontract: {goal: g\nmodel: [\n", "line"),
     ("- just\n- a list\n", "mapping"),
     # An id names run ids and workspace folders: no path in it.
