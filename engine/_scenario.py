@@ -357,6 +357,21 @@ class Scenario(_Strict):
                              "128, starting with a letter or digit)")
         return value
 
+    @field_validator("model")
+    @classmethod
+    def _prompt_versions(cls, value: Any, info: ValidationInfo) -> Any:
+        # A key no --prompt-version could name (``v 2``, ``v2.md``) would
+        # never be played: a typo, not a script.
+        from ._prompts import VERSION_NAME
+
+        if isinstance(value, dict) and not _stored(info):
+            for key in value:
+                if key != "default" and not VERSION_NAME.match(key):
+                    raise ValueError(f"key {key!r} is no prompt version; expected default or a prompt version's "
+                                     "name (ASCII letters and digits, '_' and '-', at most 64: the NAME of "
+                                     "prompts/NAME.md)")
+        return value
+
     @field_validator("tenant")
     @classmethod
     def _tenant_name(cls, value: str) -> str:

@@ -53,6 +53,8 @@ model:
         ("id: a\ncontract: {goal: g, colour: red}\n", "s.yaml: contract.colour", "unknown field"),
         ("id: a\ncontract: {goal: g}\nmodel: {v1: nope}\n", "s.yaml: model.v1", "expected a list, got 'nope'"),
         ("id: a\ncontract: {goal: g}\nuser: [5]\n", "s.yaml: user[0]", "expected a mapping, got 5"),
+        ("id: a\ncontract: {goal: g}\nmodel: {v2.md: [{final: x}]}\n", "s.yaml: model",
+         "key 'v2.md' is no prompt version; expected default or a prompt version's name"),
         ("", "s.yaml", "the file holds no scenario"),
         ("id: a b\ncontract: {goal: g}\n", "s.yaml: id", "expected a name of ASCII letters and digits"),
         ("id: \"a\\n\"\ncontract: {goal: g}\n", "s.yaml: id", "expected a name of ASCII letters and digits"),
