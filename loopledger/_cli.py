@@ -1078,6 +1078,12 @@ def _interrupted_query(exc: BaseException) -> bool:
     return bool(_SIGNALLED) and ("InterruptException" in kinds or "Query interrupted" in str(exc))
 
 
+def _command_names() -> set[str]:
+    import typer.main
+
+    return set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
 def main() -> None:
     if os.environ.get("OTEL_TRACES_EXPORTER"):
         # Spans of the runs this process drives (docs/engine.md); read only
@@ -1116,6 +1122,12 @@ def main() -> None:
             # the option or argument and what was expected.
             ctx = getattr(exc, "ctx", None)
             command = ctx.command_path if ctx is not None else "loopledger"
+            if command == "loopledger":
+                # An option missing its value is reported before the
+                # command's context exists: the command is still the one typed.
+                names = _command_names()
+                typed = next((arg for arg in sys.argv[1:] if arg in names), None)
+                command += f" {typed}" if typed else ""
             _err(f"bad input: {exc.format_message()} (see {command} --help)")  # type: ignore[attr-defined]
             sys.exit(EXIT_BAD_INPUT)
         if "ClickException" in kinds:

@@ -255,6 +255,8 @@ def test_home_may_come_before_the_command_and_the_commands_own_wins(tmp_path: Pa
     [
         (["replay"], ["--suite", "loopledger replay --help"]),
         (["replay", "--suite", "default", "--bogus"], ["--bogus"]),
+        (["replay", "--suite"], ["'--suite' requires an argument", "(see loopledger replay --help)"]),
+        (["--home", "h", "run", "--prompt-version"], ["--prompt-version", "(see loopledger run --help)"]),
         (["nosuchcommand"], ["nosuchcommand"]),
         (["run", "x.yaml", "--concurrency", "0"], ["--concurrency", "greater than or equal to 1"]),
         (["run", "x.yaml", "--concurrency", "many"], ["--concurrency", "integer"]),
