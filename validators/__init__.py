@@ -59,6 +59,7 @@ from ._suite import Suite, SuiteResult, bundled_suites, load_suite, parse_suite
 # Built-in validators register themselves on import.
 from . import _structure, _tool_exists, _tool_version, _tool_args_schema  # noqa: E402,F401  isort: skip
 from . import _permission, _references, _output_rules, _completion_gate, _loop_validators  # noqa: E402,F401  isort: skip
+from . import _repeated_side_effect  # noqa: E402,F401  isort: skip
 
 __all__ = [
     # model

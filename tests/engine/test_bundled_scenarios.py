@@ -73,10 +73,10 @@ def test_show_prints_a_timeline_and_unknown_runs_exit_1(recorded) -> None:
     for expected in ("RECONCILING", "operation_result", "payments.refund", "SUCCEEDED"):
         assert expected in proc.stdout
     # Every decision is there: the accepting validators on one line per candidate.
-    assert "12 of 12 validators" in proc.stdout and "tool_args_schema" in proc.stdout
+    assert "13 of 13 validators" in proc.stdout and "tool_args_schema" in proc.stdout
     rejected = next(line["run_id"] for line in lines if line["task_id"] == "final-premature")
     shown = loopledger("show", rejected, home=home).stdout
-    assert "11 of 12 validators" in shown and "missing_evidence" in shown
+    assert "12 of 13 validators" in shown and "missing_evidence" in shown
     missing = loopledger("show", "no-such-run", home=home)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert "unknown run 'no-such-run': neither in the journal nor in" in missing.stderr

@@ -299,7 +299,7 @@ def make():
     ("validators: [structure, bad.returns_nothing]",
      "validators[1].bad.returns_nothing: its factory returned 42; expected a check function"),
     ("validators: [structure, {bad.free: {n: .inf}}]", "validators[1].bad.free.n: expected plain JSON"),
-    ("validators: [structure, {bad.free: {n: 2024-01-01}}]", "validators[1].bad.free.n: expected plain JSON"),
+    ("validators: [structure, {bad.free: {n: !!binary aGk=}}]", "a !!binary value; expected JSON values only"),
     ("validators: [structure, {output_rules: {custom: {5: abc}}}]",
      "validators[1].output_rules.custom: expected plain JSON"),
     ("validators: [structure, {version: '1'}]", "validators[1].name: missing"),

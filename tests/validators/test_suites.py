@@ -21,7 +21,8 @@ from loopledger.validators import (
     registered,
 )
 
-BUILTINS = ["structure", "tool_exists", "tool_version", "tool_args_schema", "permission", "references",
+BUILTINS = ["structure", "tool_exists", "tool_version", "tool_args_schema", "permission", "repeated_side_effect",
+            "references",
             "output_rules", "completion_gate", "loop.repeated_call", "loop.repeated_error", "loop.no_progress",
             "loop.oscillation"]
 
@@ -37,7 +38,7 @@ def test_strict_differs_from_default_only_in_params():
     default, strict = load_suite("default"), load_suite("strict")
     assert default.version != strict.version
     assert {m.name: m.version for m in default.members} == {m.name: m.version for m in strict.members}
-    assert dict(strict.members[8].params) == {"threshold": 2}
+    assert dict(strict.members[BUILTINS.index("loop.repeated_call")].params) == {"threshold": 2}
 
 
 def test_version_ignores_key_and_member_order_and_follows_params():
