@@ -207,6 +207,29 @@ def _runner_for(run_id: str, where: Any, no_journal: str | None = None, *, rejec
     return Runner(where, auto_reply=False)
 
 
+def _whole_run_id(run_id: str, where: Any, *, rejecting: bool = False, as_json: bool = False) -> str:
+    """``run_id``, or the one run of the journal whose id begins with it (as
+    ``show`` takes it, and git a commit); exit 1 when several runs' ids
+    begin with it. An id the journal does not know at all is left for the
+    command to refuse as it does."""
+    from loopledger.engine._show import RunNotFound, resolve_run
+
+    if not where.has_journal or not run_id:
+        return run_id
+    journal = where.open_store()
+    try:
+        return resolve_run(run_id, [journal], "")[1]
+    except RunNotFound as exc:
+        if len(exc.matches) < 2:
+            return run_id
+        if rejecting:
+            _refuse(run_id, str(exc), as_json)
+        _err(str(exc))
+        raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        journal.close()
+
+
 def _need_journal(run_id: str, where: Any, no_journal: str | None = None, *, rejecting: bool = False,
                   as_json: bool = False) -> None:
     """Exit 1 when ``where`` has no journal (saying ``no_journal``, else that
@@ -617,7 +640,7 @@ def resume(
 @app.command()
 @guarded
 def reply(
-    run_id: Annotated[str, typer.Argument(help="The waiting run.")],
+    run_id: Annotated[str, typer.Argument(help="The waiting run (its id, or a unique start of it).")],
     token: Annotated[str, typer.Option("--token", help="The resume token shown when the wait began.")],
     approve: Annotated[bool, typer.Option("--approve", help="Approve the pending operation.")] = False,
     deny: Annotated[bool, typer.Option("--deny", help="Deny the pending operation.")] = False,
@@ -650,6 +673,7 @@ def reply(
         except CanonicalJSONError as exc:
             raise BadInput("--answer", f"expected JSON that a journal can keep, got {answer!r} ({exc})") from None
     where = _home(home, store)
+    run_id = _whole_run_id(run_id, where, rejecting=True, as_json=as_json)
     runner = _runner_for(run_id, where, no_journal=f"wrong run: no run {run_id!r} in the journal "
                                                    f"(there is no journal in {where.root})",
                          rejecting=True, as_json=as_json)
@@ -682,7 +706,7 @@ def reply(
 @app.command(short_help="Issue a new resume token for a run that waits for a person.")
 @guarded
 def token(
-    run_id: Annotated[str, typer.Argument(help="The waiting run.")],
+    run_id: Annotated[str, typer.Argument(help="The waiting run (its id, or a unique start of it).")],
     home: HomeOption = None,
     store: StoreOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
@@ -697,7 +721,9 @@ def token(
     from loopledger.engine._errors import NotDrivableHere, UnknownRun
     from loopledger.engine._waits import ReplyRejected
 
-    runner = _runner_for(run_id, _home(home, store), rejecting=True, as_json=as_json)
+    where = _home(home, store)
+    run_id = _whole_run_id(run_id, where, rejecting=True, as_json=as_json)
+    runner = _runner_for(run_id, where, rejecting=True, as_json=as_json)
     try:
         try:
             view = runner.controller.reissue_token(run_id)
@@ -721,7 +747,7 @@ def token(
 @app.command()
 @guarded
 def cancel(
-    run_id: Annotated[str, typer.Argument(help="The run to cancel.")],
+    run_id: Annotated[str, typer.Argument(help="The run to cancel (its id, or a unique start of it).")],
     home: HomeOption = None,
     store: StoreOption = None,
 ) -> None:
@@ -733,6 +759,7 @@ def cancel(
 
     where = _home(home, store)
     _need_journal(run_id, where)
+    run_id = _whole_run_id(run_id, where)
     # The request first, through the journal alone: a driver stalled in a
     # send may hold the tool backend this process would open next.
     journal = where.open_store()

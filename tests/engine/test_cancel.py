@@ -623,3 +623,34 @@ model:
     assert len(events(home, run_id, "operation_result")) == 41
     assert cli("export", home=home).returncode == 0
     assert all_violations(home) == []
+
+
+def test_reply_token_and_cancel_take_a_unique_start_of_a_run_id(tmp_path: Path) -> None:
+    """As ``show`` does (and git with a commit): a start of one run's id is
+    that run; a start of several is refused, naming them, and changes
+    nothing."""
+    home = tmp_path / "home"
+    for name in ("deploy-one", "deploy-two"):
+        (tmp_path / f"{name}.yaml").write_text(DEPLOY.replace("id: cancel-deploy", f"id: {name}"))
+    started = cli("run", str(tmp_path / "deploy-one.yaml"), str(tmp_path / "deploy-two.yaml"), "--json", home=home)
+    lines = {json.loads(x)["task_id"]: json.loads(x) for x in started.stdout.splitlines()}
+    one, two = lines["deploy-one"]["run_id"], lines["deploy-two"]["run_id"]
+
+    ambiguous = cli("cancel", "deploy-", home=home)
+    assert ambiguous.returncode == 1
+    assert f"'deploy-' is ambiguous: 2 runs start with it: {one}, {two}" in ambiguous.stderr
+    assert run_state(home, one)[0] == run_state(home, two)[0] == "WAITING_USER"
+    assert events(home, one, "cancel_requested") == events(home, two, "cancel_requested") == []
+
+    fresh = cli("token", "deploy-one", "--json", home=home)
+    assert fresh.returncode == 0, fresh.stderr
+    token = json.loads(fresh.stdout)["waiting"]["resume_token"]
+    approved = cli("reply", "deploy-o", "--token", token, "--approve", "--json", home=home)
+    assert approved.returncode == 0, approved.stderr
+    assert json.loads(approved.stdout)["run_id"] == one and run_state(home, one)[0] == "SUCCEEDED"
+
+    cancelled = cli("cancel", "deploy-t", home=home)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert run_state(home, two) == ("CANCELLED", "cancelled")
+    rejected = cli("reply", "deploy-", "--token", token, "--approve", "--json", home=home)
+    assert rejected.returncode == 1 and "is ambiguous" in json.loads(rejected.stdout)["rejected"]
