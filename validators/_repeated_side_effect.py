@@ -35,21 +35,19 @@ def repeated_side_effect(*, exempt: tuple[str, ...] = ("ask_user",)):
     skipped = frozenset(str_list_param("exempt", exempt))
 
     def check(inp: DecisionInput) -> list[Issue]:
-        calls = inp.proposed_calls
+        # Unknown tools are tool_exists's to report; reads repeat no effect.
+        calls = [call for call in inp.proposed_calls if call.tool not in skipped
+                 and (spec := resolve_spec(inp.context, call.tool, call.version)) is not None and not spec.read_only]
         if not calls:
-            return []
+            return []  # most candidates: reads and final answers never scan the run's operations
+        tools = {call.tool for call in calls}
         earlier: dict[str, Operation] = {}
         for op in inp.facts.operations:
-            if op.outcome in _TOOK_EFFECT:
+            if op.tool in tools and op.outcome in _TOOK_EFFECT:
                 earlier.setdefault(f"{op.tool}:{op.args_hash}", op)
         issues: list[Issue] = []
         in_candidate: dict[str, str] = {}
         for call in calls:
-            if call.tool in skipped:
-                continue
-            spec = resolve_spec(inp.context, call.tool, call.version)
-            if spec is None or spec.read_only:
-                continue  # unknown tools are tool_exists's to report
             key = call.call_key
             base = {"call_id": call.call_id, "tool": call.tool, "args_hash": call.args_hash}
             op = earlier.get(key)
