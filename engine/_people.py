@@ -246,7 +246,9 @@ class PeopleMixin:
         # A denial, an answer to ask_user, or a person's word on an unknown
         # outcome: each is the operation's one terminal result.
         if waiting["kind"] == "approval":
-            outcome = failure("permission_denied", "APPROVAL_DENIED", "the approval was denied")
+            # The model replans from this result: who said no, and why, if they said.
+            why = "the approval was denied" + (f" by {reply.by}" if reply.by else "")
+            outcome = failure("permission_denied", "APPROVAL_DENIED", why + (f": {reply.note}" if reply.note else ""))
         elif op.tool == "ask_user":
             outcome = ToolOutcome(outcome="success", status="succeeded", result={"answer": reply.answer},
                                   evidence=({"kind": "user_answer", "subject": waiting["wait_id"]},),

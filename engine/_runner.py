@@ -527,7 +527,7 @@ class Runner:
                 return view
             entry = script[view.replies]
             try:
-                view = self.controller.reply(run_id, token, Reply(entry.approve, entry.answer))
+                view = self.controller.reply(run_id, token, Reply(entry.approve, entry.answer, entry.by, entry.note))
             except ReplyRejected as exc:
                 # A scripted reply gets no special treatment: refused, it
                 # leaves the run waiting with its token still valid (and

@@ -276,6 +276,8 @@ class UserReply(_Strict):
 
     approve: bool | None = None
     answer: Any = None
+    by: str | None = Field(default=None, min_length=1, max_length=200)  # who replies, as `reply --by`
+    note: str | None = Field(default=None, min_length=1, max_length=2000)  # why, as `reply --reason`
 
     _finite = field_validator("answer")(classmethod(lambda cls, value: _finite_json(value)))
 

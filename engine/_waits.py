@@ -153,15 +153,22 @@ def read_token(secret: bytes, run_id: str, token: str) -> TokenClaims:
 
 @dataclass(frozen=True)
 class Reply:
-    """What a person answered: an approval decision, or an answer."""
+    """What a person answered: an approval decision, or an answer; ``by``
+    (who answered) and ``note`` (why), when they say so, are kept with it."""
 
     approve: bool | None = None
     answer: Any = None
+    by: str | None = None
+    note: str | None = None
 
     def describe(self) -> dict[str, Any]:
-        if self.approve is not None:
-            return {"decision": "approve" if self.approve else "deny"}
-        return {"answer": self.answer}
+        said: dict[str, Any] = ({"decision": "approve" if self.approve else "deny"} if self.approve is not None
+                                else {"answer": self.answer})
+        if self.by is not None:
+            said["by"] = self.by
+        if self.note is not None:
+            said["note"] = self.note
+        return said
 
 
 def check_answer(run_id: str, waiting: dict[str, Any], reply: Reply) -> None:

@@ -207,6 +207,21 @@ def _runner_for(run_id: str, where: Any, no_journal: str | None = None, *, rejec
     return Runner(where, auto_reply=False)
 
 
+def _said(option: str, text: str | None, limit: int) -> str | None:
+    """A person's free text for the journal (``--by``, ``--reason``): one
+    that is not empty and fits ``limit`` characters, else bad input."""
+    from loopledger.canonical import is_unicode
+    from loopledger.engine._errors import BadInput
+
+    if text is None:
+        return None
+    text = text.strip()
+    if not text or len(text) > limit or "\x00" in text or not is_unicode(text):
+        raise BadInput(option, f"expected text of 1 to {limit:,} characters (no NUL, no unpaired surrogate), "
+                               f"got {len(text):,} characters" if text else "expected text, got nothing")
+    return text
+
+
 def _whole_run_id(run_id: str, where: Any, *, rejecting: bool = False, as_json: bool = False) -> str:
     """``run_id``, or the one run of the journal whose id begins with it (as
     ``show`` takes it, and git a commit); exit 1 when several runs' ids
@@ -645,6 +660,9 @@ def reply(
     approve: Annotated[bool, typer.Option("--approve", help="Approve the pending operation.")] = False,
     deny: Annotated[bool, typer.Option("--deny", help="Deny the pending operation.")] = False,
     answer: Annotated[str | None, typer.Option("--answer", help="The answer, as JSON.")] = None,
+    by: Annotated[str | None, typer.Option("--by", help="Who replies (kept with the reply).")] = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why (kept with the reply; a denial's reason "
+                                                                  "reaches the model).")] = None,
     home: HomeOption = None,
     store: StoreOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
@@ -672,6 +690,7 @@ def reply(
             canonical_json(value)  # what the journal will keep: text every journal can hold
         except CanonicalJSONError as exc:
             raise BadInput("--answer", f"expected JSON that a journal can keep, got {answer!r} ({exc})") from None
+    by, reason = _said("--by", by, 200), _said("--reason", reason, 2000)
     where = _home(home, store)
     run_id = _whole_run_id(run_id, where, rejecting=True, as_json=as_json)
     runner = _runner_for(run_id, where, no_journal=f"wrong run: no run {run_id!r} in the journal "
@@ -680,7 +699,7 @@ def reply(
     try:
         try:
             view = runner.controller.reply(run_id, token, Reply(approve=True if approve else (False if deny else None),
-                                                                answer=value))
+                                                                answer=value, by=by, note=reason))
         except ReplyRejected as exc:
             # A rejection may have written: an expired wait ends the run, and
             # a reply that lost the race to another keeps its events as late

@@ -88,6 +88,8 @@ model:
          "expected exactly one of approve (true or false) or answer, got neither"),
         ("id: a\ncontract: {goal: g}\nuser: [{approve: true, answer: {executed: false}}]\n", "s.yaml: user[0]",
          "got approve and answer"),
+        ("id: a\ncontract: {goal: g}\nuser: [{approve: false, by: ''}]\n", "s.yaml: user[0].by",
+         "at least 1 character"),
         # JSON has no .inf or .nan: sent, one would be recorded as null.
         ("id: a\ncontract: {goal: g}\nmodel: [{tool_calls: [{name: payments.refund, arguments: {amount: .inf}}]}]\n",
          "s.yaml: model[0].tool_calls[0].arguments", "amount is not a finite number"),
@@ -211,6 +213,8 @@ user: [{answer: 2024-02-03}, {answer: null}]
     assert entry.tool_calls[0].arguments == {"order_id": "ORD-1", "since": "2024-01-01"}
     assert final.final == "2024-01-01T10:00:00Z"
     assert [(u.approve, u.answer) for u in scenario.user] == [(None, "2024-02-03"), (None, None)]
+    said = load_scenario(write(tmp_path, "id: a\ncontract: {goal: g}\nuser: [{approve: false, by: Ana, note: frozen}]\n"))
+    assert [(u.approve, u.by, u.note) for u in said.user] == [(False, "Ana", "frozen")]
     for value in ("!!set {a: null, b: null}", "!!binary aGk=", "!!omap [{a: 1}]"):
         with pytest.raises(BadInput) as info:
             load_scenario(write(tmp_path, f"id: a\ncontract: {{goal: g}}\nuser: [{{answer: {value}}}]\n"))

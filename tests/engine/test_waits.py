@@ -507,11 +507,21 @@ def test_an_approved_send_has_no_result_until_it_comes_whatever_crashes(tmp_path
 def test_a_denial_is_the_operations_result_and_the_model_replans(tmp_path: Path, home: Path) -> None:
     line = start(tmp_path, home, DEPLOY_DENIED)
     run_id, token = line["run_id"], line["waiting"]["resume_token"]
-    proc = reply(home, run_id, token, "--deny")
+    # Who says no, and why, must be text: refused before anything is recorded.
+    for flags, said in ((("--by", "  "), "--by: expected text, got nothing"),
+                        (("--reason", "x" * 2001), "--reason: expected text of 1 to 2,000 characters")):
+        refused = reply(home, run_id, token, "--deny", *flags)
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+    assert state(home, run_id) == ("WAITING_USER", "waiting_for_approval")
+    proc = reply(home, run_id, token, "--deny", "--by", "Ana (ops)", "--reason", "freeze week: no deploys")
     assert proc.returncode == 0, proc.stderr
     assert state(home, run_id) == ("SUCCEEDED", "completed")
+    (accepted,) = events(home, run_id, "reply_accepted")
+    assert (accepted["decision"], accepted["by"], accepted["note"]) == ("deny", "Ana (ops)", "freeze week: no deploys")
     (result,) = events(home, run_id, "operation_result")
     assert (result["outcome"], result["error_code"]) == ("permission_denied", "APPROVAL_DENIED")
+    # The model replans from the result, which says who said no and why.
+    assert result["summary"]["result"]["message"] == "the approval was denied by Ana (ops): freeze week: no deploys"
     assert executions(home, run_id, "deploy.service") == 0
     conn = journal(home)
     assert conn.execute("SELECT outcome FROM operations WHERE run_id = ?", (run_id,)).fetchall() == [
