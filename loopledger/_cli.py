@@ -545,6 +545,75 @@ def _console() -> Any:
     return Console(width=None if sys.stdout.isatty() else 200)
 
 
+#: What ``runs`` shows of a wait: never the token's hash or the state version it binds.
+_WAIT_FIELDS = ("kind", "wait_id", "approval_id", "operation_id", "question", "expires_at", "work_ids")
+
+
+@app.command(name="runs")
+@guarded
+def runs_(
+    status: Annotated[list[str] | None, typer.Option(
+        "--status", help="Only runs in this state (e.g. WAITING_USER); may be given again.")] = None,
+    home: HomeOption = None,
+    store: StoreOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run and line.")] = False,
+) -> None:
+    """List the journal's runs, oldest first: state, reason, steps, tool
+    calls, and for a run that waits what it waits for and until when (a
+    person's wait: its question; its resume token is never shown again,
+    `loopledger token RUN` issues a new one)."""
+    import json
+
+    from loopledger.engine._clock import from_us
+    from loopledger.engine._errors import BadInput
+    from loopledger.engine._states import State
+
+    states: list[State] = []
+    for given in status or ():
+        name = given.strip().upper()
+        if name not in State.__members__:
+            raise BadInput("--status", f"expected a run state ({', '.join(State.__members__)}), got {given!r}")
+        states.append(State[name])
+    where = _home(home, store)
+    if not where.has_journal:
+        records = []
+    else:
+        journal = where.open_store()
+        try:
+            records = journal.list_runs(states or None)
+        finally:
+            journal.close()
+    lines = []
+    for r in records:
+        line: dict[str, Any] = {
+            "run_id": r.run_id, "task_id": r.task_id, "status": r.state.value, "reason": r.reason,
+            "started_at": from_us(r.started_at).isoformat(),
+            "ended_at": from_us(r.ended_at).isoformat() if r.ended_at is not None else None,
+            "steps": r.step, "tool_calls": r.tool_calls}
+        if r.waiting and not r.state.is_terminal:
+            line["waiting"] = {k: r.waiting[k] for k in _WAIT_FIELDS if r.waiting.get(k) is not None}
+        lines.append(line)
+    if as_json:
+        for line in lines:
+            typer.echo(json.dumps(line))
+        return
+    if not lines:
+        typer.echo(f"No run{' in state ' + ', '.join(s.value for s in states) if states else ''} "
+                   f"({where.describe_journal()}).")
+        return
+    from types import SimpleNamespace
+
+    table = _runs_table(f"{len(lines)} run(s)", [SimpleNamespace(run_id=x["run_id"]) for x in lines],
+                        ("status", "reason", "steps", "tool calls", "started (UTC)", "waiting for"))
+    for x in lines:
+        wait = x.get("waiting") or {}
+        what = (f"{wait['kind']}: {wait.get('question') or ', '.join(wait.get('work_ids') or ())} "
+                f"(until {wait.get('expires_at') or '-'})" if wait else "")
+        table.add_row(*plain_cells(x["run_id"], x["status"], x["reason"] or "", x["steps"], x["tool_calls"],
+                                   x["started_at"][:19], what))
+    _console().print(table)
+
+
 def _runs_table(title: str, outcomes: list[Any], columns: tuple[str, ...]) -> Any:
     """A table with one row per run: the run id first, never cut or folded
     (it is what show, reply and cancel take, so it must copy whole); the

@@ -530,3 +530,35 @@ def test_engine_commands_do_not_import_the_columnar_libraries() -> None:
             "print(sorted(m for m in ('polars', 'pyarrow', 'duckdb', 'pandas', 'streamlit') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_runs_lists_the_journals_runs_and_what_the_waiting_ones_wait_for(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    empty = cli("runs", "--home", str(home))
+    assert empty.returncode == 0 and "No run (SQLite journal in" in empty.stdout
+    assert not home.exists(), "listing creates no journal"
+    scenarios = REPO / "datasets" / "scenarios"
+    started = cli("run", str(scenarios / "approval-waits-for-person.yaml"), str(scenarios / "happy-read-file.yaml"),
+                  "--json", "--home", str(home))
+    assert started.returncode == 0, started.stderr
+    ran = {json.loads(x)["task_id"]: json.loads(x) for x in started.stdout.splitlines()}
+    token = ran["approval-waits-for-person"]["waiting"]["resume_token"]
+
+    every = [json.loads(x) for x in cli("runs", "--json", "--home", str(home)).stdout.splitlines()]
+    assert sorted((x["task_id"], x["status"]) for x in every) == [
+        ("approval-waits-for-person", "WAITING_USER"), ("happy-read-file", "SUCCEEDED")]
+    (waiting,) = [json.loads(x) for x in cli("runs", "--status", "waiting_user", "--json", "--home",
+                                               str(home)).stdout.splitlines()]
+    assert waiting["run_id"] == ran["approval-waits-for-person"]["run_id"] and waiting["ended_at"] is None
+    wait = waiting["waiting"]
+    assert wait["kind"] == "approval" and wait["approval_id"] == ran["approval-waits-for-person"]["waiting"][
+        "approval_id"]
+    assert wait["expires_at"] == ran["approval-waits-for-person"]["waiting"]["expires_at"]
+    assert wait["question"].startswith("Approve deploy.service")
+    table = cli("runs", "--home", str(home), env={"COLUMNS": "300"})
+    assert table.returncode == 0 and "2 run(s)" in table.stdout and "approval: Approve deploy.service" in table.stdout
+    shown = table.stdout + json.dumps(every)
+    assert token not in shown and "token_hash" not in shown
+    bad = cli("runs", "--status", "DONE", "--home", str(home))
+    assert bad.returncode == 2
+    assert_one_clear_line(bad.stderr, "--status", "expected a run state", "'DONE'")
