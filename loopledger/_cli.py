@@ -546,7 +546,7 @@ def _console() -> Any:
 
 
 #: What ``runs`` shows of a wait: never the token's hash or the state version it binds.
-_WAIT_FIELDS = ("kind", "wait_id", "approval_id", "operation_id", "question", "expires_at", "work_ids")
+_WAIT_FIELDS = ("kind", "wait_id", "approval_id", "operation_id", "question", "reason", "expires_at", "work_ids")
 
 
 @app.command(name="runs")
@@ -607,7 +607,8 @@ def runs_(
                         ("status", "reason", "steps", "tool calls", "started (UTC)", "waiting for"))
     for x in lines:
         wait = x.get("waiting") or {}
-        what = (f"{wait['kind']}: {wait.get('question') or ', '.join(wait.get('work_ids') or ())} "
+        why = f" [{wait['reason']}]" if wait.get("reason") else ""
+        what = (f"{wait['kind']}: {wait.get('question') or ', '.join(wait.get('work_ids') or ())}{why} "
                 f"(until {wait.get('expires_at') or '-'})" if wait else "")
         table.add_row(*plain_cells(x["run_id"], x["status"], x["reason"] or "", x["steps"], x["tool_calls"],
                                    x["started_at"][:19], what))

@@ -555,6 +555,7 @@ def test_runs_lists_the_journals_runs_and_what_the_waiting_ones_wait_for(tmp_pat
         "approval_id"]
     assert wait["expires_at"] == ran["approval-waits-for-person"]["waiting"]["expires_at"]
     assert wait["question"].startswith("Approve deploy.service")
+    assert wait["reason"] == "permission: call 'call_1_1_1': deploy.service needs a person's approval"
     table = cli("runs", "--home", str(home), env={"COLUMNS": "300"})
     assert table.returncode == 0 and "2 run(s)" in table.stdout and "approval: Approve deploy.service" in table.stdout
     shown = table.stdout + json.dumps(every)

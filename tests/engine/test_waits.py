@@ -473,6 +473,11 @@ def test_the_approval_binds_the_operation_and_its_canonical_arguments(tmp_path: 
     assert w["resume_token"].encode() not in (home / "journal.sqlite").read_bytes()
 
     assert reply(home, run_id, w["resume_token"], "--approve").returncode == 0
+    # A connection of its own: reading the journal file's bytes above let go of
+    # the POSIX locks this process's connection held on it (closing any
+    # descriptor of a file does), so another process's close could remove the
+    # WAL this connection still maps, and it would read a stale journal.
+    conn = journal(home)
     # The decision replaced the waiting result with the send's own.
     assert conn.execute("SELECT outcome, dispatch_count FROM operations WHERE operation_id = ?",
                         (op_id,)).fetchone() == ("success", 1)
