@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
-from ._conversation import ToolNames, Turn, offered_tools, turns
+from ._conversation import ToolNames, Turn, claims_in, offered_tools, turns
 from ._errors import (
     ModelAuthError,
     ModelBadRequest,
@@ -39,7 +39,7 @@ from ._errors import (
     ModelServerError,
     ModelTimeout,
 )
-from ._model import Finish, ModelRequest, StreamError, StreamEvent, TextDelta, Usage, within
+from ._model import Finish, ItemEvent, ModelRequest, StreamError, StreamEvent, TextDelta, Usage, within
 from ._pricing import cost_usd
 from ._vendor import (BY_STATUS, SPEND_LIMIT, CallAssembler, Rule, call_timeout, resolve_table, stream_error,
                       translate)
@@ -153,6 +153,7 @@ class AnthropicModel:
         usage: dict[str, int] = {}
         # Tool inputs sent whole in content_block_start (no input_json_delta follows).
         whole_inputs: dict[int, Any] = {}
+        said: list[str] = []  # the answer's text, for the claims it states
         timeout = call_timeout(request, self.timeout_s)
 
         def open_stream() -> Any:
@@ -169,6 +170,7 @@ class AnthropicModel:
                 elif kind == "content_block_start":
                     block = event.content_block
                     if block.type == "text" and getattr(block, "text", ""):
+                        said.append(block.text)
                         yield TextDelta(block.text)
                     elif block.type == "tool_use":
                         yield calls.piece(event.index, block.id, block.name, "")
@@ -177,6 +179,7 @@ class AnthropicModel:
                 elif kind == "content_block_delta":
                     delta = event.delta
                     if delta.type == "text_delta":
+                        said.append(delta.text)
                         yield TextDelta(delta.text)
                     elif delta.type == "input_json_delta":
                         whole_inputs.pop(event.index, None)
@@ -205,6 +208,9 @@ class AnthropicModel:
             yield StreamError(f"unknown stop_reason {stop_reason!r}", "unknown_finish", retryable=False)
             return
         mapped = STOP_REASONS[stop_reason]
+        if mapped == "stop":
+            for claim in claims_in("".join(said)):
+                yield ItemEvent(claim)
         if mapped is not None:
             yield Finish(mapped)
 

@@ -51,7 +51,7 @@ from . import _faults
 from . import _otel as otel
 from ._backends import DemoBackend, Fault, Fenced, ToolOutcome, ToolRequest, failure
 from ._clock import now_us
-from ._conversation import conversation
+from ._conversation import CLAIM_FORMAT, conversation
 from ._decision import decision_input, resolve_context
 from ._errors import BadInput, ClaimLost, ModelError, NotDrivableHere, StaleStateVersion, TerminalAlreadySet
 from ._model import Collected, ModelAdapter, ModelRequest, ScriptExhausted, StreamError, collect
@@ -136,6 +136,8 @@ def _task(contract: Any) -> str:
                      + ", ".join(contract.required_evidence) + ".")
     if contract.forbidden_paths:
         lines.append("Out of scope, never to be touched: " + ", ".join(contract.forbidden_paths) + ".")
+    # The validators check claims stated so (engine/_conversation.py, claims_in).
+    lines.append(f"In the final answer, state each claim on its own line as: {CLAIM_FORMAT}.")
     return "\n".join(lines)
 
 

@@ -230,6 +230,32 @@ def _last_attempts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
+#: A claim as a provider model states it in its final answer, and as a
+#: recorded claim is written back to it (:func:`_assistant`): one line,
+#: ``Claim: WHAT (evidence: KIND:SUBJECT, KIND)``, as a list item or in bold
+#: too. The evidence part may be missing: a claim that cites nothing.
+_CLAIM_LINE = re.compile(
+    r"^[ \t]*(?:[-*][ \t]+)?(?:\*\*)?claim:(?:\*\*)?[ \t]*(?P<text>.*?)"
+    r"(?:[ \t]*\((?:\*\*)?evidence:(?:\*\*)?[ \t]*(?P<evidence>[^()]*)\))?[ \t]*$",
+    re.IGNORECASE | re.MULTILINE)
+
+#: How a model is asked to state its claims (the task message says it).
+CLAIM_FORMAT = "Claim: WHAT (evidence: KIND:SUBJECT, ...)"
+
+
+def claims_in(text: str) -> list[dict[str, Any]]:
+    """The claim items a final answer's text states, in order (CONTRACT:
+    ``{"type": "claim", "text", "evidence"}``), so that the validators
+    check a provider model's claims as they check a script's."""
+    claims = []
+    for match in _CLAIM_LINE.finditer(text):
+        said = match["text"].strip()
+        if said:
+            evidence = [e.strip().strip("`") for e in (match["evidence"] or "").split(",")]
+            claims.append({"type": "claim", "text": said, "evidence": [e for e in evidence if e]})
+    return claims
+
+
 def _assistant(items: list[dict[str, Any]]) -> tuple[str, tuple[Call, ...]]:
     texts: list[str] = []
     calls: list[Call] = []
@@ -245,7 +271,9 @@ def _assistant(items: list[dict[str, Any]]) -> tuple[str, tuple[Call, ...]]:
             calls.append(Call(item.get("call_id") or f"call_{len(calls)}", name,
                               item.get("arguments"), item.get("raw_arguments")))
         elif kind == "claim":
-            texts.append(f"Claim: {item.get('text', '')} (evidence: {', '.join(item.get('evidence') or [])})")
+            # A provider model's claims are lines of its own text already.
+            if item.get("text") not in {c["text"] for c in claims_in("\n".join(texts))}:
+                texts.append(f"Claim: {item.get('text', '')} (evidence: {', '.join(item.get('evidence') or [])})")
         elif kind == "plan":
             texts.append("Plan: " + json.dumps(item.get("steps"), sort_keys=True))
     return "\n".join(t for t in texts if t), tuple(calls)

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
-from ._conversation import ToolNames, Turn, offered_tools, turns
+from ._conversation import ToolNames, Turn, claims_in, offered_tools, turns
 from ._errors import (
     ModelAuthError,
     ModelBadRequest,
@@ -35,7 +35,7 @@ from ._errors import (
     ModelServerError,
     ModelTimeout,
 )
-from ._model import Finish, ModelRequest, StreamError, StreamEvent, TextDelta, Usage, within
+from ._model import Finish, ItemEvent, ModelRequest, StreamError, StreamEvent, TextDelta, Usage, within
 from ._pricing import cost_usd
 from ._vendor import BY_STATUS, CallAssembler, Rule, call_timeout, resolve_table, stream_error, translate
 
@@ -126,6 +126,7 @@ class OpenAIModel:
         finish: str | None = None
         refusal = False
         usage: Any = None
+        said: list[str] = []  # the answer's text, for the claims it states
         timeout = call_timeout(request, self.timeout_s)
 
         def open_stream() -> Any:
@@ -145,6 +146,7 @@ class OpenAIModel:
                     delta = choice.delta
                     if delta is not None:
                         if delta.content:
+                            said.append(delta.content)
                             yield TextDelta(delta.content)
                         if getattr(delta, "refusal", None):
                             refusal = True
@@ -180,6 +182,9 @@ class OpenAIModel:
         if refusal:
             yield Finish("content_filter")
         elif finish in FINISH:
+            if FINISH[finish] == "stop":
+                for claim in claims_in("".join(said)):
+                    yield ItemEvent(claim)
             yield Finish(FINISH[finish])
         else:
             yield StreamError(f"unknown finish_reason {finish!r}", "unknown_finish", retryable=False)

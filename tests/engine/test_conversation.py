@@ -90,3 +90,21 @@ def test_dotted_tool_names_map_reversibly_and_only_allowed_tools_are_offered() -
     clash.add("a.b")
     with pytest.raises(ValueError, match="same name"):
         clash.add("a__b")
+
+
+def test_claims_are_read_from_their_own_lines_of_an_answer() -> None:
+    from loopledger.engine._conversation import claims_in
+
+    answer = ("Refund issued.\n"
+              "Claim: refund issued for ORD-1042 (evidence: refund_confirmed:ORD-1042, order_found)\n"
+              "  - **Claim:** the order is paid (evidence: `order_found:ORD-1042`)\n"
+              "CLAIM: nothing cited\n"
+              "The claim: is not at the start of its line.\n"
+              "Claim:\n"
+              "Claim: (evidence: order_found)\n")
+    assert claims_in(answer) == [
+        {"type": "claim", "text": "refund issued for ORD-1042", "evidence": ["refund_confirmed:ORD-1042", "order_found"]},
+        {"type": "claim", "text": "the order is paid", "evidence": ["order_found:ORD-1042"]},
+        {"type": "claim", "text": "nothing cited", "evidence": []},
+    ]
+    assert claims_in("No claims here.") == []

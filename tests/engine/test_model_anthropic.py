@@ -109,9 +109,30 @@ def test_plain_text_is_a_trusted_stop_with_usage_and_cost(tmp_path: Path, server
     sent = server.requests[0]
     assert server.paths[0].endswith("/v1/messages") and sent["stream"] is True and sent["max_tokens"] == 4096
     assert sent["system"].startswith("You are") and sent["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": "Say hello."}]}]
+        {"role": "user", "content": [{"type": "text", "text": "Say hello.\nIn the final answer, state each claim on "
+                                                              "its own line as: Claim: WHAT (evidence: KIND:SUBJECT, ...)."}]}]
     assert [t["name"] for t in sent["tools"]] == ["orders__get_order"]
     assert "$schema" not in sent["tools"][0]["input_schema"]
+
+
+def test_claims_stated_in_the_answer_are_claim_items(tmp_path, server, env) -> None:
+    """As with OpenAI: a final answer's ``Claim: ... (evidence: ...)`` lines
+    are claim items, whichever deltas carry them; a tool-use turn's text is
+    not searched."""
+    answer = "ORD-1042 is paid.\nClaim: ORD-1042 is paid (evidence: order_found:ORD-1042)"
+    deltas = [ev("content_block_delta", index=0, delta={"type": "text_delta", "text": answer[i:i + 7]})
+              for i in range(0, len(answer), 7)]
+    server.script(message(*text_block(0, "Claim: looking (evidence: nothing)"),
+                          *tool_block(1, "toolu_a", "orders__get_order", json.dumps({"order_id": "ORD-1042"})),
+                          stop_reason="tool_use"),
+                  message(ev("content_block_start", index=0, content_block={"type": "text", "text": ""}), *deltas,
+                          ev("content_block_stop", index=0), stop_reason="end_turn"))
+    rec = run_scenario(tmp_path, ROUTE, env)
+    assert (rec.run.state.value, rec.run.reason) == ("SUCCEEDED", "completed"), rec.output
+    first, final = (items(c["items_json"]) for c in rec.candidates)
+    assert [i["type"] for i in first] == ["text", "tool_call"]
+    assert final == [{"type": "text", "text": answer},
+                     {"type": "claim", "text": "ORD-1042 is paid", "evidence": ["order_found:ORD-1042"]}]
 
 
 def test_tool_use_split_across_many_deltas_runs_and_its_result_goes_back_by_id(tmp_path, server, env) -> None:

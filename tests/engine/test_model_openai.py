@@ -99,8 +99,34 @@ def test_plain_text_is_a_trusted_stop_with_usage_and_cost(tmp_path: Path, server
     assert body["prompt_version"] == "v1" and len(body["prompt_hash"]) == 64
     sent = server.requests[0]
     assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
-    assert sent["messages"][0]["role"] == "system" and sent["messages"][1]["content"] == "Say hello."
+    assert sent["messages"][0]["role"] == "system" and sent["messages"][1]["content"] == (
+        "Say hello.\nIn the final answer, state each claim on its own line as: "
+        "Claim: WHAT (evidence: KIND:SUBJECT, ...).")
     assert [t["function"]["name"] for t in sent["tools"]] == ["orders__get_order"]
+
+
+def test_claims_stated_in_the_answer_are_claim_items_the_validators_check(tmp_path, server, env) -> None:
+    """The task asks for one claim per line, ``Claim: WHAT (evidence: ...)``;
+    a final answer's such lines become claim items, so a claim citing
+    evidence the run never recorded is refused (``references``), and one
+    citing what the lookup found is accepted."""
+    unfounded = "Refunded.\nClaim: ORD-1042 was refunded (evidence: refund_confirmed:ORD-1042)"
+    founded = "ORD-1042 is paid.\n- **Claim:** ORD-1042 is paid (evidence: `order_found:ORD-1042`)\n"
+    server.script(lookup(), stream(chunk({"content": unfounded}), finish="stop"),
+                  stream(chunk({"content": founded[:20]}), chunk({"content": founded[20:]}), finish="stop"))
+    rec = run_scenario(tmp_path, ROUTE, env)
+    assert (rec.run.state.value, rec.run.reason) == ("SUCCEEDED", "completed"), rec.output
+    first, second = (items(c["items_json"]) for c in rec.candidates[1:])
+    assert first == [{"type": "text", "text": unfounded},
+                     {"type": "claim", "text": "ORD-1042 was refunded", "evidence": ["refund_confirmed:ORD-1042"]}]
+    assert second[1:] == [{"type": "claim", "text": "ORD-1042 is paid", "evidence": ["order_found:ORD-1042"]}]
+    task = server.requests[0]["messages"][1]["content"]
+    assert "state each claim on its own line as: Claim: WHAT (evidence: KIND:SUBJECT, ...)" in task
+    # The model is told why its first answer was refused, and sees that answer once, its claim not doubled.
+    retry = server.requests[2]["messages"]
+    said = [m["content"] for m in retry if m["role"] == "assistant" and m.get("content")]
+    assert said == [unfounded]
+    assert any("refund_confirmed:ORD-1042" in json.dumps(m) and m["role"] != "assistant" for m in retry)
 
 
 def test_tool_call_split_across_many_chunks_runs_and_its_result_goes_back_by_call_id(tmp_path, server, env):
