@@ -257,7 +257,10 @@ def _load_object(ref: str) -> Suite:
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
         raise SuiteError(ref, "expected package.module:attr, with both parts named")
-    obj: Any = _import(module_name, ref)
+    # Looked for in the working directory too when the import path does not
+    # have it, as ``python -m`` and pytest find a project's own modules:
+    # ``--suite mysuites:strict`` run from the folder of mysuites.py.
+    obj: Any = _import(module_name, ref, Path.cwd())
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)

@@ -839,6 +839,26 @@ def test_suites_that_cannot_load_are_one_line(recorded_home: Path, tmp_path: Pat
     one_line(out.stderr, *names)
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_suite_module_in_the_working_directory_is_found(recorded_home: Path, tmp_path: Path, monkeypatch,
+                                                         workers: str) -> None:
+    """``--suite mysuites:strict`` run from the folder of mysuites.py, as
+    ``python -m`` and pytest find a project's own modules (a console script
+    does not put the working directory on the import path); worker
+    processes find it too."""
+    (tmp_path / "mysuites.py").write_text(
+        "from loopledger.validators import parse_suite\n"
+        "strict = parse_suite({'name': 'mine', 'validators': ['structure', 'completion_gate']})\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    out = cli("replay", "--suite", "mysuites:strict", "--traces", str(recorded_home / "traces"), "--home",
+              str(tmp_path), "--fail-on", "never", "--workers", workers)
+    assert out.returncode == 0, out.stderr
+    (replay_dir,) = (tmp_path / "replays").iterdir()
+    decided = pq.read_table(replay_dir / "decisions").column("validator").to_pylist()
+    assert decided and sorted(set(decided)) == ["completion_gate", "structure"]
+
+
 def test_a_report_path_the_system_refuses_is_bad_input_before_the_work(recorded_home: Path, tmp_path: Path) -> None:
     out = cli("replay", "--suite", "default", "--traces", str(recorded_home / "traces"), "--home", str(tmp_path),
               "--junit", "/proc/report.xml")
