@@ -182,3 +182,37 @@ def test_repairs_are_bounded_in_a_row_not_over_the_whole_run(tmp_path: Path) -> 
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert json.loads(proc.stdout)["check"] == "ok", proc.stdout
         assert all_violations(tmp_path / name) == []
+
+
+def test_a_success_with_work_still_running_ends_tool_failed_whatever_the_suite(tmp_path: Path) -> None:
+    """FINALIZING's completion invariant holds without the completion gate:
+    a final answer while the export still runs is no success."""
+    (tmp_path / "suite.yaml").write_text(NO_GATE_SUITE)
+    (tmp_path / "early.yaml").write_text(EARLY_ANSWER)
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    proc = subprocess.run([*CLI, "run", str(tmp_path / "early.yaml"), "--check", "--json", "--home", str(home)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = json.loads(proc.stdout)
+    assert (line["status"], line["reason"]) == ("FAILED", "tool_failed")
+    assert all_violations(home) == []
+
+
+NO_GATE_SUITE = """\
+name: no-gate
+validators: [structure, tool_exists, tool_args_schema, permission]
+"""
+
+EARLY_ANSWER = """\
+id: early-answer
+suite: suite.yaml
+contract:
+  goal: Export the weekly report
+  required_evidence: [report_ready]
+  allowed_tools: [reports.export]
+model:
+  - tool_calls: [{name: reports.export, arguments: {query: weekly, delay_s: 2}}]
+  - final: The weekly report is ready.
+expect: {status: FAILED, reason: tool_failed}
+"""
