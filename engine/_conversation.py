@@ -259,6 +259,8 @@ def claims_in(text: str) -> list[dict[str, Any]]:
 def _assistant(items: list[dict[str, Any]]) -> tuple[str, tuple[Call, ...]]:
     texts: list[str] = []
     calls: list[Call] = []
+    # A provider model's claims are lines of its own text already: not written twice.
+    stated = {c["text"] for c in claims_in("\n".join(i.get("text", "") for i in items if i.get("type") == "text"))}
     for item in items:
         kind = item.get("type")
         if kind == "text":
@@ -270,10 +272,9 @@ def _assistant(items: list[dict[str, Any]]) -> tuple[str, tuple[Call, ...]]:
                 name = f"{name}@{item['version']}"
             calls.append(Call(item.get("call_id") or f"call_{len(calls)}", name,
                               item.get("arguments"), item.get("raw_arguments")))
-        elif kind == "claim":
-            # A provider model's claims are lines of its own text already.
-            if item.get("text") not in {c["text"] for c in claims_in("\n".join(texts))}:
-                texts.append(f"Claim: {item.get('text', '')} (evidence: {', '.join(item.get('evidence') or [])})")
+        elif kind == "claim" and item.get("text") not in stated:
+            stated.add(item.get("text"))
+            texts.append(f"Claim: {item.get('text', '')} (evidence: {', '.join(item.get('evidence') or [])})")
         elif kind == "plan":
             texts.append("Plan: " + json.dumps(item.get("steps"), sort_keys=True))
     return "\n".join(t for t in texts if t), tuple(calls)

@@ -222,16 +222,15 @@ def _said(option: str, text: str | None, limit: int) -> str | None:
     return text
 
 
-def _whole_run_id(run_id: str, where: Any, *, rejecting: bool = False, as_json: bool = False) -> str:
-    """``run_id``, or the one run of the journal whose id begins with it (as
-    ``show`` takes it, and git a commit); exit 1 when several runs' ids
-    begin with it. An id the journal does not know at all is left for the
-    command to refuse as it does."""
+def _whole_run_id(run_id: str, journal: Any, *, rejecting: bool = False, as_json: bool = False) -> str:
+    """``run_id``, or the one run of ``journal`` (the command's own, open)
+    whose id begins with it (as ``show`` takes it, and git a commit); exit 1
+    when several runs' ids begin with it. An id the journal does not know
+    at all is left for the command to refuse as it does."""
     from loopledger.engine._show import RunNotFound, resolve_run
 
-    if not where.has_journal or not run_id:
+    if not run_id:
         return run_id
-    journal = where.open_store()
     try:
         return resolve_run(run_id, [journal], "")[1]
     except RunNotFound as exc:
@@ -241,8 +240,6 @@ def _whole_run_id(run_id: str, where: Any, *, rejecting: bool = False, as_json: 
             _refuse(run_id, str(exc), as_json)
         _err(str(exc))
         raise typer.Exit(EXIT_FAILED) from None
-    finally:
-        journal.close()
 
 
 def _need_journal(run_id: str, where: Any, no_journal: str | None = None, *, rejecting: bool = False,
@@ -477,7 +474,7 @@ def run(
         runner.close()
     failed = [o for o in outcomes if not o.ok]
     if not as_json:
-        table = _runs_table(f"{len(outcomes)} run(s), prompt version {prompt_version}", outcomes,
+        table = _runs_table(f"{len(outcomes)} run(s), prompt version {prompt_version}", [o.run_id for o in outcomes],
                             ("status", "reason", "steps", "tool calls") + (("check",) if check else ()))
         for o in outcomes:
             row = [o.run_id, o.status, o.reason or "", str(o.steps), str(o.tool_calls)]
@@ -601,9 +598,7 @@ def runs_(
         typer.echo(f"No run{' in state ' + ', '.join(s.value for s in states) if states else ''} "
                    f"({where.describe_journal()}).")
         return
-    from types import SimpleNamespace
-
-    table = _runs_table(f"{len(lines)} run(s)", [SimpleNamespace(run_id=x["run_id"]) for x in lines],
+    table = _runs_table(f"{len(lines)} run(s)", [x["run_id"] for x in lines],
                         ("status", "reason", "steps", "tool calls", "started (UTC)", "waiting for"))
     for x in lines:
         wait = x.get("waiting") or {}
@@ -615,14 +610,14 @@ def runs_(
     _console().print(table)
 
 
-def _runs_table(title: str, outcomes: list[Any], columns: tuple[str, ...]) -> Any:
+def _runs_table(title: str, run_ids: list[str], columns: tuple[str, ...]) -> Any:
     """A table with one row per run: the run id first, never cut or folded
     (it is what show, reply and cancel take, so it must copy whole); the
     other columns fold rather than lose their end when the width is short."""
     from rich.table import Table
 
     table = Table(title=title)
-    table.add_column("run_id", no_wrap=True, min_width=max((len(o.run_id) for o in outcomes), default=6))
+    table.add_column("run_id", no_wrap=True, min_width=max(map(len, run_ids), default=6))
     for name in columns:
         table.add_column(name, overflow="fold")
     return table
@@ -648,7 +643,7 @@ def _print_outcomes(outcomes: list[Any], as_json: bool, title: str) -> None:
         for outcome in outcomes:
             typer.echo(json.dumps(_outcome_json(outcome)))
         return
-    table = _runs_table(title, outcomes, ("status", "reason", "steps", "waiting"))
+    table = _runs_table(title, [o.run_id for o in outcomes], ("status", "reason", "steps", "waiting"))
     for o in outcomes:
         waiting = f"{o.waiting['kind']} until {o.waiting.get('expires_at') or '-'}" if o.waiting else ""
         table.add_row(*plain_cells(o.run_id, o.status, o.reason or "", o.steps, waiting))
@@ -762,11 +757,11 @@ def reply(
             raise BadInput("--answer", f"expected JSON that a journal can keep, got {answer!r} ({exc})") from None
     by, reason = _said("--by", by, 200), _said("--reason", reason, 2000)
     where = _home(home, store)
-    run_id = _whole_run_id(run_id, where, rejecting=True, as_json=as_json)
     runner = _runner_for(run_id, where, no_journal=f"wrong run: no run {run_id!r} in the journal "
                                                    f"(there is no journal in {where.root})",
                          rejecting=True, as_json=as_json)
     try:
+        run_id = _whole_run_id(run_id, runner.store, rejecting=True, as_json=as_json)
         try:
             view = runner.controller.reply(run_id, token, Reply(approve=True if approve else (False if deny else None),
                                                                 answer=value, by=by, note=reason))
@@ -810,10 +805,9 @@ def token(
     from loopledger.engine._errors import NotDrivableHere, UnknownRun
     from loopledger.engine._waits import ReplyRejected
 
-    where = _home(home, store)
-    run_id = _whole_run_id(run_id, where, rejecting=True, as_json=as_json)
-    runner = _runner_for(run_id, where, rejecting=True, as_json=as_json)
+    runner = _runner_for(run_id, _home(home, store), rejecting=True, as_json=as_json)
     try:
+        run_id = _whole_run_id(run_id, runner.store, rejecting=True, as_json=as_json)
         try:
             view = runner.controller.reissue_token(run_id)
         except ReplyRejected as exc:
@@ -848,11 +842,11 @@ def cancel(
 
     where = _home(home, store)
     _need_journal(run_id, where)
-    run_id = _whole_run_id(run_id, where)
     # The request first, through the journal alone: a driver stalled in a
     # send may hold the tool backend this process would open next.
     journal = where.open_store()
     try:
+        run_id = _whole_run_id(run_id, journal)
         recorded = record_cancel(journal, run_id)
     except UnknownRun as exc:
         _err(str(exc))

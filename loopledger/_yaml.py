@@ -96,7 +96,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
-
     def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> str:  # type: ignore[override]
         # ``2024-01-01`` is the text it reads as, as YAML 1.2 and JSON read
         # it: a date object is no JSON value, and a string field given one
