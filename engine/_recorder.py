@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from loopledger._args import as_path
-from loopledger._parquet import one_line
+from loopledger._parquet import TRACES_MARKER, first_unreadable, one_line
 
 from ._clock import now_us
 from ._errors import BadInput, JournalError
@@ -57,7 +57,7 @@ EMPTY_FILE = "empty.parquet"
 IMPORT_PREFIX = "imp-"
 LOCK_FILE = ".export.lock"
 #: The id of the journal the folder's segments come from.
-OWNER_FILE = ".journal"
+OWNER_FILE = TRACES_MARKER
 COMPRESSION = "zstd"
 
 
@@ -112,6 +112,18 @@ class ExportResult:
     @property
     def appended(self) -> int:
         return sum(n for t, n in self.rows.items() if TABLES[t].kind == "append")
+
+
+@dataclass
+class RepairResult:
+    """What :meth:`Recorder.repair` found among the traces folder's files."""
+
+    export: ExportResult
+    checked: int = 0
+    #: Files written again from the journal, as ``table/file``.
+    rewritten: list[str] = field(default_factory=list)
+    #: ``(table/file, why it cannot be written again and what to do)``.
+    left: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -452,6 +464,81 @@ class Recorder:
                 (folder / EMPTY_FILE).unlink(missing_ok=True)
             elif not (folder / EMPTY_FILE).exists():
                 write_parquet(folder / EMPTY_FILE, table, (), keep_empty=True)
+
+    # -- repair -------------------------------------------------------------
+
+    def repair(self) -> RepairResult:
+        """Export what is new, then read every trace file whole and write
+        each one that cannot be read again from the journal: an exported
+        segment with the rows of its recorded export, a snapshot table and
+        an empty schema file as any export writes them, a compacted file as
+        the segments it merged (then removed). Rows that never were in the
+        journal (an import's ``imp-`` files, or a compaction that merged
+        them) cannot be written again: they are named, with what to do."""
+        with self._exclusive():
+            result = RepairResult(self._export())
+            with self.store._lock:
+                conn, traces_id = self.store._conn, self._traces_id
+                exports = {export_id: (json.loads(ranges), json.loads(bounds)) for export_id, ranges, bounds in
+                           self.store.execute(conn, "SELECT export_id, ranges_json, bounds_json FROM exports"
+                                                    " WHERE status = 'done' AND traces_id = ?", (traces_id,))}
+                merged = {f"compact-{cid:08d}.parquet": json.loads(files) for cid, files in self.store.execute(
+                    conn, "SELECT compaction_id, files_json FROM compactions WHERE status = 'done'"
+                          " AND traces_id = ?", (traces_id,))}
+            for name, table in TABLES.items():
+                for path in sorted(self.table_dir(name).glob("*.parquet")):
+                    result.checked += 1
+                    found = first_unreadable([path])
+                    if found is None:
+                        continue
+                    why = found[1]
+                    where = f"{name}/{path.name}"
+                    left = self._remake(name, path, exports, merged)
+                    if left is None:
+                        result.rewritten.append(where)
+                    else:
+                        result.left.append((where, f"not readable ({why}); {left}"))
+            return result
+
+    def _remake(self, name: str, path: Path, exports: Mapping[int, tuple[Any, Any]],
+                merged: Mapping[str, list[str]]) -> str | None:
+        """Write ``path`` of table ``name`` again from the journal; None when
+        done, otherwise why it cannot be and what to do."""
+        table = TABLES[name]
+        if path.name == EMPTY_FILE:
+            write_parquet(path, table, (), keep_empty=True)
+            return None
+        if table.kind == "snapshot" and path.name == f"{name}.parquet":
+            with self.store._lock:
+                bounds = {**self._last_bounds(self.store._conn), "tables": [name]}
+            self._publish(self._intent([], bounds), [], bounds)
+            return None
+        segments = self._leaves(path.name, merged)
+        imported = [leaf for leaf in segments if not leaf.startswith("seg-")]
+        if imported:
+            return (f"it holds rows that never were in the journal ({', '.join(imported[:3])}"
+                    f"{', ...' if len(imported) > 3 else ''}: imported runs); move it aside, run "
+                    "`loopledger export --repair` again to write its journal rows, and import those runs again")
+        ids = [int(leaf[len("seg-"):-len(".parquet")]) for leaf in segments]
+        unknown = [i for i in ids if i not in exports]
+        if unknown:
+            return (f"this journal records no finished export {unknown[0]} into this folder; move the file aside "
+                    "if its rows came from elsewhere")
+        for export_id in ids:
+            ranges, bounds = exports[export_id]
+            self._publish(export_id, ranges, {**bounds, "tables": [name]})
+        if path.name not in segments:  # a compacted file: its segments are back, the file goes
+            path.unlink()
+            _fsync_dir(path.parent)
+        return None
+
+    @staticmethod
+    def _leaves(file_name: str, merged: Mapping[str, list[str]]) -> list[str]:
+        """The segments (``seg-``, ``imp-``) a file holds: itself, or those
+        its compaction merged, through compactions of compactions."""
+        if file_name not in merged:
+            return [file_name]
+        return [leaf for part in merged[file_name] for leaf in Recorder._leaves(part, merged)]
 
     # -- segments made outside the journal ------------------------------------
 

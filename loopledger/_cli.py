@@ -308,6 +308,9 @@ def export(
     home: HomeOption = None,
     store: StoreOption = None,
     compact: Annotated[bool, typer.Option("--compact", help="Merge each table's segments into one file.")] = False,
+    repair: Annotated[bool, typer.Option(
+        "--repair", help="Also read every trace file whole and write each unreadable one again from the journal; "
+                         "exit 3 if one cannot be.")] = False,
 ) -> None:
     """Journal → Parquet traces. Idempotent: running it twice adds no rows."""
     from loopledger.engine._recorder import Recorder
@@ -320,10 +323,16 @@ def export(
         typer.echo(f"No journal at {where.journal_file}: nothing to export.")
         return
     run_store = where.open_store()
+    left: list[Any] = []
     try:
         recorder = Recorder(run_store, where.traces)
-        result = recorder.export()
-        _print_export(result, where.traces)
+        if repair:
+            repaired = recorder.repair()
+            _print_export(repaired.export, where.traces)
+            _print_repair(repaired)
+            left = repaired.left
+        else:
+            _print_export(recorder.export(), where.traces)
         if compact:
             merged = recorder.compact()
             typer.echo(
@@ -331,6 +340,18 @@ def export(
             )
     finally:
         run_store.close()
+    if left:
+        raise typer.Exit(EXIT_INFRA)
+
+
+def _print_repair(result: Any) -> None:
+    """What ``export --repair`` checked and wrote again; each file it could
+    not write again on a line of its own (stderr)."""
+    typer.echo(f"Checked {result.checked} trace file(s): "
+               + (f"written again from the journal: {', '.join(result.rewritten)}" if result.rewritten
+                  else "none needed writing again" if not result.left else "none could be written again"))
+    for where, why in result.left:
+        _err(f"{where}: {why}")
 
 
 def _drive(runner: Any, scenarios: list[Any], versions: list[str], model: str, concurrency: int,

@@ -3,8 +3,13 @@ scan fails, not always in which file."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 from pathlib import Path
+
+#: The file an export writes into the traces folder it fills (the id of the
+#: journal its rows come from).
+TRACES_MARKER = ".journal"
 
 
 def one_line(exc: BaseException) -> str:
@@ -23,3 +28,14 @@ def first_unreadable(files: Iterable[Path]) -> tuple[Path, str] | None:
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a broken file
             return path, one_line(exc)
     return None
+
+
+def repair_hint(path: Path) -> str:
+    """What to do about an unreadable file of a traces folder an export
+    fills (``<home>/traces/<table>/<file>``): its journal can write it
+    again. Empty for any other folder."""
+    traces = path.parent.parent
+    if not (traces / TRACES_MARKER).is_file():
+        return ""
+    home = f" --home {shlex.quote(str(traces.parent))}" if traces.name == "traces" else ""
+    return f"; `loopledger export --repair{home}` writes it again from the journal"

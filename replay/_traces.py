@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loopledger._parquet import first_unreadable, one_line
+from loopledger._parquet import first_unreadable, one_line, repair_hint
 
 from ._errors import TracesError
 
@@ -93,7 +93,7 @@ def table_files(folder: Path, name: str, required: Sequence[str], versioned: boo
         try:
             meta = pq.ParquetFile(path).metadata
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a broken file
-            raise TracesError(str(path), f"not a readable Parquet file ({one_line(exc)})") from None
+            raise TracesError(str(path), f"not a readable Parquet file ({one_line(exc)}){repair_hint(path)}") from None
         names = frozenset(meta.schema.names)
         missing = [c for c in required if c not in names]
         if missing:
@@ -270,7 +270,8 @@ def write_partitions(traces: TraceSet, baseline_files: Sequence[Path] | None, ou
         files = [f for table in traces.tables.values() for f in table.files] + list(baseline_files or ())
         culprit = first_unreadable(files)
         if culprit is not None:
-            raise TracesError(str(culprit[0]), f"not a readable Parquet file ({culprit[1]})") from None
+            path, why = culprit
+            raise TracesError(str(path), f"not a readable Parquet file ({why}){repair_hint(path)}") from None
         raise TracesError(str(traces.root), f"cannot read the traces ({one_line(exc)})") from None
     finally:
         conn.close()

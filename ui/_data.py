@@ -288,6 +288,8 @@ class Traces:
     def _run(self, sql: str, params: Params, cur: Any) -> Any:
         import duckdb
 
+        from loopledger._parquet import repair_hint
+
         try:
             return (cur or self.cursor()).execute(sql, params or [])
         except duckdb.Error as exc:
@@ -295,7 +297,7 @@ class Traces:
             if broken is not None:
                 (table, path), why = broken
                 raise CorruptData(f"Could not read the `{table}` table: {path} is not a readable Parquet file "
-                                  f"({why}).") from exc
+                                  f"({why}){repair_hint(path)}.") from exc
             foreign = self._foreign_file()
             if foreign is not None:
                 table, path, why = foreign

@@ -877,3 +877,118 @@ def test_a_recorder_refuses_what_is_not_a_journal_or_a_folder_before_touching_an
         assert (traces / "runs").is_dir()
     finally:
         store.close()
+
+
+# -- repair: unreadable trace files written again from the journal ----------------------
+
+
+def break_file(path: Path, *, footer: bool) -> None:
+    """Damage a Parquet file as a bad copy or disk would: cut it short
+    (``footer``), or scramble its pages and keep the footer whole."""
+    data = bytearray(path.read_bytes())
+    if footer:
+        path.write_bytes(bytes(data[: len(data) // 2]))
+        return
+    kept = int.from_bytes(data[-8:-4], "little") + 8
+    for i in range(4, len(data) - kept):
+        data[i] = (data[i] * 7 + 13) % 256
+    path.write_bytes(bytes(data))
+
+
+def test_repair_writes_unreadable_segments_and_snapshots_again_from_the_journal(
+        store: Any, traces: Path, journal: Journal) -> None:
+    recorder = Recorder(store, traces)
+    populate(store, "a")
+    recorder.export()
+    advance(store, "a")
+    populate(store, "b")
+    recorder.export()
+    assert recorder.repair().rewritten == []
+    counts = assert_traces_equal_journal(traces, journal)
+    first, second = sorted((traces / "events").glob("seg-*.parquet"))
+    break_file(first, footer=True)
+    break_file(second, footer=False)
+    break_file(traces / "runs" / "runs.parquet", footer=True)
+    break_file(traces / "operations" / "operations.parquet", footer=False)
+    assert recorder.export().export_id is None, "an export alone reads no file: it finds nothing new"
+
+    result = recorder.repair()
+    assert sorted(result.rewritten) == sorted(["events/" + first.name, "events/" + second.name, "runs/runs.parquet",
+                                               "operations/operations.parquet"])
+    assert result.left == [] and result.checked == sum(len(parquet_files(traces, t)) for t in CONTRACT_TABLES)
+    assert assert_traces_equal_journal(traces, journal) == counts
+    # Nothing is left to do, and the exports after it go on from the same marks.
+    assert recorder.repair().rewritten == []
+    populate(store, "c")
+    assert recorder.export().appended > 0
+    assert_traces_equal_journal(traces, journal)
+
+
+def test_repair_writes_a_compacted_file_again_as_the_segments_it_merged(
+        store: Any, traces: Path, journal: Journal) -> None:
+    recorder = Recorder(store, traces)
+    populate(store, "a")
+    recorder.export()
+    populate(store, "b")
+    recorder.export()
+    recorder.compact()
+    populate(store, "c")
+    recorder.export()
+    recorder.compact()  # a compaction of a compaction and a segment
+    (merged,) = parquet_files(traces, "validations")
+    assert merged.name.startswith("compact-")
+    counts = assert_traces_equal_journal(traces, journal)
+    break_file(merged, footer=True)
+
+    result = recorder.repair()
+    assert result.rewritten == ["validations/" + merged.name] and result.left == []
+    assert not merged.exists()
+    assert sorted(p.name for p in parquet_files(traces, "validations")) == [
+        "seg-00000001.parquet", "seg-00000002.parquet", "seg-00000003.parquet"]
+    assert assert_traces_equal_journal(traces, journal) == counts
+
+
+def test_repair_names_the_imported_rows_it_cannot_write_again(tmp_path: Path) -> None:
+    """Imported runs were never in the journal: a damaged file of theirs is
+    named with what to do (exit 3), and every other file is still checked
+    and written again."""
+    home = make_home(tmp_path, "a")
+    assert loopledger("export", "--home", str(home)).returncode == 0
+    store = SQLiteRunStore(home / "journal.sqlite")
+    try:
+        recorder = Recorder(store, home / "traces")
+        events = pq.read_table(parquet_files(home / "traces", "events")[0]).replace_schema_metadata(None)
+        imported = events.set_column(0, events.schema.field(0), pa.array(["imp-run"] * events.num_rows))
+        assert recorder.publish_import(lambda known: {"events": imported}) == {"events": events.num_rows}
+    finally:
+        store.close()
+    (imp,) = (home / "traces" / "events").glob("imp-*.parquet")
+    (seg,) = (home / "traces" / "events").glob("seg-*.parquet")
+    break_file(imp, footer=True)
+    break_file(seg, footer=True)
+
+    done = loopledger("export", "--repair", "--home", str(home))
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "written again from the journal: events/" + seg.name in done.stdout
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"loopledger: events/{imp.name}: not readable (") and "import those runs again" in line
+    assert pq.read_table(seg).num_rows > 0
+    assert imp.exists(), "what cannot be written again is left where it is"
+
+
+def test_a_replay_of_a_damaged_segment_says_how_to_write_it_again(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    scenario = Path(__file__).resolve().parents[2] / "datasets" / "scenarios" / "happy-refund.yaml"
+    assert loopledger("run", str(scenario), "--home", str(home)).returncode == 0
+    (seg,) = (home / "traces" / "events").glob("seg-*.parquet")
+    break_file(seg, footer=False)
+
+    refused = loopledger("replay", "--suite", "default", "--home", str(home))
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert str(seg) in refused.stderr
+    assert f"`loopledger export --repair --home {home}` writes it again from the journal" in refused.stderr
+    repaired = loopledger("export", "--repair", "--home", str(home))
+    assert repaired.returncode == 0, repaired.stderr
+    assert "written again from the journal: events/" + seg.name in repaired.stdout
+    assert loopledger("replay", "--suite", "default", "--home", str(home)).returncode == 0
+    assert_traces_equal_journal(home / "traces", Journal("sqlite", home / "journal.sqlite"))
