@@ -992,3 +992,23 @@ def test_a_replay_of_a_damaged_segment_says_how_to_write_it_again(tmp_path: Path
     assert "written again from the journal: events/" + seg.name in repaired.stdout
     assert loopledger("replay", "--suite", "default", "--home", str(home)).returncode == 0
     assert_traces_equal_journal(home / "traces", Journal("sqlite", home / "journal.sqlite"))
+
+
+def test_repair_leaves_a_compacted_file_that_merged_imported_rows(store: Any, traces: Path, journal: Journal) -> None:
+    recorder = Recorder(store, traces)
+    populate(store, "a")
+    recorder.export()
+    events = pq.read_table(parquet_files(traces, "events")[0]).replace_schema_metadata(None)
+    imported = events.set_column(0, events.schema.field(0), pa.array(["imp-run"] * events.num_rows))
+    recorder.publish_import(lambda known: {"events": imported})
+    recorder.compact()
+    (merged,) = parquet_files(traces, "events")
+    break_file(merged, footer=True)
+    (left_alone,) = parquet_files(traces, "validations")
+
+    result = recorder.repair()
+    assert result.rewritten == []
+    ((where, why),) = result.left
+    assert where == "events/" + merged.name
+    assert "imp-00000001.parquet" in why and "move it aside" in why
+    assert parquet_files(traces, "events") == [merged] and parquet_files(traces, "validations") == [left_alone]
