@@ -336,14 +336,19 @@ def _replay_locked(request: _Request, reading: Any, started: float) -> dict[str,
         except OSError as exc:
             raise ReplayInputError("write_to", f"cannot make the folder {replays} ({exc.strerror or exc})") from None
         _sweep(replays)
-        _claim_outputs(outputs, ids, request.id_arguments, holds)
     refs = tuple(ref for _, _, ref in request.suites)
-    for _, suite, ref in request.suites:
-        remember(ref, ids, suite)
     work: Path | None = None
     pool: ProcessPoolExecutor | None = None
     results: dict[str, ReplayResult] = {}
+    #: The ``<id>.partial`` folders this replay made (never another's, which
+    #: a refused claim found in its way), each listed the moment it exists:
+    #: a signal at any point after it leaves none behind.
+    claimed: list[Path] = []
     try:
+        if request.write:
+            _claim_outputs(outputs, ids, request.id_arguments, holds, claimed)
+        for _, suite, ref in request.suites:
+            remember(ref, ids, suite)
         work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=replays if request.write else None))
         holds.take(work)
         if procs > 1:
@@ -364,9 +369,8 @@ def _replay_locked(request: _Request, reading: Any, started: float) -> dict[str,
     except BaseException:
         # Whatever failed, no unfinished replay is left behind (those
         # published already are whole, and stay).
-        for out in outputs:
-            if out is not None:
-                shutil.rmtree(out, ignore_errors=True)
+        for out in claimed:
+            shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
         if pool is not None:
@@ -424,13 +428,13 @@ def _sweep(replays: Path) -> None:
 
 
 def _claim_outputs(outputs: Sequence[Path | None], ids: Sequence[str], arguments: Sequence[str],
-                   holds: _Holds) -> None:
+                   holds: _Holds, made: list[Path]) -> None:
     """Make each replay's ``<id>.partial`` folder, which is its claim on
-    the id: a second replay given the same id at the same moment finds the
-    folder made (or the finished replay, if the first one was quicker) and
-    is refused before it writes anything. On refusal, the folders this call
-    made are removed again; nobody else's are touched."""
-    made: list[Path] = []
+    the id, and add it to ``made`` at once: a second replay given the same
+    id at the same moment finds the folder made (or the finished replay, if
+    the first one was quicker) and is refused before it writes anything. On
+    refusal, the folders this call made are removed again; nobody else's
+    are touched."""
     try:
         for out, rid, argument in zip(outputs, ids, arguments):
             if out is None:
@@ -449,6 +453,7 @@ def _claim_outputs(outputs: Sequence[Path | None], ids: Sequence[str], arguments
     except BaseException:
         for out in made:
             shutil.rmtree(out, ignore_errors=True)
+        made.clear()
         holds.release()
         raise
 

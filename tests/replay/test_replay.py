@@ -313,3 +313,20 @@ def test_a_replay_names_its_traces_by_their_absolute_path(home_copy: Path, monke
     assert result.path is not None
     meta = json.loads((result.path / "replay.json").read_text())
     assert meta["traces"] == str(home_copy / "traces") and Path(meta["traces"]).is_absolute()
+
+
+def test_an_interruption_right_after_the_claim_leaves_no_partial_replay(
+        recorded_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C the moment the ``<id>.partial`` folder is made (a loaded
+    machine may stop the process for a while there) still leaves nothing
+    unfinished behind."""
+    import loopledger.replay._harness as harness
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(harness, "remember", interrupted)
+    out = tmp_path / "replays"
+    with pytest.raises(KeyboardInterrupt):
+        replay(recorded_home / "traces", "default", write_to=out, workers=1)
+    assert list(out.iterdir()) == []
