@@ -126,6 +126,11 @@ class RepairResult:
     left: list[tuple[str, str]] = field(default_factory=list)
 
 
+def _some(names: Sequence[str]) -> str:
+    """The first few of ``names``, for a message."""
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -323,6 +328,14 @@ class Recorder:
         # gave it rows.)
         redone = {name for _, _, bounds in pending for name in bounds.get("tables", ())}
         lost = [name for name in lost if name not in redone]
+        if lost:
+            # The refill writes every row the folder had of these tables, so
+            # the record of their compactions, whose files are gone with the
+            # folder, no longer describes anything (``repair`` would bring
+            # their rows back a second time).
+            with self.store._write() as conn:
+                self.store.execute_many(conn, "DELETE FROM compactions WHERE traces_id = ? AND table_name = ?",
+                                        [(traces_id, name) for name in lost])
         refilled = self._refill(lost) if lost else None
         result = ExportResult(None)
         for export_id, ranges, bounds in pending:
@@ -472,38 +485,69 @@ class Recorder:
         each one that cannot be read again from the journal: an exported
         segment with the rows of its recorded export, a snapshot table and
         an empty schema file as any export writes them, a compacted file as
-        the segments it merged (then removed). Rows that never were in the
-        journal (an import's ``imp-`` files, or a compaction that merged
-        them) cannot be written again: they are named, with what to do."""
+        the segments it merged (then removed); and the journal's rows of a
+        compacted file that is gone. Rows that never were in the journal (an
+        import's ``imp-`` files, or a compaction that merged them) cannot be
+        written again: they are named, with what to do."""
         with self._exclusive():
             result = RepairResult(self._export())
             with self.store._lock:
-                conn, traces_id = self.store._conn, self._traces_id
                 exports = {export_id: (json.loads(ranges), json.loads(bounds)) for export_id, ranges, bounds in
-                           self.store.execute(conn, "SELECT export_id, ranges_json, bounds_json FROM exports"
-                                                    " WHERE status = 'done' AND traces_id = ?", (traces_id,))}
-                merged = {f"compact-{cid:08d}.parquet": json.loads(files) for cid, files in self.store.execute(
-                    conn, "SELECT compaction_id, files_json FROM compactions WHERE status = 'done'"
-                          " AND traces_id = ?", (traces_id,))}
-            for name, table in TABLES.items():
+                           self.store.execute(self.store._conn, "SELECT export_id, ranges_json, bounds_json FROM "
+                                              "exports WHERE status = 'done' AND traces_id = ?", (self._traces_id,))}
+            _, merged = self._compactions()
+            for name in TABLES:
                 for path in sorted(self.table_dir(name).glob("*.parquet")):
                     result.checked += 1
                     found = first_unreadable([path])
                     if found is None:
                         continue
-                    why = found[1]
                     where = f"{name}/{path.name}"
                     left = self._remake(name, path, exports, merged)
                     if left is None:
                         result.rewritten.append(where)
                     else:
-                        result.left.append((where, f"not readable ({why}); {left}"))
+                        result.left.append((where, f"not readable ({found[1]}); {left}"))
+            # A compacted file that is gone (moved aside, deleted) and was not
+            # merged again since: the journal's rows it held come back as the
+            # segments it merged. (A lone segment that is gone cannot be told
+            # from an export that had no rows for its table; a table folder
+            # that is gone is written again by every export.)
+            compactions, merged = self._compactions()
+            inner = {part for files in merged.values() for part in files}
+            for cid, name in compactions:
+                path = self.table_dir(name) / f"compact-{cid:08d}.parquet"
+                if path.name in inner or path.exists():
+                    continue
+                where = f"{name}/{path.name}"
+                imported = [leaf for leaf in self._leaves(path.name, merged) if not leaf.startswith("seg-")]
+                left = self._remake(name, path, exports, merged, only_journal=True)
+                if left is not None:
+                    result.left.append((where, f"gone; {left}"))
+                    continue
+                result.rewritten.append(f"{where} (gone: its journal rows)")
+                if imported:
+                    result.left.append((where, f"gone, with rows that never were in the journal "
+                                               f"({_some(imported)}: imported runs); import those runs again"))
             return result
 
+    def _compactions(self) -> tuple[list[tuple[int, str]], dict[str, list[str]]]:
+        """This folder's finished compactions: (id, table), and each merged
+        file's name -> the names of the files it merged."""
+        with self.store._lock:
+            rows = self.store.execute(
+                self.store._conn, "SELECT compaction_id, table_name, files_json FROM compactions"
+                                  " WHERE status = 'done' AND traces_id = ?", (self._traces_id,)).fetchall()
+        return ([(cid, name) for cid, name, _ in rows],
+                {f"compact-{cid:08d}.parquet": json.loads(files) for cid, _, files in rows})
+
     def _remake(self, name: str, path: Path, exports: Mapping[int, tuple[Any, Any]],
-                merged: Mapping[str, list[str]]) -> str | None:
+                merged: Mapping[str, list[str]], *, only_journal: bool = False) -> str | None:
         """Write ``path`` of table ``name`` again from the journal; None when
-        done, otherwise why it cannot be and what to do."""
+        done, otherwise why it cannot be and what to do. ``only_journal``:
+        write the journal's rows of a compacted file even if it also held
+        imported ones (a file that is gone, whose imported rows are lost
+        whatever is done here)."""
         table = TABLES[name]
         if path.name == EMPTY_FILE:
             write_parquet(path, table, (), keep_empty=True)
@@ -515,11 +559,11 @@ class Recorder:
             return None
         segments = self._leaves(path.name, merged)
         imported = [leaf for leaf in segments if not leaf.startswith("seg-")]
-        if imported:
-            return (f"it holds rows that never were in the journal ({', '.join(imported[:3])}"
-                    f"{', ...' if len(imported) > 3 else ''}: imported runs); move it aside, run "
-                    "`loopledger export --repair` again to write its journal rows, and import those runs again")
-        ids = [int(leaf[len("seg-"):-len(".parquet")]) for leaf in segments]
+        if imported and not only_journal:
+            return (f"it holds rows that never were in the journal ({_some(imported)}: imported runs); move it "
+                    "aside, run `loopledger export --repair` again to write its journal rows, and import those "
+                    "runs again")
+        ids = [int(leaf[len("seg-"):-len(".parquet")]) for leaf in segments if leaf.startswith("seg-")]
         unknown = [i for i in ids if i not in exports]
         if unknown:
             return (f"this journal records no finished export {unknown[0]} into this folder; move the file aside "
@@ -527,10 +571,26 @@ class Recorder:
         for export_id in ids:
             ranges, bounds = exports[export_id]
             self._publish(export_id, ranges, {**bounds, "tables": [name]})
-        if path.name not in segments:  # a compacted file: its segments are back, the file goes
-            path.unlink()
+        if path.name not in segments:
+            # A compacted file: its segments are back, so the file goes, and
+            # so does the record of its compaction (and of those it merged),
+            # which would otherwise bring them back again after a later
+            # compaction has merged them.
+            path.unlink(missing_ok=True)
             _fsync_dir(path.parent)
+            with self.store._write() as conn:
+                self.store.execute_many(conn, "DELETE FROM compactions WHERE compaction_id = ?",
+                                        [(int(part[len("compact-"):-len(".parquet")]),)
+                                         for part in self._compacted(path.name, merged)])
         return None
+
+    @staticmethod
+    def _compacted(file_name: str, merged: Mapping[str, list[str]]) -> list[str]:
+        """The compacted files ``file_name`` is made of: itself and those it
+        merged, through compactions of compactions."""
+        if file_name not in merged:
+            return []
+        return [file_name, *(c for part in merged[file_name] for c in Recorder._compacted(part, merged))]
 
     @staticmethod
     def _leaves(file_name: str, merged: Mapping[str, list[str]]) -> list[str]:

@@ -946,6 +946,10 @@ def test_repair_writes_a_compacted_file_again_as_the_segments_it_merged(
     assert sorted(p.name for p in parquet_files(traces, "validations")) == [
         "seg-00000001.parquet", "seg-00000002.parquet", "seg-00000003.parquet"]
     assert assert_traces_equal_journal(traces, journal) == counts
+    # The segments merged again, repair finds nothing to do and writes no row twice.
+    recorder.compact()
+    assert recorder.repair().rewritten == []
+    assert assert_traces_equal_journal(traces, journal) == counts
 
 
 def test_repair_names_the_imported_rows_it_cannot_write_again(tmp_path: Path) -> None:
@@ -1012,3 +1016,53 @@ def test_repair_leaves_a_compacted_file_that_merged_imported_rows(store: Any, tr
     assert where == "events/" + merged.name
     assert "imp-00000001.parquet" in why and "move it aside" in why
     assert parquet_files(traces, "events") == [merged] and parquet_files(traces, "validations") == [left_alone]
+
+
+def test_repair_writes_the_journal_rows_of_a_compacted_file_that_is_gone(
+        store: Any, traces: Path, journal: Journal) -> None:
+    """Moved aside as the message for a damaged file with imported rows
+    says: its journal rows come back, its imported ones are named as lost,
+    and nothing comes back twice after the next compaction."""
+    recorder = Recorder(store, traces)
+    populate(store, "a")
+    recorder.export()
+    events = pq.read_table(parquet_files(traces, "events")[0]).replace_schema_metadata(None)
+    imported = events.set_column(0, events.schema.field(0), pa.array(["imp-run"] * events.num_rows))
+    recorder.publish_import(lambda known: {"events": imported})
+    populate(store, "b")
+    recorder.export()
+    recorder.compact()
+    populate(store, "b2")
+    recorder.export()
+    (merged,) = [p for p in parquet_files(traces, "events") if p.name.startswith("compact-")]
+    merged.rename(traces / "aside.bin")
+
+    result = recorder.repair()
+    assert result.rewritten == [f"events/{merged.name} (gone: its journal rows)"]
+    ((where, why),) = result.left
+    assert where == "events/" + merged.name and "imp-00000001.parquet" in why and "import those runs again" in why
+    assert_traces_equal_journal(traces, journal)
+    assert recorder.repair().rewritten == [] and recorder.repair().left == []
+    recorder.compact()
+    populate(store, "c")
+    recorder.export()
+    assert recorder.repair().rewritten == []
+    assert_traces_equal_journal(traces, journal)
+
+
+def test_a_table_folder_deleted_after_a_compaction_is_written_once(
+        store: Any, traces: Path, journal: Journal) -> None:
+    """Its rows come back with the next export, and a repair after it finds
+    nothing to bring back (the compaction's record went with its file)."""
+    import shutil
+
+    recorder = Recorder(store, traces)
+    for prefix in ("a", "b"):
+        populate(store, prefix)
+        recorder.export()
+    recorder.compact()
+    shutil.rmtree(traces / "events")
+    assert recorder.export().refilled == ("events",)
+    result = recorder.repair()
+    assert result.rewritten == [] and result.left == []
+    assert_traces_equal_journal(traces, journal)
