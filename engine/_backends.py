@@ -64,7 +64,7 @@ from ._clock import now_us
 from ._errors import BadInput, EngineError, Unavailable
 from . import _services as svc
 from ._testlog import test_run_result
-from ._tools import EVIDENCE_KIND, TOOL_TRAITS, ToolTraits, demo_tool
+from ._tools import EVIDENCE_KIND, TOOL_TRAITS, ToolTraits, demo_tool, evidence_subject
 from ._workspace import ToolRefused, Workspaces, printable
 
 __all__ = [
@@ -91,9 +91,11 @@ FAULT_KINDS = (
     "state_conflict",
     "crash_after_dispatch",
     "fails",
+    "object_ambiguous",
 )
 #: Faults that stop a request before it executes anything.
-_BEFORE = frozenset({"timeout_before_commit", "rate_limit", "permission_denied", "state_conflict"})
+_BEFORE = frozenset({"timeout_before_commit", "rate_limit", "permission_denied", "state_conflict",
+                     "object_ambiguous"})
 _TIMEOUTS = frozenset({"timeout_before_commit", "timeout_after_commit"})
 
 #: The CONTRACT's terminal results of a tool request. A tool that refuses a
@@ -150,6 +152,8 @@ class Fault:
     tool: str
     call: int
     kind: str
+    #: ``object_ambiguous``: the objects the request's subject could mean.
+    candidates: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, mapping: Any, where: str) -> Fault:
@@ -158,9 +162,9 @@ class Fault:
         bad field."""
         if not isinstance(mapping, Mapping):
             raise BadInput(where, f"expected a mapping with tool, call and kind, got {type(mapping).__name__}")
-        extra = sorted(set(mapping) - {"tool", "call", "kind"})
+        extra = sorted(set(mapping) - {"tool", "call", "kind", "candidates"})
         if extra:
-            raise BadInput(f"{where}.{extra[0]}", "unknown field; expected tool, call, kind")
+            raise BadInput(f"{where}.{extra[0]}", "unknown field; expected tool, call, kind (and candidates)")
         tool = mapping.get("tool")
         spec = demo_tool(tool) if isinstance(tool, str) else None
         if spec is None or TOOL_TRAITS[spec.name].control:
@@ -172,7 +176,16 @@ class Fault:
         kind = mapping.get("kind")
         if kind not in FAULT_KINDS:
             raise BadInput(f"{where}.kind", f"expected one of {', '.join(FAULT_KINDS)}, got {kind!r}")
-        return cls(tool, call, kind)
+        candidates = mapping.get("candidates")
+        if kind != "object_ambiguous":
+            if candidates is not None:
+                raise BadInput(f"{where}.candidates", f"only an object_ambiguous fault has candidates, not {kind}")
+            return cls(tool, call, kind)
+        if (not isinstance(candidates, (list, tuple)) or len(candidates) < 2
+                or not all(isinstance(c, str) and c for c in candidates) or len(set(candidates)) != len(candidates)):
+            raise BadInput(f"{where}.candidates", "expected a list of two or more different non-empty texts (the "
+                                                  f"objects the call could mean), got {candidates!r}")
+        return cls(tool, call, kind, tuple(candidates))
 
 
 def parse_faults(value: Any, where: str) -> tuple[Fault, ...]:
@@ -449,7 +462,15 @@ class DemoBackend:
         )
         return fault.kind if cur.rowcount == 1 else None
 
-    def _before(self, conn: sqlite3.Connection, req: ToolRequest, kind: str) -> ToolOutcome:
+    def _before(self, conn: sqlite3.Connection, req: ToolRequest, kind: str, fault: Fault | None) -> ToolOutcome:
+        if kind == "object_ambiguous":
+            # The request names more than one object (a customer with two
+            # orders by that reference): nothing runs; a person says which.
+            subject = evidence_subject(req.tool, req.arguments)
+            candidates = list(fault.candidates) if fault is not None else []
+            return failure("validation_failed", "OBJECT_AMBIGUOUS",
+                           f"{req.tool}: {subject!r} matches {len(candidates)} objects", subject=subject,
+                           candidates=candidates)
         if kind == "timeout_before_commit":
             return _timeout(req.tool)
         if kind == "rate_limit":
@@ -471,7 +492,7 @@ class DemoBackend:
             with self._txn() as conn:
                 fired = self._fire(conn, req, fault)
                 if fired in _BEFORE:
-                    return self._before(conn, req, fired), fired
+                    return self._before(conn, req, fired, fault), fired
         try:
             # Under the lock: another thread's open write transaction on the
             # shared connection must not show a read its uncommitted rows.
@@ -488,7 +509,7 @@ class DemoBackend:
             fired = self._fire(conn, req, fault)
             dedup = False
             if fired in _BEFORE:
-                outcome = self._before(conn, req, fired)
+                outcome = self._before(conn, req, fired, fault)
             else:
                 recorded = None
                 if traits.honours_idempotency_key:

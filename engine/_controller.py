@@ -993,7 +993,7 @@ class Controller(PeopleMixin):
     def _tool_running(self, view: RunView, config: RunConfig) -> None:
         pending = view.unsettled_ops()
         if not pending:
-            self._after_tools(view)
+            self._after_tools(view, config)
             return
         if any(not o.in_flight for o in pending) and any(
                 o.settled and o.outcome not in ("success", "background_accepted") for o in view.step_ops()):
@@ -1177,10 +1177,33 @@ class Controller(PeopleMixin):
                     error_code=code, retry_after_s=None, work_id=None, executed=False,
                 ))
 
-    def _after_tools(self, view: RunView) -> None:
+    def _after_tools(self, view: RunView, config: RunConfig) -> None:
+        ambiguous = next((op for op in view.step_ops() if op.error_code == "OBJECT_AMBIGUOUS"), None)
+        if ambiguous is not None:
+            # The call named more than one object: the runtime asks a person
+            # which one was meant (the model would guess); the step ends, and
+            # their answer goes to the model, which plans the next one.
+            self._wait_user(view, config, "user", self._which_one(view, ambiguous),
+                            {"events": (NewEvent("step_closed", view.step_record().to_dict()),)})
+            return
         # Background work accepted in this step does not hold the run: the
         # model goes on, and a final answer while it runs will wait for it.
         self._close_step(view, State.READY, hold=True)
+
+    def _which_one(self, view: RunView, op: OpView) -> dict[str, Any]:
+        """The question an ambiguous call's result asks: which of its
+        candidates (an answer must be one of them) was meant."""
+        row = next(r for r in self.store.operations(view.run_id) if r["operation_id"] == op.operation_id)
+        body = self.store.get_artifact(row["result_artifact_id"]) if row.get("result_artifact_id") else None
+        result = body.get("result") if isinstance(body, dict) else None
+        result = result if isinstance(result, dict) else {}
+        candidates = [c for c in result.get("candidates") or () if isinstance(c, str) and c]
+        subject = result.get("subject") or op.operation_id
+        schema: dict[str, Any] = ({"type": "string", "enum": list(dict.fromkeys(candidates))} if len(candidates) > 1
+                                  else {"type": "string", "minLength": 1})
+        choices = f" ({', '.join(candidates)})" if len(candidates) > 1 else ""
+        return {"question": f"{op.tool}: {subject!r} matches more than one object{choices}. Which one is meant?",
+                "schema": schema, "reason": "OBJECT_AMBIGUOUS"}
 
     def _reconciling(self, view: RunView, config: RunConfig) -> None:
         op = next(o for o in view.step_ops() if o.in_flight)

@@ -85,7 +85,7 @@ class PeopleMixin:
             "question_id": artifact.artifact_id,
             "question": question.get("question", ""),
             "schema": question.get("schema") or {},
-            "reason": question.get("reason"),  # an approval's: why a person is asked
+            "reason": question.get("reason"),  # why a person is asked: an approval's reason, OBJECT_AMBIGUOUS
             "expires_at_us": expires,
             "expires_at": from_us(expires).isoformat(),
             "ends_with": "deadline" if by_deadline else "wait_ttl",

@@ -328,14 +328,6 @@ class Recorder:
         # gave it rows.)
         redone = {name for _, _, bounds in pending for name in bounds.get("tables", ())}
         lost = [name for name in lost if name not in redone]
-        if lost:
-            # The refill writes every row the folder had of these tables, so
-            # the record of their compactions, whose files are gone with the
-            # folder, no longer describes anything (``repair`` would bring
-            # their rows back a second time).
-            with self.store._write() as conn:
-                self.store.execute_many(conn, "DELETE FROM compactions WHERE traces_id = ? AND table_name = ?",
-                                        [(traces_id, name) for name in lost])
         refilled = self._refill(lost) if lost else None
         result = ExportResult(None)
         for export_id, ranges, bounds in pending:
@@ -364,6 +356,13 @@ class Recorder:
             previous = self._last_bounds(store._conn)
         if not marks and not previous:
             return None
+        # The refill writes every row the folder had of these tables, so the
+        # record of their compactions, whose files are gone with the folder,
+        # no longer describes anything (``repair`` would bring their rows
+        # back a second time). Dropped first: a refill that dies is redone.
+        with store._write() as conn:
+            store.execute_many(conn, "DELETE FROM compactions WHERE traces_id = ? AND table_name = ?",
+                               [(self._traces_id, name) for name in tables])
         bounds: dict[str, Any] = {}
         for name in GLOBAL_SEQUENCES:
             upto = previous.get(name, [0, 0])[1]

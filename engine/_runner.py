@@ -99,7 +99,7 @@ def config_for(record: RunRecord) -> RunConfig:
         suite=suite,
         # A real model ignores the scenario's scripted entries (CONTRACT).
         model=model_for(record.model_route, lambda: ScriptedModel(scenario.entries_for(record.prompt_version))),
-        faults=tuple(Fault(f.tool, f.call, f.kind) for f in scenario.faults),
+        faults=tuple(Fault(f.tool, f.call, f.kind, tuple(f.candidates or ())) for f in scenario.faults),
     )
 
 

@@ -268,6 +268,20 @@ class FaultSpec(_Strict):
     tool: str
     call: Int = Field(default=1, ge=1)
     kind: Literal[FAULT_KINDS]  # type: ignore[valid-type]
+    #: ``object_ambiguous``: the objects the call's subject could mean.
+    candidates: list[str] | None = Field(default=None, validate_default=True)
+
+    @field_validator("candidates")
+    @classmethod
+    def _candidates_of_an_ambiguity(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        kind = info.data.get("kind")
+        if kind != "object_ambiguous":
+            if value is not None:
+                raise ValueError(f"only an object_ambiguous fault has candidates, not {kind}")
+            return value
+        if value is None or len(value) < 2 or not all(value) or len(set(value)) != len(value):
+            raise ValueError("expected two or more different non-empty texts: the objects the call could mean")
+        return value
 
 
 class UserReply(_Strict):

@@ -393,7 +393,7 @@ def test_the_demo_runs_and_says_when_its_replays_cover_earlier_runs(tmp_path: Pa
     home = tmp_path / "my home"
     first = cli("demo", "--home", str(home), env={"COLUMNS": "400"})
     assert first.returncode == 0, first.stderr
-    assert "112 of 112 runs ended as their scenario expects" in first.stdout
+    assert "114 of 114 runs ended as their scenario expects" in first.stdout
     assert "Replay with suite default" in first.stdout and "0 flip(s)" in first.stdout
     assert "Replay with suite strict" in first.stdout and f"loopledger ui --home '{home}'" in first.stdout
     # The commands it prints work when pasted into a shell, spaces and all.
@@ -404,7 +404,7 @@ def test_the_demo_runs_and_says_when_its_replays_cover_earlier_runs(tmp_path: Pa
     assert "not made by this demo" not in first.stdout
     second = cli("demo", "--home", str(home), env={"COLUMNS": "400"})
     assert second.returncode == 0, second.stderr
-    assert "224, of which 112 were not made by this demo; give --home an empty folder" in second.stdout
+    assert "228, of which 114 were not made by this demo; give --home an empty folder" in second.stdout
 
 
 @pytest.mark.parametrize(("url", "names"), [

@@ -160,7 +160,7 @@ def test_the_demo_on_a_postgresql_journal_prints_commands_that_reach_it(tmp_path
     demo = subprocess.run([*CLI, "demo", "--home", str(home), "--store", postgres_url], capture_output=True,
                           text=True, timeout=600, env={**merged, "COLUMNS": "400"})
     assert demo.returncode == 0, demo.stderr
-    assert "PostgreSQL journal" in demo.stdout and "112 of 112 runs" in demo.stdout
+    assert "PostgreSQL journal" in demo.stdout and "114 of 114 runs" in demo.stdout
     (inspect,) = [line for line in demo.stdout.splitlines() if line.startswith("Inspect one run:")]
     command = shlex.split(inspect.split(":", 1)[1])
     assert command[:2] == ["loopledger", "show"] and command[-2:] == ["--store", postgres_url]

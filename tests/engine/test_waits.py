@@ -1200,3 +1200,71 @@ def test_an_operations_error_in_show_is_what_its_last_result_said() -> None:
               event("transition", operation_id="c", error_code="NOT_A_RESULT"),
               event("operation_result", operation_id="c", error_code="WAIT_EXPIRED")]
     assert operation_errors(events, ops) == {"b": "EXPORT_FAILED", "c": "WAIT_EXPIRED"}
+
+
+AMBIGUOUS = """\
+id: wait-ambiguous
+description: the order reference matches two orders
+contract:
+  goal: Look up the customer's order ORD-1044
+  required_evidence: ["order_found:ORD-1045"]
+  allowed_tools: [orders.get_order]
+faults:
+  - {tool: orders.get_order, call: 1, kind: object_ambiguous, candidates: [ORD-1044, ORD-1045]}
+model:
+  - tool_calls: [{name: orders.get_order, arguments: {order_id: ORD-1044}}]
+  - tool_calls: [{name: orders.get_order, arguments: {order_id: ORD-1045}}]
+  - final: ORD-1045 is paid.
+    claims: [{text: found, evidence: ["order_found:ORD-1045"]}]
+expect: {status: SUCCEEDED, reason: completed}
+"""
+
+
+def test_an_ambiguous_object_is_a_question_for_a_person_whose_answer_goes_to_the_model(
+        tmp_path: Path, home: Path) -> None:
+    """OBJECT_AMBIGUOUS is not the model's to guess: the runtime asks which
+    object was meant, an answer must be one of the candidates, and the
+    model plans its next step with the answer."""
+    line = start(tmp_path, home, AMBIGUOUS)
+    run_id, w = line["run_id"], line["waiting"]
+    assert (line["status"], w["kind"], w["approval_id"]) == ("WAITING_USER", "user", None)
+    (waiting,) = [json.loads(x) for x in cli("runs", "--json", home=home).stdout.splitlines()]
+    assert waiting["waiting"]["reason"] == "OBJECT_AMBIGUOUS"
+    assert "'ORD-1044' matches more than one object (ORD-1044, ORD-1045)" in waiting["waiting"]["question"]
+    (failed,) = events(home, run_id, "operation_result")
+    assert (failed["outcome"], failed["error_code"]) == ("validation_failed", "OBJECT_AMBIGUOUS")
+    assert [c["step"] for c in events(home, run_id, "step_closed")] == [1], "the step ended with the question"
+
+    rejected(reply(home, run_id, w["resume_token"], "--answer", '"ORD-1099"'),
+             "answer not matching the expected schema")
+    ok = reply(home, run_id, w["resume_token"], "--answer", '"ORD-1045"')
+    assert ok.returncode == 0, ok.stderr
+    assert state(home, run_id) == ("SUCCEEDED", "completed")
+    (accepted,) = events(home, run_id, "reply_accepted")
+    assert accepted["answer"] == "ORD-1045" and accepted["operation_id"] is None
+    # The model's next context holds the failed call's candidates and the answer.
+    (context_id,) = [json.loads(p)["context_id"] for (p,) in journal(home).execute(
+        "SELECT payload_json FROM events WHERE run_id = ? AND kind = 'transition' AND to_state = 'MODEL_RUNNING'"
+        " AND step = 2", (run_id,))]
+    (body,) = journal(home).execute("SELECT body FROM artifacts WHERE artifact_id = ?", (context_id,)).fetchone()
+    assert "ORD-1045" in body and "OBJECT_AMBIGUOUS" in body and "The user answered: 'ORD-1045'" in body
+    assert all_violations(home) == []
+
+
+@pytest.mark.parametrize(("fault", "expected"), [
+    ("{tool: orders.get_order, call: 1, kind: object_ambiguous}", "two or more different non-empty texts"),
+    ("{tool: orders.get_order, call: 1, kind: object_ambiguous, candidates: [ORD-1, ORD-1]}",
+     "two or more different non-empty texts"),
+    ("{tool: orders.get_order, call: 1, kind: rate_limit, candidates: [ORD-1, ORD-2]}",
+     "only an object_ambiguous fault has candidates"),
+])
+def test_an_ambiguity_fault_names_its_candidates(tmp_path: Path, home: Path, fault: str, expected: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(AMBIGUOUS.replace(
+        "  - {tool: orders.get_order, call: 1, kind: object_ambiguous, candidates: [ORD-1044, ORD-1045]}",
+        f"  - {fault}"))
+    proc = cli("run", str(path), home=home)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    (line,) = proc.stderr.strip().splitlines()
+    assert str(path) in line and "faults[0].candidates" in line and expected in line, line
+    assert not (home / "journal.sqlite").exists() or journal(home).execute("SELECT COUNT(*) FROM runs").fetchone() == (0,)
