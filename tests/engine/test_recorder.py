@@ -895,11 +895,26 @@ def break_file(path: Path, *, footer: bool) -> None:
     path.write_bytes(bytes(data))
 
 
+def exported(store: Any, traces: Path, *prefixes: str) -> Recorder:
+    """A recorder on ``traces`` after one export per prefix, each of a new
+    ``populate``."""
+    recorder = Recorder(store, traces)
+    for prefix in prefixes:
+        populate(store, prefix)
+        recorder.export()
+    return recorder
+
+
+def import_events_copy(recorder: Recorder, traces: Path) -> None:
+    """Publish a copy of the first events file as an imported run's rows."""
+    events = pq.read_table(parquet_files(traces, "events")[0]).replace_schema_metadata(None)
+    imported = events.set_column(0, events.schema.field(0), pa.array(["imp-run"] * events.num_rows))
+    assert recorder.publish_import(lambda known: {"events": imported}) == {"events": events.num_rows}
+
+
 def test_repair_writes_unreadable_segments_and_snapshots_again_from_the_journal(
         store: Any, traces: Path, journal: Journal) -> None:
-    recorder = Recorder(store, traces)
-    populate(store, "a")
-    recorder.export()
+    recorder = exported(store, traces, "a")
     advance(store, "a")
     populate(store, "b")
     recorder.export()
@@ -926,11 +941,7 @@ def test_repair_writes_unreadable_segments_and_snapshots_again_from_the_journal(
 
 def test_repair_writes_a_compacted_file_again_as_the_segments_it_merged(
         store: Any, traces: Path, journal: Journal) -> None:
-    recorder = Recorder(store, traces)
-    populate(store, "a")
-    recorder.export()
-    populate(store, "b")
-    recorder.export()
+    recorder = exported(store, traces, "a", "b")
     recorder.compact()
     populate(store, "c")
     recorder.export()
@@ -960,10 +971,7 @@ def test_repair_names_the_imported_rows_it_cannot_write_again(tmp_path: Path) ->
     assert loopledger("export", "--home", str(home)).returncode == 0
     store = SQLiteRunStore(home / "journal.sqlite")
     try:
-        recorder = Recorder(store, home / "traces")
-        events = pq.read_table(parquet_files(home / "traces", "events")[0]).replace_schema_metadata(None)
-        imported = events.set_column(0, events.schema.field(0), pa.array(["imp-run"] * events.num_rows))
-        assert recorder.publish_import(lambda known: {"events": imported}) == {"events": events.num_rows}
+        import_events_copy(Recorder(store, home / "traces"), home / "traces")
     finally:
         store.close()
     (imp,) = (home / "traces" / "events").glob("imp-*.parquet")
@@ -999,12 +1007,8 @@ def test_a_replay_of_a_damaged_segment_says_how_to_write_it_again(tmp_path: Path
 
 
 def test_repair_leaves_a_compacted_file_that_merged_imported_rows(store: Any, traces: Path, journal: Journal) -> None:
-    recorder = Recorder(store, traces)
-    populate(store, "a")
-    recorder.export()
-    events = pq.read_table(parquet_files(traces, "events")[0]).replace_schema_metadata(None)
-    imported = events.set_column(0, events.schema.field(0), pa.array(["imp-run"] * events.num_rows))
-    recorder.publish_import(lambda known: {"events": imported})
+    recorder = exported(store, traces, "a")
+    import_events_copy(recorder, traces)
     recorder.compact()
     (merged,) = parquet_files(traces, "events")
     break_file(merged, footer=True)
@@ -1023,12 +1027,8 @@ def test_repair_writes_the_journal_rows_of_a_compacted_file_that_is_gone(
     """Moved aside as the message for a damaged file with imported rows
     says: its journal rows come back, its imported ones are named as lost,
     and nothing comes back twice after the next compaction."""
-    recorder = Recorder(store, traces)
-    populate(store, "a")
-    recorder.export()
-    events = pq.read_table(parquet_files(traces, "events")[0]).replace_schema_metadata(None)
-    imported = events.set_column(0, events.schema.field(0), pa.array(["imp-run"] * events.num_rows))
-    recorder.publish_import(lambda known: {"events": imported})
+    recorder = exported(store, traces, "a")
+    import_events_copy(recorder, traces)
     populate(store, "b")
     recorder.export()
     recorder.compact()
@@ -1056,10 +1056,7 @@ def test_a_table_folder_deleted_after_a_compaction_is_written_once(
     nothing to bring back (the compaction's record went with its file)."""
     import shutil
 
-    recorder = Recorder(store, traces)
-    for prefix in ("a", "b"):
-        populate(store, prefix)
-        recorder.export()
+    recorder = exported(store, traces, "a", "b")
     recorder.compact()
     shutil.rmtree(traces / "events")
     assert recorder.export().refilled == ("events",)
