@@ -53,6 +53,10 @@ BATCH_ROWS = 20_000
 #: reads the range's upper bound (``SQLRunStore._begin_read``).
 GLOBAL_SEQUENCES = {"labels": ("labels", "label_id")}
 EMPTY_FILE = "empty.parquet"
+#: An export's segment is ``seg-<export id>.parquet``; a compaction's merged
+#: file ``compact-<compaction id>.parquet``.
+SEGMENT_PREFIX = "seg-"
+COMPACTED_PREFIX = "compact-"
 #: Segments published from outside the journal (imported runs): ``imp-<n>.parquet``.
 IMPORT_PREFIX = "imp-"
 LOCK_FILE = ".export.lock"
@@ -68,7 +72,7 @@ _REMAKE = ("restore the marker, or move {traces} aside and run `loopledger expor
 def has_segments(traces: Path) -> bool:
     """Whether a traces folder holds any table's segment: exported or
     imported rows, which only the journal they belong to may add to."""
-    return any(next((traces / name).glob("seg-*.parquet"), None) for name in TABLES)
+    return any(next((traces / name).glob(f"{SEGMENT_PREFIX}*.parquet"), None) for name in TABLES)
 
 
 class ReadLock:
@@ -124,6 +128,16 @@ class RepairResult:
     rewritten: list[str] = field(default_factory=list)
     #: ``(table/file, why it cannot be written again and what to do)``.
     left: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _numbered(prefix: str, number: int) -> str:
+    """The file name of a segment, a merged file or an import (``<prefix><number>.parquet``)."""
+    return f"{prefix}{number:08d}.parquet"
+
+
+def _number(file_name: str, prefix: str) -> int:
+    """The number in a file name made by :func:`_numbered`."""
+    return int(file_name[len(prefix):-len(".parquet")])
 
 
 def _some(names: Sequence[str]) -> str:
@@ -444,7 +458,7 @@ class Recorder:
                 cursor = store._stream(reader, table.select_sql(store.driving_join), params)
                 try:
                     if table.kind == "append":
-                        path = self.table_dir(name) / f"seg-{export_id:08d}.parquet"
+                        path = self.table_dir(name) / _numbered(SEGMENT_PREFIX, export_id)
                         result.rows[name] = write_parquet(path, table, _batches(cursor, table), keep_empty=False)
                     else:
                         path = self.table_dir(name) / f"{name}.parquet"
@@ -515,11 +529,11 @@ class Recorder:
             compactions, merged = self._compactions()
             inner = {part for files in merged.values() for part in files}
             for cid, name in compactions:
-                path = self.table_dir(name) / f"compact-{cid:08d}.parquet"
+                path = self.table_dir(name) / _numbered(COMPACTED_PREFIX, cid)
                 if path.name in inner or path.exists():
                     continue
                 where = f"{name}/{path.name}"
-                imported = [leaf for leaf in self._leaves(path.name, merged) if not leaf.startswith("seg-")]
+                imported = [leaf for leaf in self._leaves(path.name, merged) if not leaf.startswith(SEGMENT_PREFIX)]
                 left = self._remake(name, path, exports, merged, only_journal=True)
                 if left is not None:
                     result.left.append((where, f"gone; {left}"))
@@ -538,7 +552,7 @@ class Recorder:
                 self.store._conn, "SELECT compaction_id, table_name, files_json FROM compactions"
                                   " WHERE status = 'done' AND traces_id = ?", (self._traces_id,)).fetchall()
         return ([(cid, name) for cid, name, _ in rows],
-                {f"compact-{cid:08d}.parquet": json.loads(files) for cid, _, files in rows})
+                {_numbered(COMPACTED_PREFIX, cid): json.loads(files) for cid, _, files in rows})
 
     def _remake(self, name: str, path: Path, exports: Mapping[int, tuple[Any, Any]],
                 merged: Mapping[str, list[str]], *, only_journal: bool = False) -> str | None:
@@ -557,12 +571,12 @@ class Recorder:
             self._publish(self._intent([], bounds), [], bounds)
             return None
         segments = self._leaves(path.name, merged)
-        imported = [leaf for leaf in segments if not leaf.startswith("seg-")]
+        imported = [leaf for leaf in segments if not leaf.startswith(SEGMENT_PREFIX)]
         if imported and not only_journal:
             return (f"it holds rows that never were in the journal ({_some(imported)}: imported runs); move it "
                     "aside, run `loopledger export --repair` again to write its journal rows, and import those "
                     "runs again")
-        ids = [int(leaf[len("seg-"):-len(".parquet")]) for leaf in segments if leaf.startswith("seg-")]
+        ids = [_number(leaf, SEGMENT_PREFIX) for leaf in segments if leaf.startswith(SEGMENT_PREFIX)]
         unknown = [i for i in ids if i not in exports]
         if unknown:
             return (f"this journal records no finished export {unknown[0]} into this folder; move the file aside "
@@ -579,8 +593,7 @@ class Recorder:
             _fsync_dir(path.parent)
             with self.store._write() as conn:
                 self.store.execute_many(conn, "DELETE FROM compactions WHERE compaction_id = ?",
-                                        [(int(part[len("compact-"):-len(".parquet")]),)
-                                         for part in self._compacted(path.name, merged)])
+                                        [(_number(part, COMPACTED_PREFIX),) for part in self._compacted(path.name, merged)])
         return None
 
     @staticmethod
@@ -640,10 +653,10 @@ class Recorder:
         return sorted(self.traces.glob(f".{IMPORT_PREFIX}*.json"))
 
     def _publish_import(self, tables: Mapping[str, Any]) -> dict[str, int]:
-        taken = [int(p.stem[len(IMPORT_PREFIX):]) for name in TABLES
+        taken = [_number(p.name, IMPORT_PREFIX) for name in TABLES
                  for p in self.table_dir(name).glob(f"{IMPORT_PREFIX}*.parquet")]
         number = max(taken, default=0) + 1
-        file_name = f"{IMPORT_PREFIX}{number:08d}.parquet"
+        file_name = _numbered(IMPORT_PREFIX, number)
         from concurrent.futures import ThreadPoolExecutor
 
         def write(name: str) -> int:
@@ -696,7 +709,7 @@ class Recorder:
     def segments(self, name: str) -> list[Path]:
         return sorted(
             p for p in self.table_dir(name).glob("*.parquet")
-            if p.name.startswith(("seg-", "compact-", IMPORT_PREFIX))
+            if p.name.startswith((SEGMENT_PREFIX, COMPACTED_PREFIX, IMPORT_PREFIX))
         )
 
     def compact(self) -> dict[str, int]:
@@ -718,7 +731,7 @@ class Recorder:
             # files first and the pending exports second misses none.)
             with self.store._lock:
                 pending = {
-                    f"seg-{export_id:08d}.parquet"
+                    _numbered(SEGMENT_PREFIX, export_id)
                     for (export_id,) in self.store.execute(
                         self.store._conn, "SELECT export_id FROM exports WHERE status = 'pending' AND traces_id = ?",
                         (traces_id,),
@@ -744,7 +757,7 @@ class Recorder:
                         raise JournalError(f"{path}: not a readable Parquet file ({one_line(exc)}); the "
                                            f"{name} table was not compacted, its files are as they were") from exc
 
-            target = self.table_dir(name) / f"compact-{compaction_id:08d}.parquet"
+            target = self.table_dir(name) / _numbered(COMPACTED_PREFIX, compaction_id)
             write_parquet(target, table, stream(), keep_empty=True)
             self._retire(compaction_id, name, [f.name for f in files])
             merged[name] = len(files)
@@ -771,7 +784,7 @@ class Recorder:
                 " AND traces_id = ?", (self._traces_id,)
             ).fetchall()
         for compaction_id, name, files_json in open_ones:
-            target = self.table_dir(name) / f"compact-{compaction_id:08d}.parquet"
+            target = self.table_dir(name) / _numbered(COMPACTED_PREFIX, compaction_id)
             if target.exists():
                 self._retire(compaction_id, name, json.loads(files_json))
             else:
