@@ -80,6 +80,7 @@ __all__ = [
     "UnknownWork",
     "WorkStatus",
     "failure",
+    "fault_candidates",
     "parse_faults",
 ]
 
@@ -176,16 +177,26 @@ class Fault:
         kind = mapping.get("kind")
         if kind not in FAULT_KINDS:
             raise BadInput(f"{where}.kind", f"expected one of {', '.join(FAULT_KINDS)}, got {kind!r}")
-        candidates = mapping.get("candidates")
-        if kind != "object_ambiguous":
-            if candidates is not None:
-                raise BadInput(f"{where}.candidates", f"only an object_ambiguous fault has candidates, not {kind}")
-            return cls(tool, call, kind)
-        if (not isinstance(candidates, (list, tuple)) or len(candidates) < 2
-                or not all(isinstance(c, str) and c for c in candidates) or len(set(candidates)) != len(candidates)):
-            raise BadInput(f"{where}.candidates", "expected a list of two or more different non-empty texts (the "
-                                                  f"objects the call could mean), got {candidates!r}")
-        return cls(tool, call, kind, tuple(candidates))
+        try:
+            candidates = fault_candidates(kind, mapping.get("candidates"))
+        except ValueError as exc:
+            raise BadInput(f"{where}.candidates", str(exc)) from None
+        return cls(tool, call, kind, candidates)
+
+
+def fault_candidates(kind: str, candidates: Any) -> tuple[str, ...]:
+    """A fault's ``candidates``: two or more different non-empty texts (the
+    objects the call could mean) for ``object_ambiguous``, none for any
+    other kind; ValueError saying what was expected otherwise."""
+    if kind != "object_ambiguous":
+        if candidates is not None:
+            raise ValueError(f"only an object_ambiguous fault has candidates, not {kind}")
+        return ()
+    if (not isinstance(candidates, (list, tuple)) or len(candidates) < 2
+            or not all(isinstance(c, str) and c for c in candidates) or len(set(candidates)) != len(candidates)):
+        raise ValueError("expected a list of two or more different non-empty texts (the objects the call could "
+                         f"mean), got {candidates!r}")
+    return tuple(candidates)
 
 
 def parse_faults(value: Any, where: str) -> tuple[Fault, ...]:

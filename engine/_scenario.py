@@ -23,7 +23,7 @@ from loopledger._yaml import LimitExceeded, load as load_yaml, not_utf8
 from loopledger.canonical import is_unicode
 from loopledger.validators import PathRejected, canonical_glob, canonical_workspace_path
 
-from ._backends import FAULT_KINDS
+from ._backends import FAULT_KINDS, fault_candidates
 from ._errors import BadInput
 from ._states import State
 
@@ -274,13 +274,7 @@ class FaultSpec(_Strict):
     @field_validator("candidates")
     @classmethod
     def _candidates_of_an_ambiguity(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        kind = info.data.get("kind")
-        if kind != "object_ambiguous":
-            if value is not None:
-                raise ValueError(f"only an object_ambiguous fault has candidates, not {kind}")
-            return value
-        if value is None or len(value) < 2 or not all(value) or len(set(value)) != len(value):
-            raise ValueError("expected two or more different non-empty texts: the objects the call could mean")
+        fault_candidates(info.data.get("kind", ""), value)
         return value
 
 
