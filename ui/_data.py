@@ -288,13 +288,13 @@ class Traces:
     def _run(self, sql: str, params: Params, cur: Any) -> Any:
         import duckdb
 
-        from loopledger._parquet import repair_hint
-
         try:
             return (cur or self.cursor()).execute(sql, params or [])
         except duckdb.Error as exc:
             broken = self._broken_file()
             if broken is not None:
+                from loopledger._parquet import repair_hint
+
                 (table, path), why = broken
                 raise CorruptData(f"Could not read the `{table}` table: {path} is not a readable Parquet file "
                                   f"({why}){repair_hint(path)}.") from exc
