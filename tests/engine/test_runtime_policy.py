@@ -8,11 +8,22 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import duckdb
 from invariants import all_violations
 
 CLI = [sys.executable, "-c", "from loopledger._cli import main; main()"]
+
+def run_checked(scenario: Path, home: Path) -> dict[str, Any]:
+    """``loopledger run SCENARIO --check --json`` on ``home``, which must end
+    as the scenario expects (exit 0); its one JSON line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+    proc = subprocess.run([*CLI, "run", str(scenario), "--check", "--json", "--home", str(home)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
 
 NO_PERMISSION_SUITE = """\
 name: no-permission
@@ -40,11 +51,7 @@ def test_a_tool_outside_the_contract_is_never_sent_whatever_the_suite(tmp_path: 
     (tmp_path / "suite.yaml").write_text(NO_PERMISSION_SUITE)
     (tmp_path / "s.yaml").write_text(OUT_OF_SCOPE)
     home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
-    proc = subprocess.run([*CLI, "run", str(tmp_path / "s.yaml"), "--check", "--json", "--home", str(home)],
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr  # --check: no refund executed
-    assert json.loads(proc.stdout)["check"] == "ok"
+    assert run_checked(tmp_path / "s.yaml", home)["check"] == "ok"  # --check: no refund executed
     ops = duckdb.sql(
         f"SELECT tool, policy_decision, outcome, dispatch_count FROM read_parquet('{home}/traces/operations/*.parquet') "
         "ORDER BY operation_id").fetchall()
@@ -83,10 +90,7 @@ def _run(tmp_path: Path, name: str, calls: str, suite: str, *, expect: str = "{s
     first = f"finish_reason: {finish}\n    " if finish else ""
     (tmp_path / f"{name}.yaml").write_text(UNPARSED.format(name=name, calls=calls, expect=expect, finish=first))
     home = tmp_path / name
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
-    proc = subprocess.run([*CLI, "run", str(tmp_path / f"{name}.yaml"), "--check", "--json", "--home", str(home)],
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_checked(tmp_path / f"{name}.yaml", home)
     ops = duckdb.sql(
         f"SELECT step, call_id, outcome, dispatch_count FROM read_parquet('{home}/traces/operations/*.parquet') "
         "ORDER BY step, call_id").fetchall()
@@ -174,13 +178,10 @@ SLIPS_IN_A_ROW = SLIPS_FIXED.replace("id: slips-fixed", "id: slips-in-a-row").re
 def test_repairs_are_bounded_in_a_row_not_over_the_whole_run(tmp_path: Path) -> None:
     """Four repairs in a run, at most two in a row: the run goes on;
     four candidates in a row sent back end it FAILED / validation_failed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
     for name, text in (("fixed", SLIPS_FIXED), ("row", SLIPS_IN_A_ROW)):
         (tmp_path / f"{name}.yaml").write_text(text)
-        proc = subprocess.run([*CLI, "run", str(tmp_path / f"{name}.yaml"), "--check", "--json", "--home",
-                               str(tmp_path / name)], capture_output=True, text=True, timeout=120, env=env)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert json.loads(proc.stdout)["check"] == "ok", proc.stdout
+        line = run_checked(tmp_path / f"{name}.yaml", tmp_path / name)
+        assert line["check"] == "ok", line
         assert all_violations(tmp_path / name) == []
 
 
@@ -190,11 +191,7 @@ def test_a_success_with_work_still_running_ends_tool_failed_whatever_the_suite(t
     (tmp_path / "suite.yaml").write_text(NO_GATE_SUITE)
     (tmp_path / "early.yaml").write_text(EARLY_ANSWER)
     home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
-    proc = subprocess.run([*CLI, "run", str(tmp_path / "early.yaml"), "--check", "--json", "--home", str(home)],
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = json.loads(proc.stdout)
+    line = run_checked(tmp_path / "early.yaml", home)
     assert (line["status"], line["reason"]) == ("FAILED", "tool_failed")
     assert all_violations(home) == []
 
