@@ -27,6 +27,7 @@ from typing import Any
 from loopledger._parquet import first_unreadable, one_line, repair_hint
 
 from ._errors import TracesError
+from ._labels import SOURCES
 
 #: Columns a replay reads, per table (CONTRACT.md names). Each table is
 #: required: ``run``, ``export`` and ``import`` write every one (at least an
@@ -43,6 +44,19 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 }
 #: Required columns holding whole numbers; every other required column holds text.
 INTEGER_COLUMNS = frozenset({"seq", "step", "attempt"})
+#: Required columns that hold a value in every row: what names a run, an
+#: event, a candidate or a decision (a label's ``candidate_id`` and
+#: ``validator`` may be empty: the step's candidate, the candidate as a whole).
+NOT_NULL: dict[str, tuple[str, ...]] = {
+    "runs": ("run_id",),
+    "events": ("run_id", "seq", "kind"),
+    "artifacts": ("artifact_id", "kind"),
+    "candidates": ("run_id", "step", "attempt", "candidate_id"),
+    "validations": ("run_id", "step", "attempt", "candidate_id", "validator", "validator_version",
+                    "suite_version", "code"),
+    "labels": ("run_id", "step", "attempt"),
+}
+NOT_NULL["decisions"] = NOT_NULL["validations"]
 #: Columns holding a verdict, with the values they may take.
 VERDICT_COLUMNS = {"validations": "verdict", "decisions": "verdict", "labels": "expected_verdict"}
 VERDICTS = ("accept", "repair", "ask", "reject")
@@ -89,6 +103,7 @@ def table_files(folder: Path, name: str, required: Sequence[str], versioned: boo
     columns: frozenset[str] | None = None
     rows = 0
     newest = schema_version()
+    uncounted: list[Path] = []
     for path in files:
         try:
             meta = pq.ParquetFile(path).metadata
@@ -100,9 +115,49 @@ def table_files(folder: Path, name: str, required: Sequence[str], versioned: boo
             raise TracesError(str(path), f"table {name!r} lacks column(s) {', '.join(missing)}")
         _check_types(path, name, meta.schema.to_arrow_schema(), required)
         _check_schema_version(path, meta, newest, versioned)
+        if not _nulls_counted(path, name, meta):
+            uncounted.append(path)
         columns = names if columns is None else columns & names
         rows += meta.num_rows
+    _check_not_null(name, uncounted)
     return TableFiles(name, files, columns or frozenset(), rows)
+
+
+def _null_in(path: Path, table: str, column: str, n: int) -> TracesError:
+    return TracesError(str(path), f"table {table!r}: column {column!r} is empty (null) in {n} row(s); "
+                                  "expected a value in every row")
+
+
+def _nulls_counted(path: Path, table: str, meta: Any) -> bool:
+    """No row of the file leaves a :data:`NOT_NULL` column empty, by each
+    row group's null count (no data is read). False: the writer kept no
+    count somewhere; :func:`_check_not_null` reads the columns instead."""
+    names = meta.schema.names
+    for column in NOT_NULL.get(table, ()):
+        index = names.index(column)
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(index).statistics
+            if stats is None or not stats.has_null_count:
+                return False
+            if stats.null_count:
+                raise _null_in(path, table, column, stats.null_count)
+    return True
+
+
+def _check_not_null(table: str, files: Sequence[Path]) -> None:
+    """:func:`_nulls_counted` for files without null counts, by a scan."""
+    if not files:
+        return
+    import duckdb
+
+    columns = NOT_NULL[table]
+    nulls = ", ".join(f"count(*) - count({c})" for c in columns)
+    listed = ", ".join(_quoted(p) for p in files)
+    for path, *counts in duckdb.sql(f"SELECT filename, {nulls} FROM read_parquet([{listed}], union_by_name = true, "
+                                    "filename = true) GROUP BY filename ORDER BY filename").fetchall():
+        for column, n in zip(columns, counts):
+            if n:
+                raise _null_in(Path(path), table, column, n)
 
 
 def _check_types(path: Path, table: str, schema: Any, required: Sequence[str]) -> None:
@@ -140,6 +195,15 @@ def check_verdicts(table: str, files: Sequence[Path]) -> None:
     ).fetchone()
     if row is not None:
         raise TracesError(str(row[0]), f"table {table!r}: {column} {row[1]!r}; expected one of {', '.join(VERDICTS)}")
+    if table == "labels":
+        allowed = ", ".join(f"'{s}'" for s in SOURCES)
+        row = duckdb.sql(
+            f"SELECT filename, source FROM read_parquet([{', '.join(_quoted(p) for p in files)}], "
+            f"union_by_name = true, filename = true) WHERE source IS NULL OR source NOT IN ({allowed}) LIMIT 1"
+        ).fetchone()
+        if row is not None:
+            raise TracesError(str(row[0]), f"table 'labels': source {row[1]!r}; expected one of "
+                                           f"{', '.join(SOURCES)}")
 
 
 def _quoted(path: Path) -> str:

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from loopledger.replay import TracesError, replay
 from replay_kit import REPO, cli
 
 REPO_SCENARIOS = REPO / "datasets" / "scenarios"
@@ -888,6 +889,59 @@ def test_a_baseline_replay_that_decided_nothing_is_still_a_baseline(tmp_path: Pa
     (first,) = [p.name for p in (home / "replays").iterdir()]
     out = cli("replay", "--suite", "default", "--baseline", first, "--fail-on", "flips", "--home", str(home))
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _with_a_label(traces: Path, source: str = "human") -> Path:
+    """The labels file with one more row (a person's accept on the first
+    decision); its path."""
+    path = sorted((traces / "labels").glob("*.parquet"))[0]
+    t = pq.read_table(path)
+    d = pq.read_table(sorted((traces / "validations").glob("*.parquet"))[0]).slice(0, 1).to_pylist()[0]
+    row = {name: None for name in t.column_names} | {k: d[k] for k in ("run_id", "step", "attempt", "candidate_id")}
+    row |= {"validator": d["validator"], "expected_verdict": "accept", "source": source, "note": "",
+            "schema_version": 1}
+    pq.write_table(pa.concat_tables([t, pa.Table.from_pylist([row], schema=t.schema)]), path)
+    return path
+
+
+@pytest.mark.parametrize(("table", "column", "stats"), [
+    ("runs", "run_id", True), ("events", "seq", True), ("candidates", "candidate_id", True),
+    ("validations", "run_id", True), ("labels", "step", True), ("labels", "attempt", False),
+])
+def test_a_key_column_left_empty_is_named(home_copy: Path, table: str, column: str, stats: bool) -> None:
+    """A row whose run id, seq, step or attempt is null cannot be placed:
+    the file and the column are named, from the row groups' null counts,
+    or by reading the column where the writer kept none (``stats`` False)."""
+
+    traces = home_copy / "traces"
+    path = _with_a_label(traces) if table == "labels" else sorted((traces / table).glob("*.parquet"))[0]
+    t = pq.read_table(path)
+    values = t.column(column).to_pylist()
+    values[-1] = None
+    pq.write_table(t.set_column(t.schema.get_field_index(column), column, pa.array(values, t.schema.field(column).type)),
+                   path, write_statistics=stats)
+    with pytest.raises(TracesError) as caught:
+        replay(traces, "default", workers=1)
+    assert path.name in str(caught.value) and f"column {column!r} is empty (null) in 1 row(s)" in str(caught.value)
+
+
+def test_a_null_run_id_is_one_line_from_the_command_line(home_copy: Path) -> None:
+    (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
+    t = pq.read_table(path)
+    pq.write_table(t.set_column(0, "run_id", pa.array([None, *t.column("run_id").to_pylist()[1:]], pa.string())), path)
+    out = replay_on(home_copy)
+    assert out.returncode == 2, out.stdout
+    one_line(out.stderr, path.name, "'run_id' is empty (null)")
+
+
+def test_a_label_of_a_source_no_one_ranks_is_refused(home_copy: Path) -> None:
+    """A label's source decides whose word wins (a person's over an
+    import's over a scenario's): another source has no rank."""
+
+    path = _with_a_label(home_copy / "traces", source="robot")
+    with pytest.raises(TracesError) as caught:
+        replay(home_copy / "traces", "default", workers=1)
+    assert path.name in str(caught.value) and "source 'robot'; expected one of human" in str(caught.value)
 
 
 def test_categorical_text_columns_are_text(home_copy: Path) -> None:
