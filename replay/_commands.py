@@ -5,6 +5,7 @@ heavy)."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +40,29 @@ def _writable(path: Path | None, option: str) -> None:
         path.unlink(missing_ok=True)
 
 
-def _not_recorded_data(path: Path | None, option: str, home: Any, traces: Path | None, suite: str) -> None:
+def _suite_code(suite: str) -> list[Path]:
+    """The files of the Python code ``suite`` runs: the modules its loading
+    imports (a ``module:attr`` suite's module, a suite file's ``imports``)."""
+    from loopledger.validators import SuiteError, load_suite
+
+    before = set(sys.modules)
+    try:
+        load_suite(suite)
+    except SuiteError:
+        return []  # the replay names the problem before it writes anything
+    named = {suite.partition(":")[0]} if ":" in suite and not suite.endswith((".yaml", ".yml")) else set()
+    files = [getattr(sys.modules.get(name), "__file__", None) for name in (set(sys.modules) - before) | named]
+    return [Path(f) for f in files if f]
+
+
+def _not_recorded_data(path: Path | None, option: str, home: Any, traces: Path | None, suite: str,
+                       suite_code: list[Path]) -> None:
     """Refuse a report path that would overwrite what is recorded: the
     journal, what a traces folder holds (the data directory's or
     ``--traces``: its tables, the marker naming their journal, the export
     lock), the replays, the prompts, the secret and the demo backends'
-    state (their database and the runs' workspaces), or the suite file."""
+    state (their database and the runs' workspaces), or the suite: its
+    file and its code (``suite_code``)."""
     if path is None:
         return
     journal = home.journal_file
@@ -61,6 +79,7 @@ def _not_recorded_data(path: Path | None, option: str, home: Any, traces: Path |
                         for entry in folder.iterdir()]
     if suite.endswith((".yaml", ".yml")):
         guarded.append((Path(suite), f"the suite file {suite}"))
+    guarded += [(code, f"the suite's code {code}") for code in suite_code]
     target = path.resolve()
     for place, what in guarded:
         place = place.resolve()
@@ -77,8 +96,9 @@ def replay_command(*, home: Any, suite: str, baseline: str, traces: Path | None,
 
     if fail_on not in FAIL_ON:
         raise ReplayInputError("--fail-on", f"expected one of {', '.join(FAIL_ON)}, got {fail_on!r}")
+    suite_code = _suite_code(suite) if junit is not None or markdown is not None else []
     for path, option in ((junit, "--junit"), (markdown, "--markdown")):
-        _not_recorded_data(path, option, home, traces, suite)
+        _not_recorded_data(path, option, home, traces, suite, suite_code)
         _writable(path, option)
     if junit is not None and markdown is not None and junit.resolve() == markdown.resolve():
         raise ReplayInputError("--markdown", f"{markdown} is also the --junit report; expected two different files")

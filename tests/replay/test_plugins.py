@@ -545,3 +545,24 @@ def test_a_broken_plugin_beside_a_working_one_hides_neither_its_names_nor_a_hint
     line, = refused.stderr.strip().splitlines()
     assert "validators[1]: unknown validator 'acme.refund_limt' (did you mean 'acme.refund_limit'?)" in line, line
     assert "entry point 'broken_plugin' of group loopledger.validators failed to import: RuntimeError: boom" in line
+
+
+def test_a_report_over_the_suites_own_code_is_refused(recorded_home: Path, tmp_path: Path) -> None:
+    """A module a suite file imports, and the module of a ``module:attr``
+    suite, are the suite as much as its YAML: a report never replaces them."""
+    folder = tmp_path / "ci"
+    folder.mkdir()
+    beside = folder / "acme_beside.py"
+    beside.write_text(PLUGIN + "\nSUITE = {'name': 'acme', 'validators': ['structure', "
+                      "{'acme.refund_limit': {'max_amount': 10.0}}]}\n")
+    path = folder / "acme.yaml"
+    path.write_text(SUITE.format(imports="imports: [acme_beside]\n"))
+    before = beside.read_text()
+    for suite, option in ((str(path), "--markdown"), ("acme_beside:SUITE", "--junit")):
+        out = cli("replay", "--suite", suite, "--traces", str(recorded_home / "traces"), "--home",
+                  str(tmp_path / "out"), option, str(beside), cwd=folder)
+        assert out.returncode == 2, (suite, out.stdout, out.stderr)
+        assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert f"is the suite's code {beside}" in out.stderr and option in out.stderr, out.stderr
+        assert beside.read_text() == before
+    assert not (tmp_path / "out" / "replays").exists()
