@@ -33,9 +33,14 @@ def first_unreadable(files: Iterable[Path]) -> tuple[Path, str] | None:
 def repair_hint(path: Path) -> str:
     """What to do about an unreadable file of a traces folder an export
     fills (``<home>/traces/<table>/<file>``): its journal can write it
-    again. Empty for any other folder."""
+    again, from the data directory when the journal is there, else from
+    wherever it is (a copy of the folder, a server's journal). Empty for
+    any other folder."""
     traces = path.parent.parent
     if not (traces / TRACES_MARKER).is_file():
         return ""
-    home = f" --home {shlex.quote(str(traces.parent))}" if traces.name == "traces" else ""
-    return f"; `loopledger export --repair{home}` writes it again from the journal"
+    if traces.name == "traces" and (traces.parent / "journal.sqlite").is_file():
+        return (f"; `loopledger export --repair --home {shlex.quote(str(traces.parent))}` writes it again from "
+                "the journal")
+    return ("; `loopledger export --repair` on the journal that exported this folder (its --home, or --store for "
+            "a server's) writes it again; no journal.sqlite is beside the folder")

@@ -34,6 +34,7 @@ from loopledger.engine import (
     State,
     TerminalAlreadySet,
 )
+from loopledger.replay import TracesError, replay
 
 S = State
 
@@ -999,6 +1000,12 @@ def test_a_replay_of_a_damaged_segment_says_how_to_write_it_again(tmp_path: Path
     assert refused.returncode == 2, (refused.stdout, refused.stderr)
     assert str(seg) in refused.stderr
     assert f"`loopledger export --repair --home {home}` writes it again from the journal" in refused.stderr
+    # A copy of the folder has no journal beside it: the hint says where the repair runs.
+    copy = tmp_path / "copy" / "traces"
+    shutil.copytree(home / "traces", copy)
+    with pytest.raises(TracesError) as caught:
+        replay(copy, "default", workers=1)
+    assert "on the journal that exported this folder" in str(caught.value) and "--home" in str(caught.value)
     repaired = loopledger("export", "--repair", "--home", str(home))
     assert repaired.returncode == 0, repaired.stderr
     assert "written again from the journal: events/" + seg.name in repaired.stdout
