@@ -189,6 +189,9 @@ def _baseline_files(traces: TraceSet, baseline: str, replays: Path) -> list[Path
     if baseline == "recorded":
         return list(traces.tables["validations"].files)
     folder = replays / baseline
+    if not baseline.endswith(".partial") and (folder / "decisions").is_dir() and not (folder / "summary").is_dir():
+        raise TracesError(str(folder / "summary"), f"baseline replay {baseline!r} has no summary table; expected the "
+                                                   "summary it wrote (the replay's files were changed)")
     if baseline.endswith(".partial") or not (folder / "summary").is_dir():
         # A .partial folder is a replay that never finished: never a baseline.
         known = sorted(p.name for p in replays.iterdir()

@@ -748,6 +748,9 @@ def test_a_baseline_replay_whose_decisions_lost_rows_is_refused(recorded_home: P
     out = cli("replay", "--suite", "strict", "--baseline", first, *common)
     assert out.returncode == 2, out.stdout
     one_line(out.stderr, str(folder / "summary"), "no readable summary row")
+    shutil.rmtree(folder / "summary")
+    with pytest.raises(TracesError, match="has no summary table"):
+        replay(recorded_home / "traces", "strict", baseline=first, write_to=tmp_path / "replays", workers=1)
 
 
 def test_the_api_gate_fails_when_a_run_could_not_be_replayed(recorded_home: Path, tmp_path: Path) -> None:
