@@ -503,9 +503,13 @@ def bundled_folder() -> Path:
 
 
 def _where(path: str, loc: Iterable[Any]) -> str:
-    field = ""
+    field, last = "", ""
     for part in loc:
-        field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
+        if part == "[key]":  # pydantic's mark of a mapping key that is wrong, after the key
+            field = field[:-len(last)] + f" (key {last.strip('[].')})"
+            continue
+        last = f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
+        field += last
     return f"{path}: {field}" if field else path
 
 
@@ -520,6 +524,8 @@ def _message(error: Mapping[str, Any]) -> str:
                         ("Input should be a valid boolean", "expected true or false"),
                         ("Input should be a finite number", "expected a finite number"),
                         ("Input should be", "expected"),
+                        ("String should have at least 1 character", "expected non-empty text"),
+                        ("String should have", "expected text with"),
                         ("Field required", "required field missing"),
                         ("Extra inputs are not permitted", "unknown field")):
         if text.startswith(said):

@@ -89,7 +89,7 @@ model:
         ("id: a\ncontract: {goal: g}\nuser: [{approve: true, answer: {executed: false}}]\n", "s.yaml: user[0]",
          "got approve and answer"),
         ("id: a\ncontract: {goal: g}\nuser: [{approve: false, by: ''}]\n", "s.yaml: user[0].by",
-         "at least 1 character"),
+         "expected non-empty text"),
         # JSON has no .inf or .nan: sent, one would be recorded as null.
         ("id: a\ncontract: {goal: g}\nmodel: [{tool_calls: [{name: payments.refund, arguments: {amount: .inf}}]}]\n",
          "s.yaml: model[0].tool_calls[0].arguments", "amount is not a finite number"),

@@ -165,6 +165,21 @@ def test_a_call_without_arguments_and_a_frozen_spec_with_nulls_still_load(tmp_pa
     assert parse_scenario(spec, "run r", stored=True).model == scenario.model
 
 
+@pytest.mark.parametrize(
+    ("text", "where", "why"),
+    [
+        ('id: ""\ncontract: {goal: g}\nmodel: [{final: ok}]\n', "id", "expected non-empty text, got ''"),
+        ("id: a\ncontract: {goal: g}\nmodel:\n  3: [{final: ok}]\n", "model (key 3)", "expected a string, got 3"),
+    ],
+)
+def test_an_empty_id_and_a_key_of_the_wrong_type_are_said_in_the_files_words(tmp_path: Path, text: str, where: str,
+                                                                               why: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(BadInput) as info:
+        load_scenario(path)
+    assert (info.value.where, info.value.reason) == (f"{path}: {where}", why)
+
+
 # -- 3. expect.side_effects --------------------------------------------------------------------------------
 
 
