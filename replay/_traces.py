@@ -182,28 +182,25 @@ def _check_types(path: Path, table: str, schema: Any, required: Sequence[str]) -
 
 def check_verdicts(table: str, files: Sequence[Path]) -> None:
     """Every verdict in ``files`` is one the validators give: a baseline or
-    a label with another value would be compared as if it meant something."""
+    a label with another value would be compared as if it meant something;
+    and every label's source is one that ranks its word."""
     if not files:
         return
+    _check_values(table, files, VERDICT_COLUMNS[table], VERDICTS)
+    if table == "labels":
+        _check_values(table, files, "source", SOURCES)
+
+
+def _check_values(table: str, files: Sequence[Path], column: str, allowed: Sequence[str]) -> None:
     import duckdb
 
-    column = VERDICT_COLUMNS[table]
-    allowed = ", ".join(f"'{v}'" for v in VERDICTS)
+    listed = ", ".join(f"'{v}'" for v in allowed)
     row = duckdb.sql(
         f"SELECT filename, {column} FROM read_parquet([{', '.join(_quoted(p) for p in files)}], "
-        f"union_by_name = true, filename = true) WHERE {column} IS NULL OR {column} NOT IN ({allowed}) LIMIT 1"
+        f"union_by_name = true, filename = true) WHERE {column} IS NULL OR {column} NOT IN ({listed}) LIMIT 1"
     ).fetchone()
     if row is not None:
-        raise TracesError(str(row[0]), f"table {table!r}: {column} {row[1]!r}; expected one of {', '.join(VERDICTS)}")
-    if table == "labels":
-        allowed = ", ".join(f"'{s}'" for s in SOURCES)
-        row = duckdb.sql(
-            f"SELECT filename, source FROM read_parquet([{', '.join(_quoted(p) for p in files)}], "
-            f"union_by_name = true, filename = true) WHERE source IS NULL OR source NOT IN ({allowed}) LIMIT 1"
-        ).fetchone()
-        if row is not None:
-            raise TracesError(str(row[0]), f"table 'labels': source {row[1]!r}; expected one of "
-                                           f"{', '.join(SOURCES)}")
+        raise TracesError(str(row[0]), f"table {table!r}: {column} {row[1]!r}; expected one of {', '.join(allowed)}")
 
 
 def _quoted(path: Path) -> str:
