@@ -16,7 +16,7 @@ from ._clock import from_us, now_us
 from ._errors import StaleStateVersion, TerminalAlreadySet
 from ._records import Artifact, Commit, NewEvent
 from ._refused import tool_call_items, with_refusals
-from ._states import State
+from ._states import TERMINAL, State
 from ._tools import EVIDENCE_KIND, evidence_subject
 from ._view import OpView, RunView
 from ._waits import Reply, ReplyRejected, TokenClaims, check_answer, issue_token, read_token, token_hash
@@ -172,15 +172,21 @@ class PeopleMixin:
         # run on (its backend, its model), or the reply would wait unused.
         self._config_here(view, record)
         digest = token_hash(token)
+        if view.state in TERMINAL:
+            # A reply after the end, with a token this data directory
+            # signed, is kept as a late event (the run's outcome stands).
+            refusal = self._refusal_after_end(view, record, claims, digest)
+            late = NewEvent("reply_after_end", {"wait_id": claims.wait_id, "token_hash": digest,
+                                                "refused": refusal.reason, **reply.describe()})
+            try:
+                self.store.append_at_head(run_id, (late,))
+            except TerminalAlreadySet:
+                pass  # kept, as a late_event
+            raise refusal
         if digest in view.consumed_tokens:
             raise ReplyRejected(run_id, "already used")
         waiting = view.waiting
         if view.state is not State.WAITING_USER or waiting is None:
-            if view.state in (State.EXPIRED, State.BUDGET_EXHAUSTED) and now_us() >= claims.expires_at_us:
-                # The wait this token was for ran out (its own expiry, or the
-                # run's deadline), and the run ended with it.
-                raise ReplyRejected(run_id, "expired", f"the wait expired and the run ended {view.state.value} "
-                                                       f"({record.reason})")
             if view.cancel_requested:
                 raise _cancelled(run_id, view.state)
             raise ReplyRejected(run_id, "stale state version", f"the run is {view.state.value}, not waiting")
@@ -206,6 +212,20 @@ class PeopleMixin:
         # Another process may be driving the run (a resume that found it
         # moving): it goes on with it, or lets go soon.
         return self.drive(run_id, wait_s=HANDOVER_WAIT_S)
+
+    @staticmethod
+    def _refusal_after_end(view: RunView, record: Any, claims: TokenClaims, digest: str) -> ReplyRejected:
+        """Why a reply to an ended run is refused."""
+        if digest in view.consumed_tokens:
+            return ReplyRejected(view.run_id, "already used")
+        if view.state in (State.EXPIRED, State.BUDGET_EXHAUSTED) and now_us() >= claims.expires_at_us:
+            # The wait this token was for ran out (its own expiry, or the
+            # run's deadline), and the run ended with it.
+            return ReplyRejected(view.run_id, "expired", f"the wait expired and the run ended {view.state.value} "
+                                                         f"({record.reason})")
+        if view.cancel_requested:
+            return _cancelled(view.run_id, view.state)
+        return ReplyRejected(view.run_id, "stale state version", f"the run is {view.state.value}, not waiting")
 
     def _backend_record(self, view: RunView, waiting: dict[str, Any], reply: Reply) -> ToolOutcome | None:
         """For a person's word on whether an operation took effect: what its

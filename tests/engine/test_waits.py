@@ -229,8 +229,16 @@ def test_an_expired_wait_rejects_the_reply_and_the_run_ends_expired(tmp_path: Pa
     (result,) = events(home, run_id, "operation_result")
     assert (result["outcome"], result["error_code"]) == ("permission_denied", "WAIT_EXPIRED")
     assert executions(home, run_id, "deploy.service") == 0
-    # Again, once the run has ended EXPIRED (or a resume ended it): still "expired".
-    rejected(reply(home, run_id, w["resume_token"], "--approve", env={"LOOPLEDGER_NOW": later}), "expired")
+    # Again, once the run has ended EXPIRED (or a resume ended it): still
+    # "expired", and the reply is kept as a late event (the end stands).
+    assert events(home, run_id, "late_event") == []
+    rejected(reply(home, run_id, w["resume_token"], "--approve", "--by", "ops", env={"LOOPLEDGER_NOW": later}),
+             "expired")
+    (late,) = events(home, run_id, "late_event")
+    assert late["kind"] == "reply_after_end" and late["payload"]["refused"] == "expired"
+    assert (late["payload"]["decision"], late["payload"]["by"]) == ("approve", "ops")
+    assert w["resume_token"] not in json.dumps(late)
+    assert state(home, run_id) == ("EXPIRED", "expired")
     assert all_violations(home) == []
 
 
