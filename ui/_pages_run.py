@@ -139,12 +139,19 @@ def _label_form(detail: dict, run_id: str) -> None:
     # again (written once), never a cleared form.
     fresh = st.session_state.setdefault("label_forms_saved", 0)
     form = f"label_form:{run_id}:{fresh}"
-    with st.form(form):
-        picked = st.selectbox("Decision", range(len(options)), format_func=describe, key=f"{form}:pick")
-        verdict = st.radio("Expected verdict", VERDICTS, horizontal=True, key=f"{form}:verdict")
+    # Nothing is chosen until a person chooses it, and Enter in the note
+    # does not send the form: a label is a person's word, never a default.
+    with st.form(form, enter_to_submit=False):
+        picked = st.selectbox("Decision", range(len(options)), format_func=describe, key=f"{form}:pick",
+                              index=None, placeholder="Pick the decision to label")
+        verdict = st.radio("Expected verdict", VERDICTS, horizontal=True, key=f"{form}:verdict", index=None)
         note = st.text_input("Note", key=f"{form}:note")
         submitted = st.form_submit_button("Save label")
-    if submitted:
+    if submitted and (picked is None or verdict is None):
+        st.warning("Pick " + " and ".join(what for what, value in (("the decision", picked), ("the expected verdict",
+                                                                                           verdict)) if value is None)
+                   + " first; nothing was saved.")
+    elif submitted:
         r = options.iloc[int(picked)]
         let_exports_in()  # the label is exported at once
         try:

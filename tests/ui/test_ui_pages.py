@@ -181,6 +181,26 @@ def test_labelling_a_decision_from_the_run_page(writable_home: Path, ui_env: pyt
     assert metrics(at)["Human"] == "1"
 
 
+def test_a_label_is_saved_only_once_a_person_chose_its_decision_and_verdict(
+        writable_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    """The form starts empty: Save with nothing chosen (or only the verdict)
+    writes nothing and says what is missing. (It started on the first
+    decision and accept, so an Enter in the note, or a second click after a
+    save, wrote a label nobody chose.)"""
+    run_id = scalar(f"SELECT run_id FROM {table(writable_home, 'validations')} ORDER BY run_id LIMIT 1")
+    at = open_app(writable_home, ui_env, run_id=run_id)
+    form = f"label_form:{run_id}:0"
+    assert at.selectbox(key=f"{form}:pick").value is None and at.radio(key=f"{form}:verdict").value is None
+    at.button(key=f"FormSubmitter:{form}-Save label").click().run()
+    assert any("Pick the decision and the expected verdict first; nothing was saved." in w.value for w in at.warning)
+    at.radio(key=f"{form}:verdict").set_value("reject")
+    at.button(key=f"FormSubmitter:{form}-Save label").click().run()
+    assert any("Pick the decision first; nothing was saved." in w.value for w in at.warning)
+    assert not at.exception and not any("Saved label" in s.value for s in at.success)
+    assert __import__("sqlite3").connect(writable_home / "journal.sqlite").execute(
+        "SELECT count(*) FROM labels WHERE source = 'human'").fetchone() == (0,)
+
+
 def test_the_label_form_belongs_to_its_run_and_a_second_save_writes_nothing(
         writable_home: Path, ui_env: pytest.MonkeyPatch) -> None:
     """A decision picked on one run's page was still picked on the next
@@ -194,7 +214,7 @@ def test_the_label_form_belongs_to_its_run_and_a_second_save_writes_nothing(
     at.selectbox(key=f"label_form:{first}:0:pick").set_value(3)
     at.text_input[0].input(f" {second} ").run()  # the page's Run id box; a pasted id's spaces are dropped
     assert not at.exception and any(second in s.value for s in at.subheader)
-    assert at.selectbox(key=f"label_form:{second}:0:pick").value == 0  # nothing carried over
+    assert at.selectbox(key=f"label_form:{second}:0:pick").value is None  # nothing carried over
     with pytest.raises(KeyError):
         at.selectbox(key=f"label_form:{first}:0:pick")
     # The same label twice (a double click) is one label.
@@ -219,6 +239,7 @@ def test_a_label_on_traces_another_journal_exported_is_refused_before_it_is_writ
     Home(home).open_store().close()  # this home's own, empty journal
     run_id = scalar(f"SELECT run_id FROM {table(home, 'validations')} ORDER BY run_id LIMIT 1")
     at = open_app(home, ui_env, run_id=run_id)
+    at.selectbox(key=f"label_form:{run_id}:0:pick").set_value(0)
     at.radio(key=f"label_form:{run_id}:0:verdict").set_value("accept")
     at.button(key=f"FormSubmitter:label_form:{run_id}:0-Save label").click().run()
     assert not at.exception
@@ -421,6 +442,7 @@ def test_an_imported_run_without_decisions_can_be_labelled_as_a_whole(tmp_path: 
     at = open_app(home, ui_env, run_id=run_id)
     form = f"label_form:{run_id}:0"
     assert at.selectbox(key=f"{form}:pick").options == ["step 1.1 · (the candidate as a whole)"]
+    at.selectbox(key=f"{form}:pick").set_value(0)
     at.radio(key=f"{form}:verdict").set_value("reject")
     at.button(key=f"FormSubmitter:{form}-Save label").click().run()
     assert not at.exception and not at.error
