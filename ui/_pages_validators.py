@@ -4,6 +4,7 @@ candidates (the recorded decisions vs a replay, or two replays)."""
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 import plotly.express as px
 import streamlit as st
@@ -13,15 +14,26 @@ from loopledger.ui._st import (chart_label, chart_text, code, grid, guarded, hom
                                run_link_column, run_url, traces)
 
 
-def _pick(sides: list[str]) -> tuple[str, str]:
+def _pick(sides: list[str], suites: dict[str, str]) -> tuple[str, str]:
     remember("cmp_a", sides, sides[0])
     remember("cmp_b", sides, sides[1] if len(sides) > 1 else sides[0])
+
+    def named(side: str) -> str:
+        return f"{side} · suite {suites[side]}" if suites.get(side) else side
+
     left, mid, right = st.columns([3, 1, 3])
-    a = left.selectbox("Baseline (A)", sides, key="cmp_a")
+    a = left.selectbox("Baseline (A)", sides, key="cmp_a", format_func=named)
     mid.write("")
     mid.button("⇄ Swap", key="cmp_swap", on_click=_swap)
-    b = right.selectbox("Compared (B)", sides, key="cmp_b")
+    b = right.selectbox("Compared (B)", sides, key="cmp_b", format_func=named)
     return a, b
+
+
+def _as_sides(frame: Any) -> Any:
+    """Columns of side A and side B named so, whichever is the recorded
+    decisions and whichever a replay (the queries say baseline and replay)."""
+    return frame.rename(columns=lambda c: "A_" + c.removeprefix("baseline_") if c.startswith("baseline_")
+                        else "B_" + c.removeprefix("replay_") if c.startswith("replay_") else c)
 
 
 def _swap() -> None:
@@ -45,7 +57,9 @@ def _body() -> None:
                    "comparison below counts regressions and fixes with today's labels.")
     if len(sides) < 2:
         return
-    a, b = _pick(sides)
+    suites = ({str(r.replay_dir): str(r.suite_name) for r in summaries.itertuples()}
+              if "suite_name" in summaries.columns else {})
+    a, b = _pick(sides, suites)
     if a == b:
         st.warning("Pick two different suites.")
         return
@@ -93,7 +107,7 @@ def _body() -> None:
                      color_discrete_map={"same version": "#1f77b4", "across versions": "#ff7f0e"})
         fig.update_layout(height=300, margin={"t": 40, "b": 10})
         st.plotly_chart(fig, key="cmp_flips")
-        grid(flips, hide_index=True, key="cmp_flips_table")
+        grid(_as_sides(flips), hide_index=True, key="cmp_flips_table")
 
     st.subheader("Verdicts: A (rows) × B (columns)")
     confusion = data["confusion"]
@@ -101,7 +115,7 @@ def _body() -> None:
                     labels={"x": f"B: {chart_label(b)}", "y": f"A: {chart_label(a)}", "color": "decisions"})
     fig.update_layout(height=360, margin={"t": 20, "b": 10})
     st.plotly_chart(fig, key="cmp_confusion")
-    st.table(confusion)
+    st.table(confusion.rename_axis(index="A", columns="B"))
 
     st.subheader("Against labels")
     labels = data["labels"]
@@ -110,7 +124,7 @@ def _body() -> None:
     elif labels.empty:
         st.caption("No labels yet: label decisions on a Run page.")
     else:
-        grid(labels, hide_index=True, key="cmp_labels")
+        grid(_as_sides(labels), hide_index=True, key="cmp_labels")
 
     st.subheader("Divergence points")
     st.caption("A run's divergence point is its first step where a decision differs: past it, the recorded "

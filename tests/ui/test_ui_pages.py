@@ -262,8 +262,12 @@ def test_loop_diagnoses(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None
 def test_loop_diagnoses_of_a_replay(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
     at = open_app(recorded_home, ui_env, "_pages_diagnoses.py")
     at.selectbox(key="diag_detector").set_value("loop.no_progress").run()
-    sources = at.selectbox(key="diag_source").options
-    assert sources[0] == "recorded" and len(sources) == 2, sources
+    shown_sources = at.selectbox(key="diag_source").options
+    # A replay is named with the suite it ran.
+    assert shown_sources[0] == "recorded" and len(shown_sources) == 2, shown_sources
+    replay_id, suite = shown_sources[1].split(" · suite ")
+    assert suite == scalar(f"SELECT suite_name FROM read_parquet('{recorded_home}/replays/{replay_id}/summary/*.parquet')")
+    sources = ["recorded", replay_id]
     at.selectbox(key="diag_source").set_value(sources[1]).run()
     found = f"read_parquet('{recorded_home}/replays/{sources[1]}/loop_diagnoses/**/*.parquet')"
     shown = metrics(at)
@@ -282,6 +286,7 @@ def test_compare_validators_and_swap(recorded_home: Path, ui_env: pytest.MonkeyP
                    "'completion_gate' AND verdict = 'accept' AND run_id LIKE '%.v2.%'")
     at.selectbox(key="cmp_a").set_value("recorded")
     at.selectbox(key="cmp_b").set_value(SYNTHETIC_REPLAY).run()
+    assert f"{SYNTHETIC_REPLAY} · suite synthetic" in at.selectbox(key="cmp_b").options  # which suite it ran
     assert metrics(at)["Flips"] == f"{flips:,}"
     confusion = at.table[0].value
     assert int(confusion.loc["accept", "reject"]) == flips
@@ -289,6 +294,11 @@ def test_compare_validators_and_swap(recorded_home: Path, ui_env: pytest.MonkeyP
     assert at.selectbox(key="cmp_a").value == SYNTHETIC_REPLAY
     assert int(at.table[0].value.loc["reject", "accept"]) == flips
     assert metrics(at)["Flips"] == f"{flips:,}"
+    # Named by side, not by which one is a replay: A is the replay now.
+    by = frame_with(at, "A_verdict", "B_verdict")
+    assert set(zip(by["A_verdict"], by["B_verdict"])) == {("reject", "accept")}
+    assert not any(c.startswith(("baseline_", "replay_")) for c in by.columns)
+    assert at.table[0].value.index.name == "A"
 
 
 def test_compare_prompt_versions(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:

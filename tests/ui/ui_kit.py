@@ -69,7 +69,7 @@ def write_synthetic_replay(home: Path, replay_id: str = SYNTHETIC_REPLAY) -> dic
     flips = diffs.num_rows
     runs = len(set(diffs.column("run_id").to_pylist()))
     summary = pa.table({
-        "replay_id": [replay_id], "suite_version": ["s-synthetic"], "baseline": ["recorded"],
+        "replay_id": [replay_id], "suite_name": ["synthetic"], "suite_version": ["s-synthetic"], "baseline": ["recorded"],
         "candidates": [len(set(decisions.column("candidate_id").to_pylist()))],
         "decisions": [decisions.num_rows], "flips": [flips], "regressions": [0], "runs_diverged": [runs],
         "seconds": [0.01],
