@@ -118,8 +118,8 @@ def _body() -> None:
     if not data["shared_tasks"]:
         st.caption("No task was run to an end under both versions: there is nothing to compare task by task.")
     elif tasks.empty:
-        st.caption(f"Each of the {data['shared_tasks']:,} tasks run under both versions is solved equally often "
-                   "under both.")
+        st.caption(f"Each of the {data['shared_tasks']:,} tasks run to an end under both versions is solved "
+                   "equally often under both (a run still waiting is not counted yet).")
     else:
         if data["tasks_differing"] > len(tasks):
             st.caption(f"Listing the {len(tasks):,} most different of the {data['tasks_differing']:,} tasks "

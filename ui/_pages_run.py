@@ -48,7 +48,9 @@ def _header(run: dict, spans: pd.DataFrame) -> None:
     queued = closed["queued"].astype(bool)  # (an empty frame's column is not boolean)
     unknown = spans.empty  # no transition read (the events unreadable): no split of the time to show
     cols[2].metric("Processing (s)", "—" if unknown else f"{closed.loc[~closed['waiting'] & ~queued, 'seconds'].sum():.3f}")
-    cols[3].metric("Waiting (s)", "—" if unknown else f"{closed.loc[closed['waiting'], 'seconds'].sum():.3f}")
+    still = not unknown and pd.isna(run["ended_at"]) and bool(spans.iloc[-1]["waiting"])  # in a wait now
+    cols[3].metric("Waiting (s)", "—" if unknown else f"{closed.loc[closed['waiting'], 'seconds'].sum():.3f}",
+                   help="finished waits; the wait this run is in now is counted once it ends" if still else None)
     cols[4].metric("Queued (s)", "—" if unknown else f"{closed.loc[queued, 'seconds'].sum():.3f}",
                    help="from the run's creation until an engine took it up")
     started, ended = run["started_at"], run["ended_at"]

@@ -155,6 +155,18 @@ def test_run_deep_link_shows_the_run(recorded_home: Path, ui_env: pytest.MonkeyP
     assert any(run_id in s.value for s in at.subheader)
 
 
+def test_a_run_in_a_wait_says_its_wait_is_not_counted_yet(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
+    run_id = scalar(f"SELECT run_id FROM {table(recorded_home, 'runs')} WHERE status = 'WAITING_USER' "
+                    "ORDER BY run_id LIMIT 1")
+    at = open_app(recorded_home, ui_env, run_id=run_id)
+    (waiting,) = [m for m in at.metric if m.label == "Waiting (s)"]
+    assert waiting.help == "finished waits; the wait this run is in now is counted once it ends"
+    ended = scalar(f"SELECT run_id FROM {table(recorded_home, 'runs')} WHERE status = 'SUCCEEDED' LIMIT 1")
+    at = open_app(recorded_home, ui_env, run_id=ended)
+    (waiting,) = [m for m in at.metric if m.label == "Waiting (s)"]
+    assert not waiting.help
+
+
 def test_run_page_for_an_unknown_run(recorded_home: Path, ui_env: pytest.MonkeyPatch) -> None:
     at = open_app(recorded_home, ui_env, run_id="no-such-run")
     assert any("No run `no-such-run`" in w.value for w in at.warning)
