@@ -204,6 +204,12 @@ class Traces:
         con = duckdb.connect(":memory:")
         for name, columns in TRACE_TABLES.items():
             files = self._files[name]
+            if any(_foreign_column(name, path) for path in files):
+                # A file written by something else, with a column of
+                # another kind: the table has no view, so every query that
+                # reads it says so (``_run`` names the file and column),
+                # not only those DuckDB cannot bind.
+                continue
             body = f"SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)" if files else None
             try:
                 con.execute(f"CREATE VIEW {name} AS {body or _empty_select(columns)}")
@@ -308,19 +314,11 @@ class Traces:
         """A readable trace file with a column of another kind than its
         table's (a file written by something else): the table, the file and
         which column; None when every file's columns are of their kind."""
-        import pyarrow.parquet as pq
-
         for table, files in self._files.items():
-            kinds = TRACE_TABLES.get(table, {})
             for path in files:
-                try:
-                    schema = pq.read_schema(path)
-                except Exception:  # noqa: BLE001 - an unreadable file is _broken_file's to name
-                    continue
-                for name in schema.names:
-                    kind = kinds.get(name)
-                    if kind is not None and not _of_kind(schema.field(name).type, kind):
-                        return table, path, f"holds column `{name}` as {schema.field(name).type}, expected {kind}"
+                why = _foreign_column(table, path)
+                if why is not None:
+                    return table, path, why
         return None
 
     def _broken_file(self) -> tuple[tuple[str, Path], str] | None:
@@ -335,6 +333,38 @@ class Traces:
             owners.update({path: f"replays/{rid}/{name}" for name, files in tables.items() for path in files})
         found = first_unreadable(owners)
         return ((owners[found[0]], found[0]), found[1]) if found is not None else None
+
+
+#: (file, its mtime and size) -> what :func:`_foreign_column` found: each
+#: file's footer is read once per process, not for every page's connection.
+_FOREIGN: dict[tuple[str, int, int], str | None] = {}
+
+
+def _foreign_column(table: str, path: Path) -> str | None:
+    """Which column of a trace file is of another kind than its table's
+    (said as the workbench says it), or None: every column is of its kind,
+    or the file cannot be read at all (that is ``_broken_file``'s to name)."""
+    import pyarrow.parquet as pq
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _FOREIGN:
+        found = None
+        try:
+            schema = pq.read_schema(path)
+        except Exception:  # noqa: BLE001 - an unreadable file is _broken_file's to name
+            schema = None
+        kinds = TRACE_TABLES.get(table, {})
+        for name in schema.names if schema is not None else ():
+            kind = kinds.get(name)
+            if kind is not None and not _of_kind(schema.field(name).type, kind):
+                found = f"holds column `{name}` as {schema.field(name).type}, expected {kind}"
+                break
+        _FOREIGN[key] = found
+    return _FOREIGN[key]
 
 
 def _of_kind(arrow: Any, kind: str) -> bool:

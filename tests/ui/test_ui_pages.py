@@ -632,6 +632,33 @@ def test_a_readable_file_with_a_column_of_another_kind_is_named(recorded_home: P
             if e.value.startswith(f"Could not read the `runs` table: {foreign} holds column `steps` as string")]
 
 
+def test_a_column_of_another_kind_fails_every_query_of_its_table_alike(recorded_home: Path, tmp_path: Path,
+                                                                       ui_env: pytest.MonkeyPatch) -> None:
+    """``step`` written as text in one validations file: the comparison
+    failed with A = a replay and worked with the sides swapped, and the Run
+    page listed the file's decisions with no word. Now every reader of the
+    table names the file and the column."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    shutil.copytree(recorded_home, tmp_path / "home")
+    home = tmp_path / "home"
+    victim = sorted((home / "traces" / "validations").glob("*.parquet"))[0]
+    t = pq.read_table(victim)
+    pq.write_table(t.set_column(t.schema.get_field_index("step"), "step", t.column("step").cast("string")), victim)
+    said = f"Could not read the `validations` table: {victim} holds column `step` as string, expected int"
+    at = open_app(home, ui_env, "_pages_validators.py")
+    for a, b in (("recorded", SYNTHETIC_REPLAY), (SYNTHETIC_REPLAY, "recorded")):
+        at.selectbox(key="cmp_a").set_value(a)
+        at.selectbox(key="cmp_b").set_value(b).run()
+        assert any(e.value.startswith(said) for e in at.error), (a, b, [e.value for e in at.error])
+    run_id = t.column("run_id")[0].as_py()
+    at = open_app(home, ui_env, run_id=run_id)
+    assert any(e.value.startswith(said) for e in at.error), [e.value for e in at.error]
+    assert not at.exception
+
+
 def test_the_run_page_remembers_its_run_and_other_pages_drop_a_run_id(recorded_home: Path,
                                                                        ui_env: pytest.MonkeyPatch) -> None:
     """Back from a run left ``/runs?run_id=...``; the sidebar's Run page
