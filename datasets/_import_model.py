@@ -82,8 +82,21 @@ MAX_DEPTH = 200
 TOO_DEEP = f"nested too deeply to read; expected JSON nested at most {MAX_DEPTH} levels, as a trace holds it"
 
 
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+#: A field the record does not have, as ``record.get(key, MISSING)`` reads
+#: it: :func:`bad` says "missing" for it, where ``None`` is a written null.
+MISSING: Any = _Missing()
+
+
 def bad(file: str, where: str, expected: str, value: Any) -> ImportInputError:
-    """``<file>: <where>: expected <expected>, got <kind of value>``."""
+    """``<file>: <where>: expected <expected>, got <kind of value>`` (or
+    ``missing; expected ...`` for :data:`MISSING`)."""
+    if value is MISSING:
+        return ImportInputError(file, where, f"missing; expected {expected}")
     return ImportInputError(file, where, f"expected {expected}, got {kind(value)}")
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from loopledger.canonical import Canonical
 
 from ._import_model import (
+    MISSING,
     SOURCE_NAME,
     TOO_DEEP,
     Conversation,
@@ -83,8 +84,10 @@ def read_openai_jsonl(path: Path, tools: Path | None = None, name: str | None = 
         number, line = lines[index]
         where = f"line {number}"
         record = _json_line(line, file, where)
-        if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-            raise ImportInputError(file, where, "expected an object with a 'messages' list")
+        if not isinstance(record, dict):
+            raise bad(file, where, "an object with a 'messages' list", record)
+        if not isinstance(record.get("messages"), list):
+            raise bad(file, f"{where}.messages", "a list of messages", record.get("messages", MISSING))
         meta = mapping(record.get("metadata"), file, f"{where}.metadata")
         run_id = meta.get("id")
         run_id = None if run_id is None else identifier(run_id, file, f"{where}.metadata.id")

@@ -32,6 +32,7 @@ from loopledger._args import UnreadableEntry, files_under, not_a_file
 from loopledger.canonical import Canonical, CanonicalJSONError, strict_loads
 
 from ._import_model import (
+    MISSING,
     TOO_DEEP,
     Conversation,
     ImportInputError,
@@ -86,6 +87,8 @@ def read_bytes(path: Path) -> bytes:
 def read_json(path: Path) -> Any:
     """A JSON file, gzipped or not."""
     data = read_bytes(path)
+    if not data.strip():
+        raise ImportInputError(str(path), None, "the file is empty; expected a JSON list of tau-bench records")
     try:
         try:
             return orjson.loads(data)  # twice as fast as json
@@ -223,9 +226,11 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False, positio
     if isinstance(role, str):
         role = ROLE_ALIASES.get(role, role)
     if not isinstance(role, str) or role not in ROLES:
+        roles = sorted(ROLES | ROLE_ALIASES.keys())
+        if "role" not in m:
+            raise ImportInputError(file, f"{where}.role", f"missing; expected one of {roles}")
         shown = repr(role) if role is None or isinstance(role, str) else kind(role)
-        raise ImportInputError(file, f"{where}.role", f"unknown role {shown}; expected one of "
-                                                     f"{sorted(ROLES | ROLE_ALIASES.keys())}")
+        raise ImportInputError(file, f"{where}.role", f"unknown role {shown}; expected one of {roles}")
     content = _content(m.get("content"), f"{where}.content", file)
     requestor = m.get("requestor")
     if requestor is not None and (not isinstance(requestor, str) or requestor not in REQUESTORS):
@@ -264,7 +269,7 @@ def openai_message(m: Any, where: str, file: str, *, tau2: bool = False, positio
         at = f"{where}.tool_calls[{i}]"
         if not isinstance(call, dict):
             raise bad(file, at, "a tool call (an object)", call)
-        fn = call if tau2 else call.get("function")
+        fn = call if tau2 else call.get("function", MISSING)
         fn_at = at if tau2 else f"{at}.function"
         if not isinstance(fn, dict):
             raise bad(file, fn_at, "an object with name and arguments", fn)
@@ -354,7 +359,7 @@ def read_tau_bench(path: Path, tools: Path | None = None, name: str | None = Non
         if not isinstance(record, dict):
             raise bad(file, where, "a record {task_id, trial, reward, info, traj} (an object)", record)
         if not isinstance(record.get("traj"), list):
-            raise bad(file, f"{where}.traj", "a list of messages", record.get("traj"))
+            raise bad(file, f"{where}.traj", "a list of messages", record.get("traj", MISSING))
         task_id, trial = _task_and_trial(record, file, where)
         reward = optional_number(record.get("reward"), file, f"{where}.reward")
         info = mapping(record.get("info"), file, f"{where}.info")

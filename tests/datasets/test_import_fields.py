@@ -328,6 +328,11 @@ TAU_BENCH_CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
     (lambda r: r.update(reward="1.0"), "record 1.reward", "expected a number, got a string"),
     (lambda r: r.update(reward=True), "record 1.reward", "expected a number, got a boolean"),
     (lambda r: r.update(traj="x"), "record 1.traj", "expected a list of messages, got a string"),
+    # A field left out is said as missing, not as a null that was written.
+    (lambda r: r.pop("traj"), "record 1.traj", "missing; expected a list of messages"),
+    (lambda r: r["traj"][0].pop("role"), "record 1.traj[0].role", "missing; expected one of ["),
+    (lambda r: r["traj"][2]["tool_calls"][0].pop("function"), "record 1.traj[2].tool_calls[0].function",
+     "missing; expected an object with name and arguments"),
     (lambda r: r["info"]["task"].update(user_id=5), "record 1.info.task.user_id", "expected a string, got an integer"),
     (lambda r: r["traj"][2]["tool_calls"][0]["function"].update(arguments=[]),
      "record 1.traj[2].tool_calls[0].function.arguments", "expected a JSON string or an object, got a list"),
@@ -341,6 +346,17 @@ def test_tau_bench_fields(tmp_path: Path, change: Callable[[dict[str, Any]], Non
     change(record)
     path = _write(tmp_path / "runs", "tau-bench", [record])
     assert str(_refusal("tau-bench", path)).startswith(f"{path}: {field}: {reason}")
+
+
+def test_an_empty_tau_bench_file_and_messages_of_the_wrong_kind_are_said_so(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text("\n")
+    assert str(_refusal("tau-bench", empty)) == f"{empty}: the file is empty; expected a JSON list of tau-bench records"
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text('{"messages": "hi"}\n')
+    assert str(_refusal("openai-jsonl", chats)) == f"{chats}: line 1.messages: expected a list of messages, got a string"
+    chats.write_text('{"metadata": {}}\n')
+    assert str(_refusal("openai-jsonl", chats)) == f"{chats}: line 1.messages: missing; expected a list of messages"
 
 
 TOOLBENCH_CASES: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
