@@ -150,7 +150,7 @@ def _finished(message: Message) -> Message:
 def read_toolbench(path: Path, tools: Path | None = None, name: str | None = None) -> Runs:
     """A ToolBench answer file's run (``name`` unused: its task id is its folder and query number)."""
     file = str(path)
-    data = read_json(path)
+    data = read_json(path, "a ToolBench answer object with 'answer_generation'")
     answer = data.get("answer_generation") if isinstance(data, dict) else None
     if isinstance(answer, dict) and "valid_data" in answer and not isinstance(answer["valid_data"], bool):
         raise bad(file, "answer_generation.valid_data", "true or false", answer["valid_data"])

@@ -84,11 +84,11 @@ def read_bytes(path: Path) -> bytes:
     return data.removeprefix(b"\xef\xbb\xbf")
 
 
-def read_json(path: Path) -> Any:
-    """A JSON file, gzipped or not."""
+def read_json(path: Path, expected: str) -> Any:
+    """A JSON file, gzipped or not; ``expected``: what it holds, said when it is empty."""
     data = read_bytes(path)
     if not data.strip():
-        raise ImportInputError(str(path), None, "the file is empty; expected a JSON list of tau-bench records")
+        raise ImportInputError(str(path), None, f"the file is empty; expected {expected}")
     try:
         try:
             return orjson.loads(data)  # twice as fast as json
@@ -102,7 +102,7 @@ def read_json(path: Path) -> Any:
 
 def load_catalogue(path: Path) -> tuple[Canonical, dict[str, bool]]:
     """A tool file: ``{"tools": [...], "tool_types": {...}}`` or a bare list."""
-    data = read_json(path)
+    data = read_json(path, "a JSON tool file (a list of tools, or an object with 'tools')")
     file = str(path)
     entries = data.get("tools") if isinstance(data, dict) else data
     if not isinstance(entries, list):
@@ -342,7 +342,7 @@ def _task_and_trial(record: dict[str, Any], file: str, where: str) -> tuple[str,
 
 def read_tau_bench(path: Path, tools: Path | None = None, name: str | None = None) -> Runs:
     """A tau-bench trajectory file's runs (``name`` unused: its records name their tasks)."""
-    data = read_json(path)
+    data = read_json(path, "a JSON list of tau-bench records")
     file = str(path)
     if not isinstance(data, list):
         raise ImportInputError(file, None, "expected a tau-bench trajectory file: a JSON array of "
@@ -399,7 +399,7 @@ def _tau2_catalogues(path: Path, domain: str, explicit: Path | None) -> Canonica
 
 def read_tau2(path: Path, tools: Path | None = None, name: str | None = None) -> Runs:
     """A tau2 results file's runs (``name`` unused: its simulations name their tasks)."""
-    data = read_json(path)
+    data = read_json(path, "a tau2 results object with 'simulations'")
     file = str(path)
     if not isinstance(data, dict) or not isinstance(data.get("simulations"), list):
         raise ImportInputError(file, None, "expected a tau2 Results file: an object with 'info', 'tasks' "
