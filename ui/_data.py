@@ -144,6 +144,9 @@ class Traces:
     #: Replays left out of the replay views because DuckDB cannot read one of
     #: their files, and why (known once the connection is open).
     unreadable_replays: dict[str, str] = field(default_factory=dict, repr=False)
+    #: Tables of :data:`SECONDARY_TABLES` with a file that cannot be read:
+    #: empty views, and what to tell (known once the connection is open).
+    unreadable_tables: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)
@@ -210,6 +213,14 @@ class Traces:
                 # reads it says so (``_run`` names the file and column),
                 # not only those DuckDB cannot bind.
                 continue
+            if name in SECONDARY_TABLES:
+                broken = _first_unreadable_cached(files)
+                if broken is not None:
+                    from loopledger._parquet import repair_hint
+
+                    self.unreadable_tables[name] = (f"Could not read the `{name}` table: {broken[0]} is not a "
+                                                    f"readable Parquet file ({broken[1]}){repair_hint(broken[0])}")
+                    files = []
             body = f"SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)" if files else None
             try:
                 con.execute(f"CREATE VIEW {name} AS {body or _empty_select(columns)}")
@@ -333,6 +344,35 @@ class Traces:
             owners.update({path: f"replays/{rid}/{name}" for name, files in tables.items() for path in files})
         found = first_unreadable(owners)
         return ((owners[found[0]], found[0]), found[1]) if found is not None else None
+
+
+#: Tables that only some figures count (the loop findings: a loop rate, a
+#: flag): a file of theirs that cannot be read leaves them empty, and the
+#: pages say so beside the figures that count them, instead of failing
+#: every figure of the page that comes after the first such query.
+SECONDARY_TABLES = ("loop_diagnoses",)
+
+#: (file, its mtime and size) -> why it cannot be read, or None.
+_UNREADABLE: dict[tuple[str, int, int], str | None] = {}
+
+
+def _first_unreadable_cached(files: Sequence[Path]) -> tuple[Path, str] | None:
+    """``first_unreadable`` of ``files``, each file read once per process
+    (as long as it is not rewritten)."""
+    from loopledger._parquet import first_unreadable
+
+    for path in files:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        if key not in _UNREADABLE:
+            found = first_unreadable([path])
+            _UNREADABLE[key] = found[1] if found is not None else None
+        if _UNREADABLE[key] is not None:
+            return path, _UNREADABLE[key]
+    return None
 
 
 #: (file, its mtime and size) -> what :func:`_foreign_column` found: each

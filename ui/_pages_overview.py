@@ -7,16 +7,17 @@ import streamlit as st
 
 from loopledger.ui import _queries as q
 from loopledger.ui._data import DataError
-from loopledger.ui._st import chart_text, grid, guarded, load, pct
+from loopledger.ui._st import chart_text, grid, guarded, left_out, load, pct
 
 
 def _body() -> None:
     data = load(q.overview)
     tot = data["totals"]
+    no_findings = left_out("loop_diagnoses", "The loop rate counts the runs with a loop finding: it is not shown.")
     cols = st.columns(4)
     cols[0].metric("Runs", f"{tot['runs']:,}", help="Finished (terminal) runs: " f"{tot['finished']:,}")
     cols[1].metric("Success rate", pct(tot["success_rate"]), help="SUCCEEDED / finished runs")
-    cols[2].metric("Loop rate", pct(tot["loop_rate"]),
+    cols[2].metric("Loop rate", "—" if no_findings else pct(tot["loop_rate"]),
                    help="finished runs stopped by a loop detector or with a loop diagnosis")
     cols[3].metric("Budget-stop rate", pct(tot["budget_rate"]), help="BUDGET_EXHAUSTED / finished runs")
     cols = st.columns(4)

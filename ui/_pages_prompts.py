@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import chart_label, chart_text, code, grid, guarded, load, missing, pct, remember
+from loopledger.ui._st import chart_label, chart_text, code, grid, guarded, left_out, load, missing, pct, remember
 
 RATE_NAMES = {"success": "Success rate", "loop": "Loop rate", "budget_stop": "Budget-stop rate"}
 #: Shown when either version has runs whose source scored them (imported runs).
@@ -63,6 +63,8 @@ def _body() -> None:
                        "a version name of its own to compare them.")
     rewarded = any(rates[v]["solved"]["n"] for v in (a, b))
     names = {**RATE_NAMES, **REWARD_RATE} if rewarded else RATE_NAMES
+    if left_out("loop_diagnoses", "The loop rates count the runs with a loop finding: they are not shown."):
+        names = {name: label for name, label in names.items() if name != "loop"}
     rows = []
     for name, label in names.items():
         rows.append({"metric": label, a: rate_text(rates[a][name]), b: rate_text(rates[b][name]),

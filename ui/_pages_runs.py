@@ -7,7 +7,7 @@ from datetime import datetime, time, timedelta, timezone
 import streamlit as st
 
 from loopledger.ui import _queries as q
-from loopledger.ui._st import grid, guarded, load, open_run_picker, pager, remember, run_link_column, run_url, times
+from loopledger.ui._st import grid, guarded, left_out, load, open_run_picker, pager, remember, run_link_column, run_url, times
 
 
 def _filters(options: dict) -> q.RunFilter:
@@ -48,6 +48,8 @@ def _filters(options: dict) -> q.RunFilter:
 
 
 def _body() -> None:
+    left_out("loop_diagnoses", "The runs' loop findings are left out here: no detector to filter by, and none "
+                               "counted per run.")
     options = load(q.run_filter_options)
     flt = _filters(options)
     c1, c2 = st.columns([3, 1])

@@ -61,6 +61,13 @@ def _tokens(alias: str = "") -> str:
     return f"CASE WHEN {i} IS NULL AND {o} IS NULL THEN NULL ELSE coalesce({i}, 0) + coalesce({o}, 0) END"
 
 
+def unreadable_tables(t: Traces) -> dict[str, str]:
+    """Secondary tables left empty because a file of theirs cannot be read,
+    and what to tell (``Traces.unreadable_tables``)."""
+    t.con  # noqa: B018 - opening the connection finds them
+    return dict(t.unreadable_tables)
+
+
 def overview(t: Traces) -> dict[str, Any]:
     """Headline numbers and the breakdowns of the Overview page."""
     t.require("runs")

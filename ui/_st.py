@@ -255,5 +255,16 @@ def chart_label(text: str) -> str:
     return html.escape(visible(text), quote=False)
 
 
+def left_out(table: str, what: str) -> bool:
+    """Whether ``table`` (one of ``SECONDARY_TABLES``) could not be read;
+    if so, say it once on the page, with what the page leaves out."""
+    from . import _queries
+
+    why = load(_queries.unreadable_tables).get(table)
+    if why:
+        st.warning(f"{why}. {what}")
+    return bool(why)
+
+
 def pct(value: float) -> str:
     return f"{100 * value:.1f}%"

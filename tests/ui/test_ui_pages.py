@@ -492,6 +492,38 @@ def test_an_unreadable_events_file_fails_only_what_reads_the_events(recorded_hom
     assert at.error and all(victim.name in e.value for e in at.error)
 
 
+def test_an_unreadable_loop_diagnoses_file_leaves_out_only_what_counts_findings(recorded_home: Path, tmp_path: Path,
+                                                                                ui_env: pytest.MonkeyPatch) -> None:
+    """One broken findings file blanked the whole Overview, the Runs list and
+    the prompt comparison (their loop figures come first): now each says
+    what it leaves out and shows the rest; the pages about findings say the
+    file is broken."""
+    import shutil
+
+    shutil.copytree(recorded_home / "traces", tmp_path / "traces")
+    victim = sorted((tmp_path / "traces" / "loop_diagnoses").glob("*.parquet"))[-1]
+    victim.write_bytes(b"PAR1 garbage")
+    runs = table(recorded_home, "runs")
+    at = open_app(tmp_path, ui_env)
+    assert not at.exception and not at.error
+    shown = metrics(at)
+    assert shown["Runs"] == f"{scalar(f'SELECT count(*) FROM {runs}'):,}" and shown["Loop rate"] == "—"
+    (warning,) = [w.value for w in at.warning if victim.name in w.value]
+    assert "the loop rate" in warning.lower()
+    at.switch_page("_pages_runs.py").run()
+    assert not at.exception and not at.error and shown_total(at) == scalar(f"SELECT count(*) FROM {runs}")
+    assert [w.value for w in at.warning if victim.name in w.value]
+    at.switch_page("_pages_prompts.py").run()
+    assert not at.exception and not at.error
+    assert "Loop rate" not in at.table[0].value.index and "Success rate" in at.table[0].value.index
+    at.switch_page("_pages_diagnoses.py").run()
+    assert [e.value for e in at.error if victim.name in e.value]
+    run_id = scalar(f"SELECT run_id FROM read_parquet('{recorded_home}/traces/loop_diagnoses/*.parquet') LIMIT 1")
+    at = open_app(tmp_path, ui_env, run_id=run_id)
+    assert not at.exception and metrics(at)["Status"]
+    assert [e.value for e in at.error if victim.name in e.value]
+
+
 def test_an_unreadable_labels_file_fails_only_the_figures_against_labels(recorded_home: Path, tmp_path: Path,
                                                                           ui_env: pytest.MonkeyPatch) -> None:
     import shutil
