@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -192,14 +191,14 @@ def run_document(store: SQLRunStore | TracedRuns, run_id: str) -> dict[str, Any]
 
 
 def render_run(store: SQLRunStore | TracedRuns, run_id: str) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
+    from loopledger._console import console as stdout_console
     from loopledger.canonical import canonical_json
 
     # Piped into a file or a test, rich would wrap at 80 columns.
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = stdout_console()
     run = store.get_run(run_id)
 
     def shown(value: Any) -> str:

@@ -82,6 +82,8 @@ def guarded(fn: F) -> F:
         except LoopLedgerError as exc:
             _err(str(exc))
             raise typer.Exit(EXIT_FAILED) from None
+        except BrokenPipeError:
+            raise  # the reader of stdout went away: main() ends the command (141)
         except OSError as exc:
             _err(f"{exc.filename or 'I/O'}: {exc.strerror or exc}")
             raise typer.Exit(EXIT_INFRA) from None
@@ -283,11 +285,12 @@ def _refuse(run_id: str, why: str, as_json: bool, line: dict[str, Any] | None = 
 
 
 def _print_export(result: Any, traces: Path) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    from loopledger._console import console as stdout_console
+
+    console = stdout_console(wide=False)
     if result.export_id is None:
         console.print(f"Nothing new to export; traces in [bold]{escape(str(traces))}[/] are up to date.")
         return
@@ -370,8 +373,10 @@ def _drive_ids(runner: Any, ids: list[str], concurrency: int, show_progress: boo
     if not show_progress:
         runner.drive_all(ids, concurrency, on_settled=on_settled)
         return
+    from loopledger._console import console
+
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, transient=True) as progress:
+    with Progress(*columns, transient=True, console=console(wide=False)) as progress:
         task = progress.add_task("runs", total=len(ids))
 
         def settled(run_id: str) -> None:
@@ -558,9 +563,9 @@ def _looked_in(where: Any, journal: bool) -> str:
 def _console() -> Any:
     """Rich's console for tables of runs: a terminal's width, else (a pipe,
     a CI log) wide enough that rows keep to one line."""
-    from rich.console import Console
+    from loopledger._console import console
 
-    return Console(width=None if sys.stdout.isatty() else 200)
+    return console()
 
 
 #: What ``runs`` shows of a wait: never the token's hash or the state version it binds.
@@ -931,14 +936,14 @@ def demo(
 ) -> None:
     """The main job on the embedded default: the bundled scenarios under
     prompt versions v1 and v2, recorded, exported and compared."""
-    from rich.console import Console
     from rich.markup import escape
 
+    from loopledger._console import console as stdout_console
     from loopledger.engine._runner import Runner, check_script, check_tools
     from loopledger.engine._scenario import bundled_folder, load_scenarios
     from loopledger.engine._show import comparison_table
 
-    console = Console()
+    console = stdout_console(wide=False)
     where = _home(home, store)
     scenarios = load_scenarios([bundled_folder()])
     for scenario in scenarios:
@@ -1235,6 +1240,15 @@ def main() -> None:
     except Terminated:
         _err("terminated")
         sys.exit(143)
+    except BrokenPipeError:
+        # The reader went away (``| head``) before the command finished
+        # printing: what it recorded stands; it ends as a command killed by
+        # SIGPIPE does in a shell (141), not with a code that means something
+        # else here (1: an unknown run, a failed check).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        sys.exit(141)
     except Exception as exc:
         import signal
 

@@ -10,7 +10,6 @@ validator (a version change, not a trend in the data).
 from __future__ import annotations
 
 import re
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -155,16 +154,17 @@ def gate(result: ReplayResult, fail_on: str, rich: bool = False, name_option: bo
 
 
 def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
+
+    from loopledger._console import console as stdout_console
     from rich.text import Text
 
     from loopledger._text import plain_cells as row
 
     # Run ids must stay whole: in a CI log (not a terminal) rich would cut
     # every table to 80 columns.
-    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    console = console or stdout_console()
     table = Table(title=escape(_title(result)), show_header=False)
     table.add_column("what")
     table.add_column("count", justify="right")

@@ -578,3 +578,28 @@ def test_runs_lists_the_journals_runs_and_what_the_waiting_ones_wait_for(tmp_pat
     bad = cli("runs", "--status", "DONE", "--home", str(home))
     assert bad.returncode == 2
     assert_one_clear_line(bad.stderr, "--status", "expected a run state", "'DONE'")
+
+
+def test_a_reader_that_goes_away_ends_the_command_as_sigpipe_would(tmp_path: Path) -> None:
+    """``loopledger run ... | head -1``, ``show ... | head -1``: rich ended
+    the command with exit 1, which means a failed check for ``run`` and an
+    unknown run for ``show``. Now 141 (as a shell says of a command SIGPIPE
+    ended), nothing on stderr, and what was recorded stands."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLEDGER_")}
+
+    def gone_reader(*args: str) -> subprocess.CompletedProcess[str]:
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # every write to stdout meets EPIPE
+        try:
+            return subprocess.run([LOOPLEDGER, *args, "--home", str(home)], stdout=write_end, stderr=subprocess.PIPE,
+                                  text=True, env=env, timeout=300)
+        finally:
+            os.close(write_end)
+
+    ran = gone_reader("run", str(REPO / "datasets" / "scenarios" / "happy-refund.yaml"), "--check")
+    assert (ran.returncode, ran.stderr) == (141, "")
+    ((run_id, status),) = sqlite3.connect(home / "journal.sqlite").execute("SELECT run_id, state FROM runs").fetchall()
+    assert status == "SUCCEEDED"
+    shown = gone_reader("show", run_id)
+    assert (shown.returncode, shown.stderr) == (141, "")
