@@ -109,11 +109,12 @@ def table_files(folder: Path, name: str, required: Sequence[str], versioned: boo
             meta = pq.ParquetFile(path).metadata
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a broken file
             raise TracesError(str(path), f"not a readable Parquet file ({one_line(exc)}){repair_hint(path)}") from None
-        names = frozenset(meta.schema.names)
+        arrow = meta.schema.to_arrow_schema()
+        names = frozenset(arrow.names)  # top-level: a struct's fields are not the table's columns
         missing = [c for c in required if c not in names]
         if missing:
             raise TracesError(str(path), f"table {name!r} lacks column(s) {', '.join(missing)}")
-        _check_types(path, name, meta.schema.to_arrow_schema(), required)
+        _check_types(path, name, arrow, required)
         _check_schema_version(path, meta, newest, versioned)
         if not _nulls_counted(path, name, meta):
             uncounted.append(path)
@@ -132,9 +133,8 @@ def _nulls_counted(path: Path, table: str, meta: Any) -> bool:
     """No row of the file leaves a :data:`NOT_NULL` column empty, by each
     row group's null count (no data is read). False: the writer kept no
     count somewhere; :func:`_check_not_null` reads the columns instead."""
-    names = meta.schema.names
     for column in NOT_NULL.get(table, ()):
-        index = names.index(column)
+        index = _leaf(meta, column)
         for g in range(meta.num_row_groups):
             stats = meta.row_group(g).column(index).statistics
             if stats is None or not stats.has_null_count:
@@ -148,16 +148,35 @@ def _check_not_null(table: str, files: Sequence[Path]) -> None:
     """:func:`_nulls_counted` for files without null counts, by a scan."""
     if not files:
         return
-    import duckdb
-
     columns = NOT_NULL[table]
     nulls = ", ".join(f"count(*) - count({c})" for c in columns)
     listed = ", ".join(_quoted(p) for p in files)
-    for path, *counts in duckdb.sql(f"SELECT filename, {nulls} FROM read_parquet([{listed}], union_by_name = true, "
-                                    "filename = true) GROUP BY filename ORDER BY filename").fetchall():
+    for path, *counts in _scan(f"SELECT filename, {nulls} FROM read_parquet([{listed}], union_by_name = true, "
+                               "filename = true) GROUP BY filename ORDER BY filename", files):
         for column, n in zip(columns, counts):
             if n:
                 raise _null_in(Path(path), table, column, n)
+
+
+def _leaf(meta: Any, column: str) -> int:
+    """The Parquet column index of the top-level column ``column`` (a field
+    of the same name inside a struct of another column is not it)."""
+    return next(i for i in range(meta.num_columns) if meta.schema.column(i).path == column)
+
+
+def _scan(sql: str, files: Sequence[Path]) -> list[tuple[Any, ...]]:
+    """The rows of a query over ``files``; a file whose pages cannot be
+    read (its footer could) is named, with how to write it again."""
+    import duckdb
+
+    try:
+        return duckdb.sql(sql).fetchall()
+    except duckdb.Error as exc:
+        culprit = first_unreadable(files)
+        if culprit is not None:
+            path, why = culprit
+            raise TracesError(str(path), f"not a readable Parquet file ({why}){repair_hint(path)}") from None
+        raise TracesError(str(files[0].parent), f"cannot read the table ({one_line(exc)})") from None
 
 
 def _check_types(path: Path, table: str, schema: Any, required: Sequence[str]) -> None:
@@ -192,13 +211,11 @@ def check_verdicts(table: str, files: Sequence[Path]) -> None:
 
 
 def _check_values(table: str, files: Sequence[Path], column: str, allowed: Sequence[str]) -> None:
-    import duckdb
-
     listed = ", ".join(f"'{v}'" for v in allowed)
-    row = duckdb.sql(
-        f"SELECT filename, {column} FROM read_parquet([{', '.join(_quoted(p) for p in files)}], "
-        f"union_by_name = true, filename = true) WHERE {column} IS NULL OR {column} NOT IN ({listed}) LIMIT 1"
-    ).fetchone()
+    rows = _scan(f"SELECT filename, {column} FROM read_parquet([{', '.join(_quoted(p) for p in files)}], "
+                 f"union_by_name = true, filename = true) WHERE {column} IS NULL OR {column} NOT IN ({listed}) LIMIT 1",
+                 files)
+    row = rows[0] if rows else None
     if row is not None:
         raise TracesError(str(row[0]), f"table {table!r}: {column} {row[1]!r}; expected one of {', '.join(allowed)}")
 
@@ -213,13 +230,13 @@ def _check_schema_version(path: Path, meta: Any, newest: int, required: bool) ->
     never missing. A trace table (``required``) has the column: every row
     the recorder writes carries one; a replay's tables read back as a
     baseline have none."""
-    names = meta.schema.names
+    names = meta.schema.to_arrow_schema().names  # top-level columns
     if "schema_version" not in names:
         if required:
             raise TracesError(str(path), f"no column 'schema_version'; expected one, 1 to {newest} in every row "
                                          "(the recorder writes it)")
         return
-    index = names.index("schema_version")
+    index = _leaf(meta, "schema_version")
     if meta.schema.column(index).physical_type not in ("INT32", "INT64"):
         raise TracesError(str(path), "column 'schema_version' holds no whole numbers; expected 1 to "
                                      f"{newest}")

@@ -318,7 +318,8 @@ class Traces:
             foreign = self._foreign_file()
             if foreign is not None:
                 table, path, why = foreign
-                raise CorruptData(f"Could not read the `{table}` table: {path} {why} ({_first_line(exc)}).") from exc
+                # (DuckDB's own words add nothing: the table has no view for that file.)
+                raise CorruptData(f"Could not read the `{table}` table: {path} {why}.") from exc
             raise CorruptData(f"Could not read the traces under {self.home}: {_first_line(exc)}") from exc
 
     def _foreign_file(self) -> tuple[str, Path, str] | None:
@@ -413,6 +414,8 @@ def _of_kind(arrow: Any, kind: str) -> bool:
 
     if pt.is_null(arrow):
         return True  # a column with no value at all
+    if pt.is_dictionary(arrow):
+        arrow = arrow.value_type  # categorical, as pandas, polars and pyarrow may write text
     return {"str": pt.is_string(arrow) or pt.is_large_string(arrow) or pt.is_string_view(arrow),
             "int": pt.is_integer(arrow),
             "float": pt.is_floating(arrow) or pt.is_integer(arrow) or pt.is_decimal(arrow),

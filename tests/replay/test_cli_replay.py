@@ -928,6 +928,38 @@ def test_a_key_column_left_empty_is_named(home_copy: Path, table: str, column: s
     assert path.name in str(caught.value) and f"column {column!r} is empty (null) in 1 row(s)" in str(caught.value)
 
 
+def test_a_field_of_an_extra_struct_column_is_not_the_tables_column(home_copy: Path) -> None:
+    """More columns are welcome (CONTRACT): a struct with a ``run_id`` of its
+    own, null in one row, is not the table's ``run_id``; a null in the
+    table's own is still found beside a clean struct field."""
+    traces = home_copy / "traces"
+    (path,) = list((traces / "runs").glob("*.parquet"))
+    t = pq.read_table(path)
+    ids = t.column("run_id").to_pylist()
+    extra = pa.array([{"run_id": None if i == 0 else r} for i, r in enumerate(ids)])
+    pq.write_table(t.add_column(0, "meta", extra), path)  # first: its field comes before the column
+    assert replay(traces, "default", workers=1).summary.run_errors == 0
+    clean = pa.array([{"run_id": r} for r in ids])
+    pq.write_table(t.set_column(0, "run_id", pa.array([None, *ids[1:]], pa.string())).add_column(0, "meta", clean),
+                   path)
+    with pytest.raises(TracesError, match="column 'run_id' is empty"):
+        replay(traces, "default", workers=1)
+
+
+def test_damaged_pages_of_a_file_without_null_counts_are_named(home_copy: Path) -> None:
+    """Without statistics the key columns are read: pages that cannot be
+    read name their file, as anywhere else, not a DuckDB traceback."""
+    traces = home_copy / "traces"
+    victim = sorted((traces / "candidates").glob("*.parquet"))[0]
+    pq.write_table(pq.read_table(victim), victim, write_statistics=False, compression="none")
+    data = bytearray(victim.read_bytes())
+    data[4:200] = bytes(b ^ 0xFF for b in data[4:200])  # the first pages, the footer kept
+    victim.write_bytes(bytes(data))
+    with pytest.raises(TracesError) as caught:
+        replay(traces, "default", workers=1)
+    assert victim.name in str(caught.value) and "not a readable Parquet file" in str(caught.value)
+
+
 def test_a_null_run_id_is_one_line_from_the_command_line(home_copy: Path) -> None:
     (path,) = list((home_copy / "traces" / "runs").glob("*.parquet"))
     t = pq.read_table(path)

@@ -664,6 +664,25 @@ def test_a_readable_file_with_a_column_of_another_kind_is_named(recorded_home: P
             if e.value.startswith(f"Could not read the `runs` table: {foreign} holds column `steps` as string")]
 
 
+def test_categorical_text_is_text(recorded_home: Path, tmp_path: Path, ui_env: pytest.MonkeyPatch) -> None:
+    """pandas, polars and pyarrow may write a text column dictionary-encoded:
+    it is read as the text it is, not taken for a column of another kind."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    shutil.copytree(recorded_home / "traces", tmp_path / "traces")
+    (path,) = list((tmp_path / "traces" / "runs").glob("*.parquet"))
+    t = pq.read_table(path)
+    for name in ("run_id", "status"):
+        t = t.set_column(t.schema.get_field_index(name), name, t.column(name).dictionary_encode())
+    pq.write_table(t, path)
+    at = open_app(tmp_path, ui_env)
+    assert not at.exception and not at.error
+    runs = scalar(f"SELECT count(*) FROM {table(recorded_home, 'runs')}")
+    assert metrics(at)["Runs"] == f"{runs:,}"
+
+
 def test_a_column_of_another_kind_fails_every_query_of_its_table_alike(recorded_home: Path, tmp_path: Path,
                                                                        ui_env: pytest.MonkeyPatch) -> None:
     """``step`` written as text in one validations file: the comparison
