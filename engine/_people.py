@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from loopledger.canonical import content_id
+
 from ._backends import ToolOutcome, failure
 from ._clock import from_us, now_us
 from ._errors import StaleStateVersion, TerminalAlreadySet
@@ -168,21 +170,12 @@ class PeopleMixin:
         claims = read_token(self.secret, run_id, token)
         if claims.run_id != run_id:
             raise ReplyRejected(run_id, "wrong run", f"the token is for run {claims.run_id}")
+        digest = token_hash(token)
+        if view.state in TERMINAL:
+            self._keep_late_reply(view, record, claims, digest, reply)
         # Before the reply is taken: this process must be able to drive the
         # run on (its backend, its model), or the reply would wait unused.
         self._config_here(view, record)
-        digest = token_hash(token)
-        if view.state in TERMINAL:
-            # A reply after the end, with a token this data directory
-            # signed, is kept as a late event (the run's outcome stands).
-            refusal = self._refusal_after_end(view, record, claims, digest)
-            late = NewEvent("reply_after_end", {"wait_id": claims.wait_id, "token_hash": digest,
-                                                "refused": refusal.reason, **reply.describe()})
-            try:
-                self.store.append_at_head(run_id, (late,))
-            except TerminalAlreadySet:
-                pass  # kept, as a late_event
-            raise refusal
         if digest in view.consumed_tokens:
             raise ReplyRejected(run_id, "already used")
         waiting = view.waiting
@@ -213,19 +206,35 @@ class PeopleMixin:
         # moving): it goes on with it, or lets go soon.
         return self.drive(run_id, wait_s=HANDOVER_WAIT_S)
 
-    @staticmethod
-    def _refusal_after_end(view: RunView, record: Any, claims: TokenClaims, digest: str) -> ReplyRejected:
-        """Why a reply to an ended run is refused."""
+    def _keep_late_reply(self, view: RunView, record: Any, claims: TokenClaims, digest: str,
+                         reply: Reply) -> NoReturn:
+        """Refuse a reply to an ended run, and keep it as a late event (kind
+        ``reply_after_end``; the run's outcome stands): the token is one this
+        data directory signed for the run, so the reply is the person's,
+        whichever process can drive the run. An answer is kept by its
+        hash: the run can do nothing with it, and a retried reply should
+        not grow the journal by the answer each time."""
         if digest in view.consumed_tokens:
-            return ReplyRejected(view.run_id, "already used")
-        if view.state in (State.EXPIRED, State.BUDGET_EXHAUSTED) and now_us() >= claims.expires_at_us:
+            refusal = ReplyRejected(view.run_id, "already used")
+        elif view.state in (State.EXPIRED, State.BUDGET_EXHAUSTED) and now_us() >= claims.expires_at_us:
             # The wait this token was for ran out (its own expiry, or the
             # run's deadline), and the run ended with it.
-            return ReplyRejected(view.run_id, "expired", f"the wait expired and the run ended {view.state.value} "
-                                                         f"({record.reason})")
-        if view.cancel_requested:
-            return _cancelled(view.run_id, view.state)
-        return ReplyRejected(view.run_id, "stale state version", f"the run is {view.state.value}, not waiting")
+            refusal = ReplyRejected(view.run_id, "expired", f"the wait expired and the run ended "
+                                                            f"{view.state.value} ({record.reason})")
+        elif view.cancel_requested:
+            refusal = _cancelled(view.run_id, view.state)
+        else:
+            refusal = ReplyRejected(view.run_id, "stale state version", f"the run is {view.state.value}, not waiting")
+        said = reply.describe()
+        if "answer" in said:
+            said["answer_sha256"] = content_id(said.pop("answer"))
+        late = NewEvent("reply_after_end", {"wait_id": claims.wait_id, "token_hash": digest,
+                                            "refused": refusal.reason, **said})
+        try:
+            self.store.append_at_head(view.run_id, (late,))
+        except TerminalAlreadySet:
+            pass  # kept, as a late_event
+        raise refusal
 
     def _backend_record(self, view: RunView, waiting: dict[str, Any], reply: Reply) -> ToolOutcome | None:
         """For a person's word on whether an operation took effect: what its

@@ -50,7 +50,7 @@ def _suite_code(suite: str) -> list[Path]:
         load_suite(suite)
     except SuiteError:
         return []  # the replay names the problem before it writes anything
-    named = {suite.partition(":")[0]} if ":" in suite and not suite.endswith((".yaml", ".yml")) else set()
+    named = {suite.partition(":")[0]} if ":" in suite and not suite.lower().endswith((".yaml", ".yml")) else set()
     files = [getattr(sys.modules.get(name), "__file__", None) for name in (set(sys.modules) - before) | named]
     return [Path(f) for f in files if f]
 
@@ -77,7 +77,7 @@ def _not_recorded_data(path: Path | None, option: str, home: Any, traces: Path |
         if folder.is_dir():
             guarded += [(entry, f"the trace table {entry}" if entry.is_dir() else f"the traces' own {entry}")
                         for entry in folder.iterdir()]
-    if suite.endswith((".yaml", ".yml")):
+    if suite.lower().endswith((".yaml", ".yml")) or os.path.lexists(suite):  # as load_suite takes a file
         guarded.append((Path(suite), f"the suite file {suite}"))
     guarded += [(code, f"the suite's code {code}") for code in suite_code]
     target = path.resolve()

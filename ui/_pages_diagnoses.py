@@ -8,10 +8,9 @@ from typing import Any
 import plotly.express as px
 import streamlit as st
 
-from loopledger.ui import _compare as c
 from loopledger.ui import _queries as q
-from loopledger.ui._st import (chart_text, code, grid, guarded, load, open_run_picker, pager, remember, run_link_column,
-                               run_url)
+from loopledger.ui._st import (chart_text, code, grid, guarded, load, open_run_picker, pager, remember,
+                               replay_named, run_link_column, run_url)
 
 ANY = "(any)"
 
@@ -20,11 +19,8 @@ def _source() -> str:
     """Whose findings: the detectors' while the runs ran, or a replay's
     (named with the suite it ran)."""
     sources = load(q.diagnosis_sources) or [q.RECORDED]
-    summaries = load(c.replay_summaries) if len(sources) > 1 else None
-    suites = ({str(r.replay_dir): str(r.suite_name) for r in summaries.itertuples()}
-              if summaries is not None and "suite_name" in summaries.columns else {})
     return st.selectbox("Findings of", sources, key=remember("diag_source", sources, sources[0]),
-                        format_func=lambda s: f"{s} · suite {suites[s]}" if suites.get(s) else s,
+                        format_func=replay_named() if len(sources) > 1 else str,
                         help="recorded: the detectors that ran with the engine; a replay: its suite's detectors, "
                              "run in batch over the same recorded steps")
 

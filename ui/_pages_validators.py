@@ -11,16 +11,13 @@ import streamlit as st
 
 from loopledger.ui import _compare as c
 from loopledger.ui._st import (chart_label, chart_text, code, grid, guarded, home, load, pager, remember,
-                               run_link_column, run_url, traces)
+                               replay_named, run_link_column, run_url, traces)
 
 
-def _pick(sides: list[str], suites: dict[str, str]) -> tuple[str, str]:
+def _pick(sides: list[str]) -> tuple[str, str]:
     remember("cmp_a", sides, sides[0])
     remember("cmp_b", sides, sides[1] if len(sides) > 1 else sides[0])
-
-    def named(side: str) -> str:
-        return f"{side} · suite {suites[side]}" if suites.get(side) else side
-
+    named = replay_named()
     left, mid, right = st.columns([3, 1, 3])
     a = left.selectbox("Baseline (A)", sides, key="cmp_a", format_func=named)
     mid.write("")
@@ -57,9 +54,7 @@ def _body() -> None:
                    "comparison below counts regressions and fixes with today's labels.")
     if len(sides) < 2:
         return
-    suites = ({str(r.replay_dir): str(r.suite_name) for r in summaries.itertuples()}
-              if "suite_name" in summaries.columns else {})
-    a, b = _pick(sides, suites)
+    a, b = _pick(sides)
     if a == b:
         st.warning("Pick two different suites.")
         return

@@ -255,6 +255,17 @@ def chart_label(text: str) -> str:
     return html.escape(visible(text), quote=False)
 
 
+def replay_named() -> Callable[[str], str]:
+    """How a picker shows a side or a source: a replay with the suite it
+    ran (``r2026... · suite strict``), anything else as it is."""
+    from . import _compare
+
+    summaries = load(_compare.replay_summaries)
+    suites = ({str(r.replay_dir): str(r.suite_name) for r in summaries.itertuples()}
+              if "suite_name" in summaries.columns else {})
+    return lambda side: f"{side} · suite {suites[side]}" if suites.get(side) else side
+
+
 def left_out(table: str, what: str) -> bool:
     """Whether ``table`` (one of ``SECONDARY_TABLES``) could not be read;
     if so, say it once on the page, with what the page leaves out."""

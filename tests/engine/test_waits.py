@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from invariants import all_violations
+from loopledger.canonical import content_id
 from loopledger.engine._waits import TokenClaims, issue_token
 
 CLI = [sys.executable, "-c", "from loopledger._cli import main; main()"]
@@ -238,7 +239,16 @@ def test_an_expired_wait_rejects_the_reply_and_the_run_ends_expired(tmp_path: Pa
     assert late["kind"] == "reply_after_end" and late["payload"]["refused"] == "expired"
     assert (late["payload"]["decision"], late["payload"]["by"]) == ("approve", "ops")
     assert w["resume_token"] not in json.dumps(late)
+    # An answer is kept by its hash: the run can do nothing with it.
+    rejected(reply(home, run_id, w["resume_token"], "--answer", '{"big": "x"}', env={"LOOPLEDGER_NOW": later}),
+             "expired")
+    answered = events(home, run_id, "late_event")[1]["payload"]
+    assert "answer" not in answered and answered["answer_sha256"] == content_id({"big": "x"})
     assert state(home, run_id) == ("EXPIRED", "expired")
+    # In the traces too (all_violations compares them with the journal, row by row).
+    kinds = __import__("duckdb").sql(f"SELECT kind FROM read_parquet('{home}/traces/events/*.parquet') "
+                                     f"WHERE run_id = '{run_id}' AND kind = 'late_event'").fetchall()
+    assert len(kinds) == 2
     assert all_violations(home) == []
 
 
