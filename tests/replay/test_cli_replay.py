@@ -231,6 +231,8 @@ def test_a_report_path_that_would_overwrite_what_is_recorded_is_refused(home_cop
     the data directory is fine)."""
     suite = tmp_path / "suite.yaml"
     suite.write_text("name: mine\nvalidators: [structure]\n")
+    upper = tmp_path / "SUITE.YAML"  # a suffix the loader reads whatever its case
+    upper.write_text("name: mine\nvalidators: [structure]\n")
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(home_copy / "traces", elsewhere)
     table = next((home_copy / "traces" / "runs").rglob("*.parquet"))
@@ -242,6 +244,7 @@ def test_a_report_path_that_would_overwrite_what_is_recorded_is_refused(home_cop
         (["--home", str(home_copy), "--traces", str(elsewhere), "--markdown", str(elsewhere / "events" / "r.md")],
          None),
         (["--home", str(home_copy), "--suite", str(suite), "--markdown", str(suite)], suite),
+        (["--home", str(home_copy), "--suite", str(upper), "--junit", str(upper)], upper),
         # What a traces folder holds beside its tables: the marker naming their journal, the export lock.
         (["--home", str(home_copy), "--markdown", str(home_copy / "traces" / ".journal")],
          home_copy / "traces" / ".journal"),
