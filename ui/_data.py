@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -353,59 +353,65 @@ class Traces:
 #: every figure of the page that comes after the first such query.
 SECONDARY_TABLES = ("loop_diagnoses",)
 
-#: (file, its mtime and size) -> why it cannot be read, or None.
-_UNREADABLE: dict[tuple[str, int, int], str | None] = {}
+#: (what was asked, file, its inode, mtime and size) -> the answer: each
+#: file is read once per process for each question (until it is rewritten
+#: or replaced), not for every page's connection. Bounded: a long-running
+#: workbench over growing traces starts over past it.
+_PER_FILE: dict[tuple[str, str, int, int, int], str | None] = {}
+_PER_FILE_MAX = 100_000
+
+
+def _per_file(question: str, path: Path, answer: Callable[[Path], str | None]) -> str | None:
+    """``answer(path)``, remembered for the file as it is now; None for a
+    file gone meanwhile (a compaction removed it)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (question, str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    if key not in _PER_FILE:
+        if len(_PER_FILE) >= _PER_FILE_MAX:
+            _PER_FILE.clear()
+        _PER_FILE[key] = answer(path)
+    return _PER_FILE[key]
+
+
+def _unreadable_why(path: Path) -> str | None:
+    from loopledger._parquet import first_unreadable
+
+    found = first_unreadable([path])
+    return found[1] if found is not None else None
 
 
 def _first_unreadable_cached(files: Sequence[Path]) -> tuple[Path, str] | None:
-    """``first_unreadable`` of ``files``, each file read once per process
-    (as long as it is not rewritten)."""
-    from loopledger._parquet import first_unreadable
-
+    """``first_unreadable`` of ``files``, each file read once (:func:`_per_file`)."""
     for path in files:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        key = (str(path), st.st_mtime_ns, st.st_size)
-        if key not in _UNREADABLE:
-            found = first_unreadable([path])
-            _UNREADABLE[key] = found[1] if found is not None else None
-        if _UNREADABLE[key] is not None:
-            return path, _UNREADABLE[key]
+        why = _per_file("unreadable", path, _unreadable_why)
+        if why is not None:
+            return path, why
     return None
-
-
-#: (file, its mtime and size) -> what :func:`_foreign_column` found: each
-#: file's footer is read once per process, not for every page's connection.
-_FOREIGN: dict[tuple[str, int, int], str | None] = {}
 
 
 def _foreign_column(table: str, path: Path) -> str | None:
     """Which column of a trace file is of another kind than its table's
     (said as the workbench says it), or None: every column is of its kind,
     or the file cannot be read at all (that is ``_broken_file``'s to name)."""
-    import pyarrow.parquet as pq
 
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    key = (str(path), st.st_mtime_ns, st.st_size)
-    if key not in _FOREIGN:
-        found = None
+    def read(path: Path) -> str | None:
+        import pyarrow.parquet as pq
+
         try:
             schema = pq.read_schema(path)
         except Exception:  # noqa: BLE001 - an unreadable file is _broken_file's to name
-            schema = None
+            return None
         kinds = TRACE_TABLES.get(table, {})
-        for name in schema.names if schema is not None else ():
+        for name in schema.names:
             kind = kinds.get(name)
             if kind is not None and not _of_kind(schema.field(name).type, kind):
-                found = f"holds column `{name}` as {schema.field(name).type}, expected {kind}"
-                break
-        _FOREIGN[key] = found
-    return _FOREIGN[key]
+                return f"holds column `{name}` as {schema.field(name).type}, expected {kind}"
+        return None
+
+    return _per_file(f"foreign in {table}", path, read)
 
 
 def _of_kind(arrow: Any, kind: str) -> bool:

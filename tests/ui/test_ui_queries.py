@@ -613,3 +613,28 @@ def test_a_page_reads_while_no_export_is_publishing(recorded_home: Path, monkeyp
         page.join(60)
     assert got and got[0]["totals"] == q.overview(Traces(recorded_home))["totals"]
     assert got[0]["totals"]["runs"] > 0
+
+
+def test_a_file_replaced_with_its_size_and_time_is_read_again(tmp_path: Path) -> None:
+    """What the workbench remembers of a file (whether it reads, whether a
+    column is of another kind) is keyed by its inode too: a replacement of
+    the same size and modification time (``cp -p``, ``rsync -t``) is another
+    file, read again."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from loopledger.ui._data import _first_unreadable_cached
+
+    path = tmp_path / "seg.parquet"
+    pq.write_table(pa.table({"run_id": ["a", "b"]}), path)
+    assert _first_unreadable_cached([path]) is None
+    before = os.stat(path)
+    spare = tmp_path / "spare"
+    spare.write_bytes(b"x" * before.st_size)
+    os.utime(spare, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(spare, path)
+    assert (os.stat(path).st_size, os.stat(path).st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    found = _first_unreadable_cached([path])
+    assert found is not None and found[0] == path
