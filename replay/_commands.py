@@ -51,6 +51,13 @@ def _suite_code(suite: str) -> list[Path]:
     except SuiteError:
         return []  # the replay names the problem before it writes anything
     named = {suite.partition(":")[0]} if ":" in suite and not suite.lower().endswith((".yaml", ".yml")) else set()
+    if not named and os.path.isfile(suite):
+        # A suite file's ``imports``, imported before it was loaded or not.
+        from loopledger._yaml import load as load_yaml
+
+        data = load_yaml(Path(suite).read_text(encoding="utf-8"))  # it loaded: it reads
+        imports = data.get("imports") if isinstance(data, dict) else None
+        named = {name for name in imports or () if isinstance(name, str)}
     files = [getattr(sys.modules.get(name), "__file__", None) for name in (set(sys.modules) - before) | named]
     return [Path(f) for f in files if f]
 

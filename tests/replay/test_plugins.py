@@ -566,3 +566,23 @@ def test_a_report_over_the_suites_own_code_is_refused(recorded_home: Path, tmp_p
         assert f"is the suite's code {beside}" in out.stderr and option in out.stderr, out.stderr
         assert beside.read_text() == before
     assert not (tmp_path / "out" / "replays").exists()
+
+
+def test_a_suites_imports_are_its_code_even_when_imported_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module the suite file lists, already imported by something else
+    before the suite was loaded, is the suite's code all the same."""
+    import importlib
+    import sys
+
+    from loopledger.replay._commands import _suite_code
+
+    folder = tmp_path / "ci"
+    folder.mkdir()
+    module = folder / "acme_early.py"
+    module.write_text(PLUGIN.replace("acme.refund_limit", "acme.early_limit"))
+    path = folder / "acme.yaml"
+    path.write_text(SUITE.format(imports="imports: [acme_early]\n").replace("acme.refund_limit", "acme.early_limit"))
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, "acme_early", raising=False)
+    importlib.import_module("acme_early")  # before the suite is loaded
+    assert module in [p.resolve() for p in _suite_code(str(path))]
