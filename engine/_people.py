@@ -62,6 +62,14 @@ def record_cancel(store: Any, run_id: str) -> str:
     return "recorded"
 
 
+def _not_waiting(view: RunView) -> ReplyRejected:
+    """The refusal of a reply to a run that waits for none: its cancel was
+    asked for, or it is in another state."""
+    if view.cancel_requested:
+        return _cancelled(view.run_id, view.state)
+    return ReplyRejected(view.run_id, "stale state version", f"the run is {view.state.value}, not waiting")
+
+
 class PeopleMixin:
     def _wait_user(self, view: RunView, config: RunConfig, kind: str, question: dict[str, Any],
                    recorded: dict[str, Any], operation: OpView | None = None) -> None:
@@ -180,9 +188,7 @@ class PeopleMixin:
             raise ReplyRejected(run_id, "already used")
         waiting = view.waiting
         if view.state is not State.WAITING_USER or waiting is None:
-            if view.cancel_requested:
-                raise _cancelled(run_id, view.state)
-            raise ReplyRejected(run_id, "stale state version", f"the run is {view.state.value}, not waiting")
+            raise _not_waiting(view)
         self._refuse_if_cancelling(view)
         if claims.wait_id != waiting["wait_id"] or claims.state_version != view.state_version:
             raise ReplyRejected(run_id, "stale state version",
@@ -221,10 +227,8 @@ class PeopleMixin:
             # run's deadline), and the run ended with it.
             refusal = ReplyRejected(view.run_id, "expired", f"the wait expired and the run ended "
                                                             f"{view.state.value} ({record.reason})")
-        elif view.cancel_requested:
-            refusal = _cancelled(view.run_id, view.state)
         else:
-            refusal = ReplyRejected(view.run_id, "stale state version", f"the run is {view.state.value}, not waiting")
+            refusal = _not_waiting(view)
         said = reply.describe()
         if "answer" in said:
             said["answer_sha256"] = content_id(said.pop("answer"))

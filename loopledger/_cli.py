@@ -411,9 +411,7 @@ class _JsonLines:
             # The reader went away (``| head``): the runs are the work, the
             # lines only news of it. Drive on; write nowhere.
             self.closed = True
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
+            _stdout_to_nowhere()
 
     def rest(self, run_ids: list[str]) -> None:
         for run_id in run_ids:
@@ -558,6 +556,14 @@ def _looked_in(where: Any, journal: bool) -> str:
     if journal:
         return f"neither in the journal nor in {where.traces}"
     return f"not in {where.traces}, and there is no journal ({where.journal_file})"
+
+
+def _stdout_to_nowhere() -> None:
+    """After the reader of stdout went away: what is still written there
+    (and Python's flush at exit) goes to /dev/null, not to a broken pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _console() -> Any:
@@ -1168,9 +1174,7 @@ def import_cmd(
     except BrokenPipeError:
         # The reader went away (``| head``) after the runs were imported: the
         # import is done (exit 0); what is left of its report goes nowhere.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        _stdout_to_nowhere()
 
 
 class Terminated(BaseException):
@@ -1245,9 +1249,7 @@ def main() -> None:
         # printing: what it recorded stands; it ends as a command killed by
         # SIGPIPE does in a shell (141), not with a code that means something
         # else here (1: an unknown run, a failed check).
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        _stdout_to_nowhere()
         sys.exit(141)
     except Exception as exc:
         import signal

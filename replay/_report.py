@@ -156,10 +156,9 @@ def gate(result: ReplayResult, fail_on: str, rich: bool = False, name_option: bo
 def print_summary(result: ReplayResult, fail_on: str, console: Any = None) -> None:
     from rich.markup import escape
     from rich.table import Table
-
-    from loopledger._console import console as stdout_console
     from rich.text import Text
 
+    from loopledger._console import console as stdout_console
     from loopledger._text import plain_cells as row
 
     # Run ids must stay whole: in a CI log (not a terminal) rich would cut

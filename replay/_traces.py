@@ -108,20 +108,35 @@ def table_files(folder: Path, name: str, required: Sequence[str], versioned: boo
         try:
             meta = pq.ParquetFile(path).metadata
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a broken file
-            raise TracesError(str(path), f"not a readable Parquet file ({one_line(exc)}){repair_hint(path)}") from None
+            raise _unreadable(path, one_line(exc)) from None
         arrow = meta.schema.to_arrow_schema()
         names = frozenset(arrow.names)  # top-level: a struct's fields are not the table's columns
         missing = [c for c in required if c not in names]
         if missing:
             raise TracesError(str(path), f"table {name!r} lacks column(s) {', '.join(missing)}")
         _check_types(path, name, arrow, required)
-        _check_schema_version(path, meta, newest, versioned)
+        _check_schema_version(path, meta, arrow.names, newest, versioned)
         if not _nulls_counted(path, name, meta):
             uncounted.append(path)
         columns = names if columns is None else columns & names
         rows += meta.num_rows
     _check_not_null(name, uncounted)
     return TableFiles(name, files, columns or frozenset(), rows)
+
+
+def _unreadable(path: Path, why: str) -> TracesError:
+    """A trace file that is not readable Parquet, with how to write it again."""
+    return TracesError(str(path), f"not a readable Parquet file ({why}){repair_hint(path)}")
+
+
+def _read_failed(files: Sequence[Path], where: Path, what: str, exc: Exception) -> TracesError:
+    """A DuckDB read of ``files`` failed: the file whose footer read but
+    whose pages do not (DuckDB does not always say which), else the read
+    itself, at ``where``."""
+    culprit = first_unreadable(files)
+    if culprit is not None:
+        return _unreadable(*culprit)
+    return TracesError(str(where), f"cannot read {what} ({one_line(exc)})")
 
 
 def _null_in(path: Path, table: str, column: str, n: int) -> TracesError:
@@ -172,11 +187,7 @@ def _scan(sql: str, files: Sequence[Path]) -> list[tuple[Any, ...]]:
     try:
         return duckdb.sql(sql).fetchall()
     except duckdb.Error as exc:
-        culprit = first_unreadable(files)
-        if culprit is not None:
-            path, why = culprit
-            raise TracesError(str(path), f"not a readable Parquet file ({why}){repair_hint(path)}") from None
-        raise TracesError(str(files[0].parent), f"cannot read the table ({one_line(exc)})") from None
+        raise _read_failed(files, files[0].parent, "the table", exc) from None
 
 
 def _check_types(path: Path, table: str, schema: Any, required: Sequence[str]) -> None:
@@ -215,23 +226,22 @@ def _check_values(table: str, files: Sequence[Path], column: str, allowed: Seque
     rows = _scan(f"SELECT filename, {column} FROM read_parquet([{', '.join(_quoted(p) for p in files)}], "
                  f"union_by_name = true, filename = true) WHERE {column} IS NULL OR {column} NOT IN ({listed}) LIMIT 1",
                  files)
-    row = rows[0] if rows else None
-    if row is not None:
-        raise TracesError(str(row[0]), f"table {table!r}: {column} {row[1]!r}; expected one of {', '.join(allowed)}")
+    if rows:
+        path, value = rows[0]
+        raise TracesError(str(path), f"table {table!r}: {column} {value!r}; expected one of {', '.join(allowed)}")
 
 
 def _quoted(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-def _check_schema_version(path: Path, meta: Any, newest: int, required: bool) -> None:
+def _check_schema_version(path: Path, meta: Any, names: Sequence[str], newest: int, required: bool) -> None:
     """Every ``schema_version`` of a file (from its row-group statistics)
     is a version this build reads: a whole number from 1 to ``newest``,
     never missing. A trace table (``required``) has the column: every row
     the recorder writes carries one; a replay's tables read back as a
     baseline have none."""
-    names = meta.schema.to_arrow_schema().names  # top-level columns
-    if "schema_version" not in names:
+    if "schema_version" not in names:  # top-level columns
         if required:
             raise TracesError(str(path), f"no column 'schema_version'; expected one, 1 to {newest} in every row "
                                          "(the recorder writes it)")
@@ -346,11 +356,7 @@ def write_partitions(traces: TraceSet, baseline_files: Sequence[Path] | None, ou
         # data, bad compression) surfaces here, and DuckDB does not always
         # say which file it was reading: find it.
         files = [f for table in traces.tables.values() for f in table.files] + list(baseline_files or ())
-        culprit = first_unreadable(files)
-        if culprit is not None:
-            path, why = culprit
-            raise TracesError(str(path), f"not a readable Parquet file ({why}){repair_hint(path)}") from None
-        raise TracesError(str(traces.root), f"cannot read the traces ({one_line(exc)})") from None
+        raise _read_failed(files, traces.root, "the traces", exc) from None
     finally:
         conn.close()
 

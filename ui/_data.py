@@ -216,10 +216,7 @@ class Traces:
             if name in SECONDARY_TABLES:
                 broken = _first_unreadable_cached(files)
                 if broken is not None:
-                    from loopledger._parquet import repair_hint
-
-                    self.unreadable_tables[name] = (f"Could not read the `{name}` table: {broken[0]} is not a "
-                                                    f"readable Parquet file ({broken[1]}){repair_hint(broken[0])}")
+                    self.unreadable_tables[name] = _not_parquet(name, *broken)
                     files = []
             body = f"SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)" if files else None
             try:
@@ -310,11 +307,8 @@ class Traces:
         except duckdb.Error as exc:
             broken = self._broken_file()
             if broken is not None:
-                from loopledger._parquet import repair_hint
-
                 (table, path), why = broken
-                raise CorruptData(f"Could not read the `{table}` table: {path} is not a readable Parquet file "
-                                  f"({why}){repair_hint(path)}.") from exc
+                raise CorruptData(f"{_not_parquet(table, path, why)}.") from exc
             foreign = self._foreign_file()
             if foreign is not None:
                 table, path, why = foreign
@@ -374,6 +368,13 @@ def _per_file(question: str, path: Path, answer: Callable[[Path], str | None]) -
             _PER_FILE.clear()
         _PER_FILE[key] = answer(path)
     return _PER_FILE[key]
+
+
+def _not_parquet(table: str, path: Path, why: str) -> str:
+    """What the pages say of a trace file that is not readable Parquet."""
+    from loopledger._parquet import repair_hint
+
+    return f"Could not read the `{table}` table: {path} is not a readable Parquet file ({why}){repair_hint(path)}"
 
 
 def _unreadable_why(path: Path) -> str | None:

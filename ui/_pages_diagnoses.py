@@ -34,11 +34,9 @@ def _options(key: str, values: Any) -> list[str]:
 
 def _body() -> None:
     source = _source()
-    if source == q.RECORDED:
-        unreadable = load(q.unreadable_tables).get("loop_diagnoses")
-        if unreadable:
-            st.error(f"{unreadable}.")
-            return
+    if source == q.RECORDED and (unreadable := load(q.unreadable_tables).get("loop_diagnoses")):
+        st.error(f"{unreadable}.")
+        return
     summary = load(q.diagnoses_summary, source=source)
     if summary.empty:
         st.info("No loop diagnoses recorded. The engine's detectors fired on none of its runs; imported runs "

@@ -238,8 +238,8 @@ def _body() -> None:
         diag = detail["diagnoses"]
         if _unreadable(detail, "diagnoses"):
             pass
-        elif load(q.unreadable_tables).get("loop_diagnoses"):
-            st.error(f"{load(q.unreadable_tables)['loop_diagnoses']}.")
+        elif unreadable := load(q.unreadable_tables).get("loop_diagnoses"):
+            st.error(f"{unreadable}.")
         elif diag.empty:
             st.info("No loop diagnosis for this run.")
         for row in diag.itertuples():
